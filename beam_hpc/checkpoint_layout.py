@@ -1,0 +1,77 @@
+"""The checkpoint layout both backends write and the lifecycle reads.
+
+It is Miles's (Megatron's) layout, so that one piece of lifecycle code serves both backends:
+
+    <output>/checkpoints/
+        latest_checkpointed_iteration.txt          last *complete* checkpoint: a rollout id (0-based)
+        iter_0000019/ ...                          the checkpoint of rollout 19 (backend-specific files)
+        rollout/global_dataset_state_dict_19.pt    the data cursor saved with it (Miles's name)
+
+A checkpoint counts only once ``latest_checkpointed_iteration.txt`` names it; the backend writes the
+iteration directory first (to a temporary name, then renamed) and the pointer file last, each
+atomically, so a kill at any instant leaves the previous checkpoint intact and named.
+Rollouts done after checkpoint ``k`` is ``k + 1`` (Miles resumes at ``start_rollout_id = k + 1``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+
+
+def iteration_dir(ckpt_dir: str | Path, iteration: int) -> Path:
+    return Path(ckpt_dir) / f"iter_{iteration:07d}"
+
+
+def dataset_state_path(ckpt_dir: str | Path, iteration: int) -> Path:
+    return Path(ckpt_dir) / "rollout" / f"global_dataset_state_dict_{iteration}.pt"
+
+
+def latest_iteration(ckpt_dir: str | Path) -> int | None:
+    """The last complete checkpoint's rollout id, or None when there is none yet."""
+    p = Path(ckpt_dir) / LATEST_FILE
+    try:
+        text = p.read_text().strip()
+    except FileNotFoundError:
+        return None
+    if not text.isdigit():
+        raise ValueError(f"{p}: expected a rollout id, found {text!r}; the checkpoint pointer is corrupt")
+    return int(text)
+
+
+def rollouts_done(ckpt_dir: str | Path) -> int:
+    it = latest_iteration(ckpt_dir)
+    return 0 if it is None else it + 1
+
+
+def write_atomic(path: str | Path, data: bytes | str) -> None:
+    """Write a file so that readers see the old content or the new, never a torn one."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, p)
+
+
+def mark_latest(ckpt_dir: str | Path, iteration: int) -> None:
+    """Publish ``iteration`` as the latest complete checkpoint (call after its files are in place)."""
+    write_atomic(Path(ckpt_dir) / LATEST_FILE, f"{iteration}\n")
+
+
+def resume_problems(ckpt_dir: str | Path) -> list[str]:
+    """Why a resume from ``ckpt_dir`` cannot work (empty when it can). The seed: resume requires
+    both the checkpoint and its saved dataset state."""
+    it = latest_iteration(ckpt_dir)
+    if it is None:
+        return [f"no checkpoint: {Path(ckpt_dir) / LATEST_FILE} does not exist"]
+    problems = []
+    if not iteration_dir(ckpt_dir, it).is_dir():
+        problems.append(f"checkpoint {it}: {iteration_dir(ckpt_dir, it)} is missing")
+    if not dataset_state_path(ckpt_dir, it).is_file():
+        problems.append(f"checkpoint {it}: its dataset state {dataset_state_path(ckpt_dir, it)} is missing")
+    return problems
