@@ -255,7 +255,7 @@ def _groups(recipe: Recipe, site: Site) -> tuple[GroupPlan, ...]:
             nodes=topo.trainer.nodes,
             gpus_per_node=topo.trainer.gpus_per_node,
             cpus_per_node=topo.trainer.cpus_per_node or site.cpus_per_node,
-            partition=site.partitions.trainer,
+            partition=site.partitions.for_group("trainer"),
             roles=("trainer", "rollout") if colocated else ("trainer",),
             stage_nvme=stage,
         )
@@ -268,7 +268,7 @@ def _groups(recipe: Recipe, site: Site) -> tuple[GroupPlan, ...]:
                 nodes=topo.rollout.nodes,
                 gpus_per_node=topo.rollout.gpus_per_node,
                 cpus_per_node=topo.rollout.cpus_per_node or site.cpus_per_node,
-                partition=site.partitions.rollout or site.partitions.trainer,
+                partition=site.partitions.for_group("rollout"),
                 roles=("rollout",),
                 stage_nvme=False,
             )

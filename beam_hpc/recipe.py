@@ -316,17 +316,23 @@ def format_walltime(seconds: int) -> str:
     return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
 
 
-def _format_errors(source: str, err: ValidationError) -> str:
-    lines = [f"{source}: invalid recipe"]
+def _format_errors(source: str, err: ValidationError, kind: str = "recipe") -> str:
+    """One line per problem: ``<file>: <field>: <what is wrong> (got <value>); <fix>``."""
+    lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        loc = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
+        got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
         if e["type"] == "extra_forbidden":
-            msg = "unknown field; check its spelling against recipes/dedicated.yaml"
+            msg, got = f"unknown field{got}; remove it or fix its spelling (see recipes/dedicated.yaml or env/example-site.yaml)", ""
         elif e["type"] == "missing":
-            msg = "required field is missing; add it"
-        # Model-level validators (empty loc) already start their message with the field path.
-        lines.append(f"  {msg}" if not e["loc"] else f"  {loc}: {msg}")
+            msg, got = f"required field is missing; add {loc}: <value> to the {kind}", ""
+        elif e["type"].startswith(("greater_than", "less_than")):
+            msg = msg.replace("Input should be", "must be")
+        if not loc:  # model-level checks already start with the field path and carry the fix
+            lines.append(f"{source}: {msg}")
+        else:
+            lines.append(f"{source}: {loc}: {msg}{got}")
     return "\n".join(lines)
 
 

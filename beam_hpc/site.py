@@ -47,16 +47,27 @@ class RayPortSpec(_Strict):
     object_store_gb: float = Field(2.0, gt=0)
 
 
-class PartitionSpec(_Strict):
+class PerGroup(_Strict):
+    """A value per node group; ``rollout`` falls back to ``trainer`` when unset."""
+
     trainer: str | None = None
     rollout: str | None = None
+
+    def for_group(self, group: str) -> str | None:
+        return self.rollout if group == "rollout" and self.rollout is not None else self.trainer
+
+
+PartitionSpec = PerGroup
 
 
 class Site(_Strict):
     name: str
-    partitions: PartitionSpec = Field(default_factory=PartitionSpec)
+    partitions: PerGroup = Field(default_factory=PerGroup)
+    constraints: PerGroup = Field(default_factory=PerGroup)  # --constraint per group
     account: str | None = None
     qos: str | None = None
+    exclusive: bool = False  # --exclusive on every component
+    tmp: str | None = None  # --tmp: node-local disk each node must have (e.g. "2000G")
     gres: str = "gpu"  # GRES name for GPUs; requests become --gres=<gres>:<n>
     gpus_per_node: int = Field(8, ge=0)  # what one node of the partition has
     cpus_per_node: int | None = Field(None, ge=1)
@@ -68,8 +79,10 @@ class Site(_Strict):
     scratch: str | None = None  # node-local disk root; None -> the recipe's nvme_dir as given
     module_loads: list[str] = Field(default_factory=list)
     setup: list[str] = Field(default_factory=list)  # shell lines run before the job's python
+    env: dict[str, str] = Field(default_factory=dict)  # exported in the job (e.g. NCCL settings)
     sbatch_extra: list[str] = Field(default_factory=list)  # extra "#SBATCH" flags, e.g. "--exclusive"
-    python: str = "python3"  # interpreter on the batch host (login-node install of beam-hpc)
+    # Interpreter on the batch host with beam-hpc installed; "auto" = the one that ran `submit`.
+    python: str = "python3"
 
     @model_validator(mode="after")
     def _consistent(self) -> "Site":
@@ -87,7 +100,7 @@ def site_from_dict(data: dict, source: str = "<site>") -> Site:
     try:
         return Site.model_validate(data)
     except ValidationError as err:
-        raise RecipeError(_format_errors(source, err).replace("invalid recipe", "invalid site profile")) from None
+        raise RecipeError(_format_errors(source, err, kind="site profile")) from None
 
 
 def load_site(path: str | Path) -> Site:

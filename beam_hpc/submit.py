@@ -1,0 +1,177 @@
+"""Submit a run: write its plan and script into the run directory, then hand it to Slurm.
+
+Two ways in, one result: ``via="sbatch"`` submits the rendered script (exactly what a user would
+``sbatch`` by hand); ``via="submitit"`` submits the same heterogeneous job through beam-hpc's
+submitit executor (``beam_hpc.submitit_het``) and returns a submitit Job handle. Everything here
+happens on the login node; nothing in the allocation imports this module.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from beam_hpc.plan import Plan, make_plan
+from beam_hpc.recipe import Recipe, RecipeError, apply_overrides, load_yaml, recipe_from_dict
+from beam_hpc.render import write_script
+from beam_hpc.site import Site, find_site, load_site
+
+Via = Literal["submitit", "sbatch"]
+
+
+class SubmitError(RuntimeError):
+    """Slurm refused the submission (the message carries Slurm's own words)."""
+
+
+@dataclass
+class Submission:
+    plan: Plan
+    script: Path
+    command: list[str]
+    job_id: str | None = None
+    job: Any = None  # submitit Job when via="submitit"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def build_recipe(
+    recipe_path: str | Path,
+    *,
+    overrides: list[str] | None = None,
+    output_dir: str | None = None,
+    num_rollout: int | None = None,
+    no_async_training: bool = False,
+    base_dir: Path | None = None,
+) -> Recipe:
+    """Recipe file + ``--set`` overrides + the seed's own flags, validated, with relative paths
+    taken from ``base_dir`` (the directory the user runs beam-hpc in)."""
+    data = load_yaml(recipe_path)
+    ov = list(overrides or [])
+    if output_dir is not None:
+        ov.append(f"output_dir={output_dir}")
+    if num_rollout is not None:
+        ov.append(f"num_rollout={num_rollout}")
+    if no_async_training:
+        ov.append("training.async_training=false")
+    apply_overrides(data, ov)
+    resolve_relative_paths(data, base_dir or Path.cwd())
+    return recipe_from_dict(data, str(recipe_path))
+
+
+def resolve_relative_paths(data: dict[str, Any], base: Path) -> None:
+    """Relative ``output_dir``, ``data.dir`` and ``model.path`` are relative to ``base``; inside
+    the allocation every path must be absolute, so this is resolved once, here."""
+
+    def absolute(value: Any) -> Any:
+        if isinstance(value, str) and value and not value.startswith("/") and "://" not in value:
+            return str((base / value).resolve())
+        return value
+
+    if "output_dir" in data:
+        data["output_dir"] = absolute(data["output_dir"])
+    for section, key in (("data", "dir"), ("model", "path")):
+        if isinstance(data.get(section), dict) and key in data[section]:
+            data[section][key] = absolute(data[section][key])
+
+
+def build_site(site: str | Path | None, *, search_dir: Path | None = None) -> Site:
+    """A site by name (env/<name>.yaml) or path; ``python: auto`` becomes this interpreter, so the
+    batch script runs the same beam-hpc install that submitted it."""
+    import sys
+
+    path = find_site(str(site or "local"), search_dir)
+    data = load_yaml(path)
+    if data.get("python") == "auto":
+        data["python"] = sys.executable
+    from beam_hpc.site import site_from_dict
+
+    return site_from_dict(data, str(path))
+
+
+def prepare_run(recipe: Recipe, site: Site, *, source: str = "") -> tuple[Plan, Path]:
+    """Write plan.json and the sbatch script into the run directory."""
+    plan = make_plan(recipe, site)
+    plan.write()
+    script = write_script(plan, Path(plan.output_dir, "job.sbatch"), source=source)
+    return plan, script
+
+
+def sbatch_command(script: Path, *, resume: bool = False, dependency: str | None = None) -> list[str]:
+    cmd = ["sbatch", "--parsable"]
+    if dependency:
+        cmd.append(f"--dependency={dependency}")
+    cmd.append(str(script))
+    if resume:
+        cmd.append("--resume")
+    return cmd
+
+
+def run_sbatch(cmd: list[str], env: dict[str, str] | None = None) -> str:
+    """Run sbatch, return the job id; Slurm's own message on refusal."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        raise SubmitError(f"sbatch refused the job: {proc.stderr.strip() or proc.stdout.strip()}")
+    match = re.match(r"\s*(\d+)", proc.stdout)
+    if not match:
+        raise SubmitError(f"could not read a job id from sbatch's output: {proc.stdout!r}")
+    return match.group(1)
+
+
+def submit(
+    recipe: str | Path | Recipe,
+    site: str | Path | Site | None = None,
+    *,
+    overrides: list[str] | None = None,
+    output_dir: str | None = None,
+    resume: bool = False,
+    num_rollout: int | None = None,
+    no_async_training: bool = False,
+    via: Via = "submitit",
+    dry_run: bool = False,
+    dependency: str | None = None,
+) -> Submission:
+    """Submit a recipe to Slurm. Returns a :class:`Submission` (``.job`` is a submitit Job when
+    ``via="submitit"``). Invalid input raises RecipeError before anything is submitted."""
+    if isinstance(recipe, Recipe):
+        rec, source = recipe, recipe.name
+    else:
+        rec = build_recipe(
+            recipe, overrides=overrides, output_dir=output_dir, num_rollout=num_rollout,
+            no_async_training=no_async_training,
+        )
+        source = str(recipe)
+    st = site if isinstance(site, Site) else build_site(site)
+    if dry_run:
+        plan = make_plan(rec, st)
+        return Submission(plan=plan, script=Path(plan.output_dir, "job.sbatch"),
+                          command=sbatch_command(Path(plan.output_dir, "job.sbatch"), resume=resume, dependency=dependency))
+    from beam_hpc.run_guard import check_before_submit  # refuses a live run / incompatible resume
+
+    check_before_submit(rec, resume=resume)
+    plan, script = prepare_run(rec, st, source=source)
+    if via == "sbatch":
+        cmd = sbatch_command(script, resume=resume, dependency=dependency)
+        return Submission(plan=plan, script=script, command=cmd, job_id=run_sbatch(cmd))
+    if via == "submitit":
+        from beam_hpc.submit_submitit import submit_plan
+
+        job = submit_plan(plan, resume=resume, dependency=dependency)
+        return Submission(plan=plan, script=script, command=["submitit"], job_id=str(job.job_id), job=job)
+    raise RecipeError(f"--via: {via!r} is not a way to submit; use submitit or sbatch")
+
+
+def describe(sub: Submission) -> str:
+    """What a dry run prints: the plan in one paragraph and the exact command."""
+    p = sub.plan
+    groups = ", ".join(f"{g.name}: {g.nodes} nodes x {g.gpus_per_node} GPUs ({'+'.join(g.roles)})" for g in p.groups)
+    return (
+        f"run {p.run_id} ({p.job_name}) -> {p.output_dir}\n"
+        f"groups: {groups}\n"
+        f"walltime {p.walltime_s} s, final save starts {p.lead_s} s before it\n"
+        f"driver: {shlex.join(p.driver_argv)}\n"
+        f"would run: {shlex.join(sub.command)}"
+    )
