@@ -23,6 +23,7 @@ PLUGIN_MODULES = (
     "beam_hpc.cli_prepare",
     "beam_hpc.cli_image",
     "beam_hpc.cli_run",
+    "beam_hpc.cli_observe",
 )
 
 

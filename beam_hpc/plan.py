@@ -202,12 +202,14 @@ def compute_lead_s(recipe: Recipe, measured: dict[str, float] | None) -> int:
 
 def make_plan(recipe: Recipe, site: Site, *, measured: dict[str, float] | None = None) -> Plan:
     """Recipe + site -> Plan. Raises RecipeError for impossible combinations, before any allocation."""
+    for field_name, value in (("output_dir", recipe.output_dir), ("data.dir", recipe.data.dir),
+                              ("model.path", recipe.model.path)):
+        if not os.path.isabs(value):
+            raise RecipeError(
+                f"{field_name}: {value!r} is relative; give an absolute path on shared storage "
+                f"(every node and every later segment reads it), e.g. --set {field_name}=/shared/..."
+            )
     output_dir = os.path.normpath(recipe.output_dir)
-    if not os.path.isabs(output_dir):
-        raise RecipeError(
-            f"output_dir: {recipe.output_dir!r} must be an absolute path on shared storage "
-            "(every node and every later segment reads it)"
-        )
     groups = _groups(recipe, site)
     walltime_s = parse_walltime(recipe.lifecycle.walltime)
     lead_s = compute_lead_s(recipe, measured)

@@ -209,12 +209,12 @@ class Recipe(_Strict):
         if t.colocated:
             if topo.rollout is not None:
                 raise ValueError(
-                    "topology.rollout: a colocated recipe has one group; remove topology.rollout "
+                    "topology.rollout: a colocated recipe has one group (got a rollout group); remove topology.rollout "
                     "or set training.colocated: false"
                 )
             if t.async_training:
                 raise ValueError(
-                    "training.async_training: colocated training generates and trains in turn; "
+                    "training.async_training: true is impossible when colocated (generation and training take turns); "
                     "set training.async_training: false (Miles's train_async.py refuses colocation)"
                 )
         elif topo.rollout is None:
@@ -223,32 +223,32 @@ class Recipe(_Strict):
                 "topology.rollout or set training.colocated: true"
             )
         if t.mode == "lora" and t.lora is None:
-            raise ValueError("training.lora: mode is 'lora' but no lora section; add training.lora: {rank: 32}")
+            raise ValueError("training.lora: missing while training.mode is 'lora'; add training.lora: {rank: 32}")
         if t.mode == "full" and t.lora is not None:
-            raise ValueError("training.lora: only valid with training.mode: lora")
+            raise ValueError(f"training.lora: {t.lora.model_dump()} is only valid with training.mode: lora; remove it or set the mode")
         if t.mode == "lora" and t.offload.target == "nvme":
             raise ValueError(
-                "training.offload.target: LoRA keeps optimizer state on the GPUs (and Miles refuses "
+                "training.offload.target: nvme is impossible with LoRA: its optimizer state stays on the GPUs (and Miles refuses "
                 "NVMe streaming with LoRA); set training.offload.target: none"
             )
         if t.eps_clip_high < t.eps_clip:
-            raise ValueError("training.eps_clip_high: must be >= training.eps_clip (DAPO: 0.28 >= 0.2)")
+            raise ValueError(f"training.eps_clip_high: {t.eps_clip_high} is below training.eps_clip {t.eps_clip}; raise it (DAPO: 0.28 >= 0.2)")
         if self.reward.overlong_buffer >= self.tokens.max_response:
             raise ValueError(
-                "reward.overlong_buffer: must be smaller than tokens.max_response "
-                f"({self.tokens.max_response}); the seed's window is 1024"
+                f"reward.overlong_buffer: {self.reward.overlong_buffer} must be smaller than tokens.max_response "
+                f"({self.tokens.max_response}); lower it (the seed's recipes use 1024)"
             )
         if self.batch.samples % self.batch.updates_per_rollout:
             raise ValueError(
-                "batch.updates_per_rollout: must divide prompts x responses_per_prompt "
-                f"({self.batch.samples})"
+                f"batch.updates_per_rollout: {self.batch.updates_per_rollout} does not divide prompts x responses_per_prompt "
+                f"({self.batch.samples}); pick a divisor"
             )
         if topo.rollout is not None and topo.rollout.gpus_per_node:
             total = topo.rollout.nodes * topo.rollout.gpus_per_node
             if total % topo.rollout.gpus_per_engine:
                 raise ValueError(
                     f"topology.rollout.gpus_per_engine: {topo.rollout.gpus_per_engine} does not divide "
-                    f"the rollout group's {total} GPUs"
+                    f"the rollout group's {total} GPUs; pick a divisor of {total}"
                 )
         parse_walltime(self.lifecycle.walltime)  # raises a clear error
         return self

@@ -86,7 +86,7 @@ def render_script(plan: Plan, *, source: str = "") -> str:
     lines.extend(site.get("setup") or [])
     lines.append(f"mkdir -p {shlex.quote(plan.paths.logs)}")
     py = shlex.quote(site.get("python") or "python3")
-    lines.append(f'exec {py} -m beam_hpc.job --plan {shlex.quote(plan.paths.plan)} "$@"')
+    lines.append(f'exec {py} -m beam_hpc.segment --plan {shlex.quote(plan.paths.plan)} "$@"')
     return "\n".join(lines) + "\n"
 
 

@@ -47,8 +47,9 @@ def build_recipe(
     no_async_training: bool = False,
     base_dir: Path | None = None,
 ) -> Recipe:
-    """Recipe file + ``--set`` overrides + the seed's own flags, validated, with relative paths
-    taken from ``base_dir`` (the directory the user runs beam-hpc in)."""
+    """Recipe file + ``--set`` overrides + the seed's own flags, validated. With ``base_dir``
+    (``beam-hpc execute`` on one machine) relative paths are taken from it; for Slurm they must be
+    absolute, and make_plan says so."""
     data = load_yaml(recipe_path)
     ov = list(overrides or [])
     if output_dir is not None:
@@ -58,7 +59,8 @@ def build_recipe(
     if no_async_training:
         ov.append("training.async_training=false")
     apply_overrides(data, ov)
-    resolve_relative_paths(data, base_dir or Path.cwd())
+    if base_dir is not None:
+        resolve_relative_paths(data, base_dir)
     return recipe_from_dict(data, str(recipe_path))
 
 
@@ -92,12 +94,28 @@ def build_site(site: str | Path | None, *, search_dir: Path | None = None) -> Si
     return site_from_dict(data, str(path))
 
 
-def prepare_run(recipe: Recipe, site: Site, *, source: str = "") -> tuple[Plan, Path]:
-    """Write plan.json and the sbatch script into the run directory."""
-    plan = make_plan(recipe, site)
+def prepare_run(plan: Plan, *, source: str = "") -> Path:
+    """Write plan.json and the sbatch script into the run directory; returns the script."""
     plan.write()
-    script = write_script(plan, Path(plan.output_dir, "job.sbatch"), source=source)
-    return plan, script
+    return write_script(plan, Path(plan.output_dir, "job.sbatch"), source=source)
+
+
+def check_paths(recipe: Recipe, site: Site) -> None:
+    """Paths that must exist before a job is worth queueing (checked on the login node, which sees
+    the same shared storage as the nodes). A tiny model that the backend builds itself is exempt."""
+    need = [("data.dir", recipe.data.train_path()), ("data.dir", recipe.data.eval_path())]
+    if not recipe.backend_options.get("tiny_model"):
+        need.append(("model.path", recipe.model.path))
+    if site.container.runtime == "apptainer" and site.container.image:
+        need.append(("container.image", site.container.image))
+    for field_name, path in need:
+        if not Path(path).exists():
+            hint = {
+                "data.dir": "run `beam-hpc prepare --data-dir DIR` or set data.dir",
+                "model.path": "run `beam-hpc prepare --model ID` or set model.path",
+                "container.image": "run `beam-hpc image build` or fix container.image in the site",
+            }[field_name]
+            raise RecipeError(f"{field_name}: {path} does not exist; {hint}")
 
 
 def sbatch_command(script: Path, *, resume: bool = False, dependency: str | None = None) -> list[str]:
@@ -151,8 +169,10 @@ def submit(
                           command=sbatch_command(Path(plan.output_dir, "job.sbatch"), resume=resume, dependency=dependency))
     from beam_hpc.run_guard import check_before_submit  # refuses a live run / incompatible resume
 
+    plan = make_plan(rec, st)
+    check_paths(rec, st)
     check_before_submit(rec, resume=resume)
-    plan, script = prepare_run(rec, st, source=source)
+    script = prepare_run(plan, source=source)
     if via == "sbatch":
         cmd = sbatch_command(script, resume=resume, dependency=dependency)
         return Submission(plan=plan, script=script, command=cmd, job_id=run_sbatch(cmd))
