@@ -1,0 +1,135 @@
+"""The Miles driver on the head node: patch placement, then run Miles's own entry point in-process.
+
+``python -m beam_hpc.backends.miles_launch --plan P --ray-address A --head-ip IP [--ifname IF]
+[--group-label K] [--miles-dir D] [--placement-timeout S] -- train_async.py <Miles flags>``
+
+Why a launcher of our own instead of Miles's ``scripts/run_*.py``: those begin with
+``pkill -9 sglang; ray stop --force; pkill -9 ray`` and start their own Ray head, which on a shared
+Slurm node would kill other jobs' processes; here the allocation's Ray cluster is already up
+(started by the node steps, checked ready by the head), so this process only connects to it,
+and it stops nothing. And Miles's placement must be patched in the very process that creates
+the placement group (``beam_hpc.backends.miles_placement``), so the entry point runs here through
+``runpy``, exactly as ``python train_async.py ...`` would run it.
+
+Environment it sets for itself (the values come from the Plan, filled by the job):
+``MASTER_ADDR`` and ``MILES_HOST_IP`` = the head's address (Miles's HTTP servers and router
+advertise ``MILES_HOST_IP`` instead of guessing an interface), and with a site network interface
+``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``, ``NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME`` (what slime's
+Slurm notes list). The job-wide part of its environment (``miles_args.WORKER_ENV``) is passed to
+every Ray worker of the job through ``ray.init(runtime_env=...)``; per-node values such as each
+node's own ``MILES_HOST_IP`` belong to the node step's ``ray start`` environment.
+
+The placement proof (Miles's sorted bundle order, with each bundle's node and group) is written
+to ``<run dir>/placement.json`` as soon as Miles has sorted its bundles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import runpy
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from beam_hpc.backends.miles_args import ENTRY_ASYNC, ENTRY_SYNC, WORKER_ENV
+from beam_hpc.backends.miles_placement import DEFAULT_TIMEOUT_S, PlacementLayout, apply_placement_patch
+from beam_hpc.checkpoint_layout import write_atomic
+from beam_hpc.plan import GROUP_LABEL_KEY
+
+logger = logging.getLogger(__name__)
+
+PLACEMENT_MODULE = "miles.ray.placement_group"
+PLACEMENT_RECORD = "placement.json"
+
+
+class LaunchError(RuntimeError):
+    """The driver cannot start Miles (bad invocation, Miles not importable)."""
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Launcher options before ``--``; after it, the entry point and Miles's flags, untouched."""
+    if "--" not in argv:
+        raise LaunchError("usage: miles_launch [options] -- train_async.py|train.py <Miles flags>")
+    cut = argv.index("--")
+    p = argparse.ArgumentParser(prog="python -m beam_hpc.backends.miles_launch")
+    p.add_argument("--plan", required=True, help="the run's plan.json; its directory is the run directory")
+    p.add_argument("--ray-address", required=True, help="the allocation's Ray cluster (host:port)")
+    p.add_argument("--head-ip", required=True, help="this node's address on the cluster network")
+    p.add_argument("--ifname", default=None, help="network interface for NCCL/Gloo (site network.interface)")
+    p.add_argument("--group-label", default=GROUP_LABEL_KEY, help="Ray node label that names a node's group")
+    p.add_argument("--miles-dir", default=None, help="Miles checkout (default: where `import miles` resolves)")
+    p.add_argument("--placement-timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    opts = p.parse_args(argv[:cut])
+    rest = argv[cut + 1:]
+    if not rest or rest[0] not in (ENTRY_ASYNC, ENTRY_SYNC):
+        raise LaunchError(f"after --: the Miles entry point ({ENTRY_ASYNC} or {ENTRY_SYNC}), then its flags")
+    return opts, rest
+
+
+def driver_environment(head_ip: str, ifname: str | None) -> dict[str, str]:
+    """What this process exports before Miles starts."""
+    env = {"MASTER_ADDR": head_ip, "MILES_HOST_IP": head_ip}
+    if ifname:
+        env.update({"NCCL_SOCKET_IFNAME": ifname, "GLOO_SOCKET_IFNAME": ifname,
+                    "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": ifname})
+    return env
+
+
+def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The job-wide variables every Ray worker of this job gets (see ``miles_args.WORKER_ENV``)."""
+    return {k: environ[k] for k in WORKER_ENV if k in environ}
+
+
+def find_entry(entry: str, miles_dir: str | None) -> Path:
+    """``train.py`` / ``train_async.py`` at the root of the Miles checkout."""
+    if miles_dir is None:
+        spec = importlib.util.find_spec("miles")
+        if spec is None or not spec.submodule_search_locations:
+            raise LaunchError("`import miles` fails here: run inside the Miles image, or pass --miles-dir")
+        root = Path(next(iter(spec.submodule_search_locations))).parent
+    else:
+        root = Path(miles_dir)
+    path = root / entry
+    if not path.is_file():
+        raise LaunchError(f"{path}: no such Miles entry point; pass --miles-dir <checkout with {entry}>")
+    return path
+
+
+def record_placement(run_dir: Path, layout: PlacementLayout) -> None:
+    write_atomic(run_dir / PLACEMENT_RECORD, json.dumps(layout.as_dict(), indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Connect to the allocation's Ray cluster, patch Miles's placement, run its entry point."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    opts, rest = parse_args(sys.argv[1:] if argv is None else argv)
+    entry = find_entry(rest[0], opts.miles_dir)
+    run_dir = Path(opts.plan).resolve().parent
+    os.environ.update(driver_environment(opts.head_ip, opts.ifname))
+
+    import ray
+
+    ray.init(address=opts.ray_address, runtime_env={"env_vars": worker_environment(os.environ)})
+    if opts.miles_dir is not None:
+        sys.path.insert(0, str(Path(opts.miles_dir).resolve()))
+    module = importlib.import_module(PLACEMENT_MODULE)
+    apply_placement_patch(
+        module,
+        label_key=opts.group_label,
+        timeout_s=opts.placement_timeout,
+        on_layout=lambda layout: record_placement(run_dir, layout),
+    )
+    logger.info("running %s with %d Miles arguments against Ray at %s", entry, len(rest) - 1, opts.ray_address)
+    # What `python train_async.py ...` would see: its directory first on sys.path, its argv.
+    sys.path.insert(0, str(entry.parent))
+    sys.argv = [str(entry), *rest[1:]]
+    runpy.run_path(str(entry), run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,6 @@
+"""Contract double of the ``miles`` package (radixark/miles), for tests only.
+
+Miles runs only in its GPU image, so it cannot be installed on these machines. This package holds
+just what beam-hpc's driver launcher touches: ``miles.ray.placement_group`` with the same three
+module globals and call shape as Miles's (see that module), and a ``train_async.py`` beside it.
+"""

@@ -1,0 +1,359 @@
+"""The Miles command beam-hpc builds, checked against Miles's own contract.
+
+Miles cannot be installed here (GPU image only), so the contract is written down:
+``tests/data/miles-megatron-flags.txt`` lists every flag name the real argparse parser of Miles's
+entry points accepts (radixark/miles@31f1ca961 + its Megatron fork; see the file's header). Every
+flag beam-hpc emits, for every recipe and mode, must be in it; the values must be the recipe's;
+and the cross-flag rules Miles asserts at start-up (quoted in ``beam_hpc.backends.miles_checks``)
+must hold on the emitted argv.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from beam_hpc.backends import miles_args
+from beam_hpc.backends.miles_args import ENTRY_ASYNC, ENTRY_SYNC, build_driver, entry_point, managed_flags
+from beam_hpc.plan import PLACEHOLDERS, RunPaths, fill, make_plan
+from beam_hpc.recipe import Recipe, RecipeError, load_recipe
+from beam_hpc.site import Site
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAGS_FILE = Path(__file__).parent / "data" / "miles-megatron-flags.txt"
+PLAN_PATH = "/shared/runs/x/plan.json"
+
+
+# -- the written contract ---------------------------------------------------------------------
+
+
+def _load_contract() -> tuple[frozenset[str], frozenset[str]]:
+    """(flag names, entry points the list covers), from the file's own header and body."""
+    names, entries = set(), set()
+    for line in FLAGS_FILE.read_text().splitlines():
+        if line.startswith("#"):
+            m = re.search(r"entry points \(([^)]*)\)", line)
+            if m:
+                entries |= {e.strip() for e in m.group(1).split("/")}
+        elif line.startswith("--"):
+            names.add(line.strip())
+    return frozenset(names), frozenset(entries)
+
+
+FLAGS, ENTRIES = _load_contract()
+_PATTERNS = (re.compile(r"^--sglang-[a-z0-9-]+$"), re.compile(r"^--eval-sglang-[a-z0-9-]+$"))
+
+
+def miles_accepts(flag: str) -> bool:
+    return flag in FLAGS or any(p.match(flag) for p in _PATTERNS)
+
+
+def parse_flags(argv: list[str]) -> dict[str, list[str]]:
+    """``--flag v1 v2 --switch`` -> {"--flag": ["v1", "v2"], "--switch": []}; a repeat is an error."""
+    out: dict[str, list[str]] = {}
+    current = None
+    for tok in argv:
+        if tok.startswith("--"):
+            assert tok not in out, f"{tok} appears twice (argparse would keep only the last)"
+            current = out.setdefault(tok, [])
+        else:
+            assert current is not None, f"value {tok!r} before any flag"
+            current.append(tok)
+    return out
+
+
+def test_contract_file_is_the_real_parser_dump() -> None:
+    assert len(FLAGS) > 2000, "the flag list looks truncated"
+    assert {ENTRY_ASYNC, ENTRY_SYNC} <= ENTRIES
+    assert "--save-trigger-sentinel" in FLAGS and "--offload-train-disk-dir" in FLAGS
+    assert "--optimizer-disk-dir" not in FLAGS  # the seed's name is not a Miles flag
+    assert not miles_accepts("--no-such-flag")
+
+
+# -- recipes and modes ------------------------------------------------------------------------
+
+SITE = Site(name="t", container={"runtime": "host"}, network={"ip_source": "interface", "interface": "ib0"})
+
+
+def recipe(name: str, *overrides: str) -> Recipe:
+    return load_recipe(ROOT / "recipes" / f"{name}.yaml", list(overrides))
+
+
+MODES = {
+    "dedicated-async": ("dedicated",),
+    "dedicated-in-turn": ("dedicated", "training.async_training=false"),
+    "dedicated-cpu-offload": ("dedicated", "training.offload.target=cpu"),
+    "dedicated-resume": ("dedicated", "num_rollout=200"),
+    "colocated": ("colocated",),
+    "colocated-cpu-offload": ("colocated", "training.offload.target=cpu"),
+    "lora": ("lora",),
+    "lora-in-turn": ("lora", "training.async_training=false"),
+    "dedicated-kl-warmup": ("dedicated", "training.kl_coef=0.001", "training.optimizer.warmup_rollouts=10"),
+    "no-eval": ("dedicated", "eval.interval=0"),
+}
+
+
+def built(mode: str) -> tuple[Recipe, str, dict[str, list[str]]]:
+    r = recipe(*MODES[mode])
+    argv, _ = build_driver(r, SITE, PLAN_PATH)
+    cut = argv.index("--")
+    return r, argv[cut + 1], parse_flags(argv[cut + 2:])
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_emitted_flag_is_a_miles_flag(mode: str) -> None:
+    r, entry, flags = built(mode)
+    assert entry in ENTRIES
+    unknown = sorted(f for f in flags if not miles_accepts(f))
+    assert not unknown, f"{mode}: Miles's {entry} parser does not know {unknown}"
+    assert set(flags) <= set(managed_flags()), "a flag the builder emits has no recipe source in _SOURCES"
+
+
+def test_every_mapped_flag_is_a_miles_flag() -> None:
+    """The mapping table itself only names flags Miles has (so no branch can emit a wrong one)."""
+    assert sorted(f for f in managed_flags() if not miles_accepts(f)) == []
+
+
+@pytest.mark.parametrize(
+    ("mode", "entry"),
+    [("dedicated-async", ENTRY_ASYNC), ("lora", ENTRY_ASYNC), ("colocated", ENTRY_SYNC),
+     ("dedicated-in-turn", ENTRY_SYNC), ("lora-in-turn", ENTRY_SYNC)],
+)
+def test_entry_point(mode: str, entry: str) -> None:
+    r, got, flags = built(mode)
+    assert got == entry == entry_point(r)
+    if entry == ENTRY_ASYNC:
+        assert "--colocate" not in flags  # train_async.py: "Colocation is not supported for async training."
+
+
+@pytest.mark.parametrize("mode", ["dedicated-async", "colocated", "lora"])
+def test_seed_defaults_appear_with_their_values(mode: str) -> None:
+    """The seed: 32 prompts x 8 responses and one update; 1,024 + 4,096 tokens; AIME2025 every
+    5 rollouts with 8 responses; a checkpoint every 20 rollouts; DAPO's clip 0.2 / 0.28."""
+    _, _, f = built(mode)
+    seed = {
+        "--rollout-batch-size": ["32"], "--n-samples-per-prompt": ["8"], "--global-batch-size": ["256"],
+        "--rollout-max-prompt-len": ["1024"], "--rollout-max-response-len": ["4096"],
+        "--eval-interval": ["5"], "--n-samples-per-eval-prompt": ["8"], "--save-interval": ["20"],
+        "--eps-clip": ["0.2"], "--eps-clip-high": ["0.28"], "--advantage-estimator": ["grpo"],
+        "--input-key": ["prompt"], "--label-key": ["label"],
+    }
+    assert {k: f[k] for k in seed} == seed
+    for switch in ("--calculate-per-token-loss", "--apply-chat-template", "--rollout-shuffle", "--use-fault-tolerance"):
+        assert f[switch] == [], switch
+    assert f["--eval-prompt-data"] == ["aime25", "/shared/data/beam/aime-2025.jsonl"]
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_values_are_the_recipes(mode: str) -> None:
+    r, _, f = built(mode)
+    m, t, topo = r.model, r.training, r.topology
+    ints = {
+        "--actor-num-nodes": topo.trainer.nodes,
+        "--actor-num-gpus-per-node": topo.trainer.gpus_per_node,
+        "--tensor-model-parallel-size": m.tensor_parallel,
+        "--pipeline-model-parallel-size": m.pipeline_parallel,
+        "--context-parallel-size": m.context_parallel,
+        "--expert-model-parallel-size": m.expert_parallel,
+        "--expert-tensor-parallel-size": m.expert_tensor_parallel,
+        "--num-rollout": r.num_rollout,
+        "--rollout-batch-size": r.batch.prompts,
+        "--n-samples-per-prompt": r.batch.responses_per_prompt,
+        "--global-batch-size": r.batch.samples // r.batch.updates_per_rollout,
+        "--rollout-max-prompt-len": r.tokens.max_prompt,
+        "--rollout-max-response-len": r.tokens.max_response,
+        "--save-interval": r.checkpoint.interval,
+        "--seed": r.seed,
+        "--rollout-seed": r.seed,
+    }
+    floats = {
+        "--eps-clip": t.eps_clip, "--eps-clip-high": t.eps_clip_high, "--lr": t.optimizer.lr,
+        "--weight-decay": t.optimizer.weight_decay, "--adam-beta1": t.optimizer.adam_beta1,
+        "--adam-beta2": t.optimizer.adam_beta2, "--clip-grad": t.optimizer.grad_clip,
+        "--rollout-temperature": t.temperature,
+    }
+    if r.eval.interval:
+        ints |= {"--eval-interval": r.eval.interval, "--n-samples-per-eval-prompt": r.eval.samples_per_prompt,
+                 "--eval-max-response-len": r.eval_max_response}
+        floats |= {"--eval-temperature": r.eval.temperature, "--eval-top-p": r.eval.top_p}
+        assert f["--eval-prompt-data"] == [r.data.eval_name, r.data.eval_path()]
+    else:
+        assert not [k for k in f if k.startswith("--eval-") and k != "--eval-reward-key"]
+    for flag, want in ints.items():
+        assert f[flag] == [str(want)], flag
+    for flag, want in floats.items():
+        assert len(f[flag]) == 1 and float(f[flag][0]) == want, flag
+    assert f["--hf-checkpoint"] == [m.path]
+    assert f["--prompt-data"] == [r.data.train_path()]
+    if topo.rollout is None:
+        assert "--colocate" in f and "--rollout-num-gpus" not in f
+        assert f["--num-gpus-per-node"] == [str(topo.trainer.gpus_per_node)]
+    else:
+        assert f["--rollout-num-gpus"] == [str(topo.rollout.nodes * topo.rollout.gpus_per_node)]
+        assert f["--rollout-num-gpus-per-engine"] == [str(topo.rollout.gpus_per_engine)]
+        assert f["--num-gpus-per-node"] == [str(topo.rollout.gpus_per_node)]
+    if t.kl_coef:
+        assert "--use-kl-loss" in f and float(f["--kl-loss-coef"][0]) == t.kl_coef
+    else:
+        assert "--use-kl-loss" not in f
+    if t.optimizer.warmup_rollouts:
+        assert f["--lr-warmup-iters"] == [str(t.optimizer.warmup_rollouts * r.batch.updates_per_rollout)]
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_checkpoints_pinned_under_the_run_dir(mode: str) -> None:
+    """Miles's default run id is a timestamp; a fixed --load/--save is what makes resume work."""
+    r, _, f = built(mode)
+    paths = RunPaths(r.output_dir)
+    assert f["--save"] == f["--load"] == [paths.checkpoints]
+    assert f["--save-trigger-sentinel"] == [paths.sentinel]
+    assert f["--dump-details"] == [paths.dumps]
+    assert "--use-tensorboard" in f
+
+
+def test_resume_changes_only_the_rollout_total() -> None:
+    fresh = build_driver(recipe("dedicated"), SITE, PLAN_PATH)[0]
+    resumed = build_driver(recipe("dedicated", "num_rollout=200"), SITE, PLAN_PATH)[0]
+    diff = [(a, b) for a, b in zip(fresh, resumed, strict=True) if a != b]
+    assert diff == [("100", "200")]
+    assert resumed[resumed.index("--num-rollout") + 1] == "200"
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_miles_startup_rules_hold(mode: str) -> None:
+    """The cross-flag assertions of miles/utils/arguments.py, checked on the emitted argv."""
+    r, entry, f = built(mode)
+    if "--offload-train-target" in f:  # "--offload-train-target=disk requires --offload-train"
+        assert f["--offload-train-target"] == ["disk"] and "--colocate" in f
+    if "--stream-optimizer-state-to-disk" in f:
+        assert "--offload-train-target" in f or "--colocate" not in f
+        for excluded in ("--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--lora-rank"):
+            assert excluded not in f, excluded
+        assert f["--optimizer"] == ["adam"] and "--use-distributed-optimizer" in f
+    for needs_save in ("--save-interval", "--save-trigger-sentinel"):
+        assert needs_save not in f or "--save" in f
+    if "--eval-interval" in f:  # "Evaluation datasets must be configured when eval_interval is set."
+        assert len(f["--eval-prompt-data"]) == 2
+    if "--lora-rank" in f:  # "'--target-modules' is required when LoRA is enabled."
+        assert f["--target-modules"] and f["--megatron-to-hf-mode"] == ["bridge"]
+    assert int(f["--global-batch-size"][0]) * r.batch.updates_per_rollout == (
+        int(f["--rollout-batch-size"][0]) * int(f["--n-samples-per-prompt"][0])
+    )
+
+
+def test_nvme_offload_maps_the_seeds_optimizer_disk_dir() -> None:
+    _, _, ded = built("dedicated-async")
+    assert "--stream-optimizer-state-to-disk" in ded and ded["--offload-train-disk-dir"] == ["{nvme_dir}"]
+    assert "--offload-train-target" not in ded  # a dedicated trainer is never offloaded
+    _, _, col = built("colocated")
+    assert col["--offload-train-target"] == ["disk"] and "--stream-optimizer-state-to-disk" in col
+    assert col["--offload-train-disk-dir"] == ["{nvme_dir}"]
+
+
+@pytest.mark.parametrize("mode", ["dedicated-cpu-offload", "colocated-cpu-offload"])
+def test_cpu_offload_uses_megatrons_flags(mode: str) -> None:
+    _, _, f = built(mode)
+    for flag in ("--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d", "--use-precision-aware-optimizer"):
+        assert f[flag] == []
+    assert not {"--stream-optimizer-state-to-disk", "--offload-train-disk-dir", "--offload-train-target"} & set(f)
+
+
+def test_lora_flags_and_no_nvme() -> None:
+    r, _, f = built("lora")
+    lora = r.training.lora
+    assert lora is not None
+    assert f["--lora-rank"] == [str(lora.rank)] and f["--lora-alpha"] == [str(lora.alpha)]
+    assert float(f["--lora-dropout"][0]) == lora.dropout
+    assert f["--target-modules"] == [",".join(lora.target_modules)]
+    assert "--ref-load" not in f  # Megatron-Bridge loads the HF checkpoint
+    assert not [k for k in f if "offload" in k or "disk" in k or k == "--stream-optimizer-state-to-disk"]
+
+
+def test_reward_is_beam_hpcs_and_eval_reads_accuracy() -> None:
+    _, _, f = built("dedicated-async")
+    assert f["--custom-rm-path"] == [miles_args.REWARD_FUNCTION]
+    assert f["--reward-key"] == ["reward"] and f["--eval-reward-key"] == ["acc"]
+    assert "--rm-type" not in f
+
+
+# -- the driver command and the Plan ------------------------------------------------------------
+
+
+def test_driver_command_shape_and_placeholders() -> None:
+    r = recipe("dedicated")
+    argv, env = build_driver(r, SITE, PLAN_PATH)
+    cut = argv.index("--")
+    launcher = parse_flags(argv[3:cut])
+    assert argv[:3] == [SITE.python, "-m", "beam_hpc.backends.miles_launch"]
+    assert launcher["--plan"] == [PLAN_PATH] and launcher["--ray-address"] == ["{ray_address}"]
+    assert launcher["--head-ip"] == ["{head_ip}"] and launcher["--ifname"] == ["ib0"]
+    assert launcher["--group-label"] == ["beam-group"]
+    values = dict.fromkeys(PLACEHOLDERS, "X")
+    filled = [fill(a, **values) for a in argv] + [fill(v, **values) for v in env.values()]
+    assert not [a for a in filled if "{" in a]
+    assert env["TENSORBOARD_DIR"] == RunPaths(r.output_dir).tensorboard
+    assert env[miles_args.ENV_OVERLONG_BUFFER] == str(r.reward.overlong_buffer)
+    assert float(env[miles_args.ENV_OVERLONG_FACTOR]) == r.reward.overlong_factor
+    no_iface = Site(name="t", container={"runtime": "host"})
+    assert "--ifname" not in build_driver(r, no_iface, PLAN_PATH)[0]
+
+
+def test_make_plan_stores_the_miles_command() -> None:
+    r = recipe("lora")
+    plan = make_plan(r, SITE)
+    assert list(plan.driver_argv) == build_driver(r, SITE, str(Path(r.output_dir) / "plan.json"))[0]
+    assert plan.driver_env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+def test_passthrough_flags_are_appended() -> None:
+    r = recipe("dedicated", "model.miles_model_args=[--num-layers, '4', --num-experts, '64']",
+               "backend_options={extra_args: [--use-dynamic-batch-size, --max-tokens-per-gpu, '9216']}")
+    argv = build_driver(r, SITE, PLAN_PATH)[0]
+    assert argv[-7:] == ["--num-layers", "4", "--num-experts", "64", "--use-dynamic-batch-size",
+                         "--max-tokens-per-gpu", "9216"]
+
+
+def test_colocated_engine_size_option() -> None:
+    _, _, f = built("colocated")
+    assert f["--rollout-num-gpus-per-engine"] == ["16"]  # colocated.yaml: one engine spans 2 nodes
+    r = recipe("colocated", "backend_options={rollout_gpus_per_engine: 8}")
+    argv = build_driver(r, SITE, PLAN_PATH)[0]
+    assert argv[argv.index("--rollout-num-gpus-per-engine") + 1] == "8"
+
+
+# -- the checks Miles would make, made first -----------------------------------------------------
+
+BAD = [
+    (("dedicated", "model.tensor_parallel=3"), "model.tensor_parallel x pipeline_parallel x context_parallel"),
+    (("dedicated", "model.context_parallel=3"), "does not divide the trainer group's 64 GPUs"),
+    (("dedicated", "model.expert_parallel=32"), "model.expert_tensor_parallel x expert_parallel"),
+    (("dedicated", "model.miles_model_args=[--num-experts, '24']"), "model.expert_parallel: 16 does not divide"),
+    (("dedicated", "batch.prompts=3", "batch.responses_per_prompt=2"), "do not split over 4 data-parallel"),
+    (("dedicated", "topology.rollout={nodes: 3, gpus_per_node: 8, gpus_per_engine: 12}"), "straddle"),
+    (("dedicated", "topology.trainer={nodes: 1, gpus_per_node: 4}", "model.tensor_parallel=1",
+      "model.pipeline_parallel=1", "model.expert_parallel=1"), "not whole nodes of 8 GPUs"),
+    (("dedicated", "topology.trainer.gpus_per_node=0"), "topology.trainer.gpus_per_node"),
+    (("dedicated", "data.eval=''"), "data.eval: eval.interval is set"),
+    (("dedicated", "model.ref_load=null"), "model.ref_load"),
+    (("lora", "training.kl_coef=0.01"), "training.kl_coef"),
+    (("dedicated", "model.miles_model_args=[--save, /tmp/x]"), "--save is set by beam-hpc"),
+    (("dedicated", "backend_options={extra_args: ['--load=/x']}"), "--load is set by beam-hpc"),
+    (("dedicated", "backend_options={rollout_gpus_per_engine: 8}"), "dedicated recipes set topology.rollout"),
+    (("dedicated", "backend_options={nope: 1}"), "backend_options: nope unknown"),
+    (("colocated", "backend_options={rollout_gpus_per_engine: 6}"), "does not divide the 64 GPUs"),
+    (("dedicated", "backend=reference"), "set backend: miles"),
+]
+
+
+@pytest.mark.parametrize(("spec", "message"), BAD, ids=[b[1][:40] for b in BAD])
+def test_checks_raise_clear_errors(spec: tuple[str, ...], message: str) -> None:
+    r = recipe(*spec)
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        build_driver(r, SITE, PLAN_PATH)
+
+
+def test_bad_parallelism_fails_in_make_plan_before_any_allocation() -> None:
+    with pytest.raises(RecipeError, match="choose sizes whose product divides it"):
+        make_plan(recipe("lora", "model.pipeline_parallel=3"), SITE)
