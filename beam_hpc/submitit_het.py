@@ -136,8 +136,13 @@ def make_het_sbatch_text(command: str, folder: tp.Union[str, Path],
     out = _task_path(paths.stdout)
     err = "2>&1" if stderr_to_stdout else "2>> " + _task_path(paths.stderr)
     inner = f"exec {command} >> {out} {err}"
-    groups = ",".join(str(g) for g in range(len(components) + 1))
-    srun = " ".join(["srun", "--unbuffered", f"--het-group={groups}",
+    # srun refuses --het-group in an ordinary job ("No directives to start application...").
+    # A caller that names its own --het-group in srun_args (e.g. a single task on group 0 that
+    # starts the other steps itself) keeps it.
+    het_group = [f"--het-group={','.join(str(g) for g in range(len(components) + 1))}"]
+    if any(a.startswith("--het-group") for a in srun_args):
+        het_group = []
+    srun = " ".join(["srun", "--unbuffered", *(het_group if components else []),
                      *(shlex.quote(a) for a in srun_args), "bash", "-c", shlex.quote(inner)])
     text = slurm._make_sbatch_string(command=srun, folder=folder, use_srun=False, **params)
 
@@ -150,7 +155,16 @@ def make_het_sbatch_text(command: str, folder: tp.Union[str, Path],
     end = lines.index("# Parameters") + 1  # component 0's flags follow this line
     while end < len(lines) and lines[end].startswith("#SBATCH"):
         end += 1
-    extra = [line for comp in components for line in _component_lines(comp)]
+    has_dependency = bool(params.get("dependency")
+                          or (params.get("additional_parameters") or {}).get("dependency"))
+    extra = []
+    for comp in components:
+        extra += _component_lines(comp)
+        if has_dependency and "dependency" not in (comp.get("additional_parameters") or {}):
+            # Slurm propagates the dependency to every component, and a propagated `singleton`
+            # waits for component 0 (same name) forever. Component 0's dependency already holds
+            # back the whole hetjob (its components start together), so clear it here.
+            extra.append("#SBATCH --dependency=")
     return "\n".join(lines[:end] + extra + lines[end:])
 
 
@@ -346,5 +360,6 @@ class HetSlurmExecutor(slurm.SlurmExecutor):
 
     def _num_tasks(self) -> int:
         components = self.parameters.get("het_components") or []
-        first = self.parameters.get("nodes", 1) * max(1, self.parameters.get("ntasks_per_node") or 1)
+        tasks_per_node = max(1, self.parameters.get("ntasks_per_node") or 1)
+        first = self.parameters.get("nodes", 1) * tasks_per_node
         return first + sum(c["nodes"] * c["ntasks_per_node"] for c in components)

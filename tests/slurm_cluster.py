@@ -27,11 +27,14 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_LAB = Path(os.environ.get("BEAM_SLURM_LAB", "/tmp/beam-slurm"))
+# slurmctld's port; the nodes' slurmd ports (17001, 17002, ...) move by the same amount. Set
+# another value (and another LAB) to run a second cluster beside the default one.
+DEFAULT_CTLD_PORT = int(os.environ.get("BEAM_SLURM_CTLD_PORT", "6817"))
 REQUIRED_BINARIES = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "srun",
                      "squeue", "scontrol", "scancel", "sinfo", "unshare", "runuser")
 # States after which a job will not run again (squeue/scontrol spelling).
@@ -57,9 +60,12 @@ class ClusterSpec:
     cpus_per_node: int = 2
     gpus_per_node: int = 2
     real_memory_mb: int = 4000
-    ctld_port: int = 6817
-    first_slurmd_port: int = 17001
+    ctld_port: int = DEFAULT_CTLD_PORT
     cluster_name: str = "beamlab"
+
+    @property
+    def first_slurmd_port(self) -> int:
+        return 17001 + self.ctld_port - 6817
 
     @property
     def node_names(self) -> list[str]:
@@ -125,7 +131,8 @@ class LocalSlurmCluster:
         env.update(self.env)
         return env
 
-    def run(self, *argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
+    def run(self, *argv: str, check: bool = True,
+            timeout: float = 30) -> subprocess.CompletedProcess:
         """Run a Slurm client command against this cluster and capture its output."""
         return subprocess.run(list(argv), env=self.client_env(), capture_output=True, text=True,
                               check=check, timeout=timeout)
@@ -138,6 +145,21 @@ class LocalSlurmCluster:
         except subprocess.TimeoutExpired:
             return False
         return "UP" in out
+
+    def _controller_state_dir(self) -> str | None:
+        """StateSaveLocation of the controller that answers on our port (tells clusters apart)."""
+        out = self.run("scontrol", "show", "config", check=False).stdout
+        for line in out.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "StateSaveLocation":
+                return value.strip()
+        return None
+
+    def _controller_is_ours(self) -> bool:
+        return self._controller_state_dir() == str(self.lab / "state" / "ctld")
+
+    def _queue_empty(self) -> bool:
+        return not self.run("squeue", "--noheader", check=False).stdout.strip()
 
     def node_states(self) -> dict[str, str]:
         out = self.run("sinfo", "--noheader", "--Node", "--format=%N %T", check=False).stdout
@@ -264,8 +286,9 @@ class LocalSlurmCluster:
         _ETC_SLURM.mkdir(exist_ok=True)
         for name in ("slurm.conf", "gres.conf"):
             link = _ETC_SLURM / name
-            if link.exists() and not link.is_symlink():
-                continue  # a real site config: leave it alone, SLURM_CONF still points at ours
+            if link.exists() and (not link.is_symlink() or Path(os.readlink(link)).parent
+                                  != lab / "etc"):
+                continue  # a site's config or another live local cluster's: SLURM_CONF is ours
             tmp = link.with_name(f".{name}.beam-tmp")
             tmp.unlink(missing_ok=True)
             tmp.symlink_to(lab / "etc" / name)
@@ -307,6 +330,11 @@ class LocalSlurmCluster:
                 (self.lab / "run" / "started-by-tests").unlink(missing_ok=True)
             _wait_until(self.controller_up, timeout, "slurmctld to answer `scontrol ping`",
                         self.lab / "log" / "slurmctld.log")
+            if not self._controller_is_ours():
+                raise SlurmClusterError(
+                    f"port {self.spec.ctld_port} is answered by another Slurm controller (state in "
+                    f"{self._controller_state_dir()}); stop that cluster or set "
+                    "BEAM_SLURM_CTLD_PORT and BEAM_SLURM_LAB")
             for name in self.nodes:
                 if _live_pid(self._pidfile(f"slurmd_{name}"), "slurmd") is None:
                     # Own UTS namespace: `hostname` in a job on this node prints its node name.
@@ -377,13 +405,13 @@ class LocalSlurmCluster:
             self._down_locked()
 
     def _down_locked(self) -> None:
-        if self.controller_up():
+        # Only cancel jobs on our own controller, never on another cluster answering our port.
+        if self.controller_up() and self._controller_is_ours():
             users = set(self.run("squeue", "--noheader", "--format=%u", check=False).stdout.split())
             for user in users:
                 self.run("scancel", f"--user={user}", check=False)
             with contextlib.suppress(SlurmClusterError):
-                _wait_until(lambda: not self.run("squeue", "--noheader", check=False).stdout.strip(),
-                            30, "the queue to drain", None)
+                _wait_until(self._queue_empty, 30, "the queue to drain", None)
         slurmd_pids = [self._pidfile(f"slurmd_{n}") for n in self.nodes]
         _stop_by_pidfiles(slurmd_pids, "slurmd")
         _stop_by_pidfiles([self._pidfile("slurmctld")], "slurmctld")
@@ -418,13 +446,12 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Linux-only, like the cluster: a zombie (exited, not yet reaped by PID 1) counts as dead."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat_line.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _live_pid(pidfile: Path, program: str) -> int | None:
@@ -463,7 +490,8 @@ def _munge_works() -> bool:
     return subprocess.run(["unmunge"], input=cred.stdout, capture_output=True).returncode == 0
 
 
-def _wait_until(predicate, timeout: float, what: str, log: Path | None) -> None:
+def _wait_until(predicate: Callable[[], bool], timeout: float, what: str,
+                log: Path | None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
