@@ -124,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         print("beam-hpc: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001 - a tool failure: one readable line, details with -v later
+        from beam_hpc.image import ImageError
         from beam_hpc.submit import SubmitError
 
-        if isinstance(err, SubmitError):
+        if isinstance(err, (SubmitError, ImageError)):
             print(f"beam-hpc: {err}", file=sys.stderr)
             return 1
         raise

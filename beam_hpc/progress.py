@@ -53,7 +53,9 @@ class Progress:
     """A progress bar for one step. ``total=None`` shows a counter and rate without a bar."""
 
     def __init__(self, label: str, total: float | None = None, *, unit: str = "",
-                 stream: TextIO | None = None, interactive: bool | None = None) -> None:
+                 stream: TextIO | None = None, interactive: bool | None = None, enabled: bool = True) -> None:
+        """``enabled=False`` counts but writes nothing (a ``--no-progress`` flag needs no stand-in)."""
+        self.enabled = enabled
         self.label = label
         self.total = total if total and total > 0 else None
         self.unit = unit
@@ -112,6 +114,8 @@ class Progress:
         self._write(("\r" + self.line() + "\x1b[K\n") if self.interactive else self.line() + "\n")
 
     def _write(self, text: str) -> None:
+        if not self.enabled:
+            return
         self.stream.write(text)
         self.stream.flush()
 

@@ -1,0 +1,360 @@
+"""`beam-hpc status`, `plot` and `logs` on run directories with several segments.
+
+Two run directories:
+- a REAL one (test_status_and_plot_of_a_real_two_segment_run, slow): the reference backend run
+  twice through its real entry point, the first segment stopping after a checkpoint and the second
+  resuming from it; the ledger lines around them written with beam_hpc.ledger as the job does.
+  status and plot read exactly what the backend wrote (torch's SummaryWriter, metrics.jsonl).
+- a hand-made one (``build_run``, fast), in the documented formats and with the project's own
+  writers (make_plan, beam_hpc.ledger, checkpoint_layout, tensorboard's EventFileWriter, the
+  metrics.jsonl lines of metric_names), for what a real run cannot produce on demand: a segment
+  killed hard (start line, no end line) and a rollout re-done after it, with known times, so that
+  goodput, durations and ETA are checked against hand-computed numbers.
+
+The hand-made story: job 100 runs rollouts 0-5 and stops at walltime (resubmits 101); job 101
+runs 6-8, checkpoints 7, and is killed hard during 8; its requeue 101-1 redoes 8 (in 12 s instead
+of 10) and finishes 8-11. So the kept rollout time is 8*10 + 12 + 3*10 = 122 s of 80 + 40 + 50 =
+170 s allocated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from io import StringIO
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from beam_hpc import checkpoint_layout, ledger, metric_names, run_logs
+from beam_hpc.cli import main
+from beam_hpc.plan import make_plan
+from beam_hpc.progress import Progress
+from beam_hpc.run_plot import CHARTS, plot_run
+from beam_hpc.run_status import format_status, gather, read_scalars
+from beam_hpc.submit import build_recipe, build_site
+
+ROOT = Path(__file__).resolve().parents[1]
+T0 = 1_700_000_000.0
+TOTAL = 12
+# (job, restart, start, end or None (killed), rollouts run, checkpoint after, next action, next job)
+SEGMENTS = [
+    ("100", 0, T0, T0 + 80, range(0, 6), 5, "resubmit", "101"),
+    ("101", 0, T0 + 100, None, range(6, 9), 7, None, None),
+    ("101", 1, T0 + 160, T0 + 210, range(8, 12), 11, "none", None),
+]
+EVALS = {4: (0.2, 20.0), 9: (0.35, 24.0), 11: (0.5, 27.0)}  # rollout -> (accuracy, response length)
+
+
+def _tb_event(wall: float, step: int, values: dict[str, float]):
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=t, simple_value=v) for t, v in values.items()])
+    return event_pb2.Event(wall_time=wall, step=step, summary=summary)
+
+
+def build_run(run: Path) -> Path:
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    recipe = build_recipe(str(ROOT / "recipes" / "tiny.yaml"), output_dir=str(run), base_dir=run,
+                          num_rollout=TOTAL)
+    make_plan(recipe, build_site("local", search_dir=ROOT / "env")).write()
+    ckpt = run / "checkpoints"
+    metrics = run / "dumps" / metric_names.METRICS_FILE
+    metrics.parent.mkdir(parents=True)
+    for job, restart, start, end, rollouts, ckpt_at, action, nxt in SEGMENTS:
+        ledger.append(run / "ledger.jsonl", ledger.start_record(
+            job_id=job, restart=restart, host="n1", rollouts_at_start=rollouts.start, num_rollout=TOTAL,
+            resume=rollouts.start > 0, walltime_s=1800, lead_s=60, now=start))
+        seg_logs = run / "logs" / f"{job}-{restart}"
+        seg_logs.mkdir(parents=True)
+        writer = EventFileWriter(str(run / "tensorboard"), filename_suffix=f".{job}-{restart}")
+        t = start + 5
+        for r in rollouts:
+            step_s = 12.0 if restart == 1 and r == 8 else 10.0
+            t += step_s
+            values = {metric_names.ROLLOUT_REWARD: 0.1 + 0.05 * r, metric_names.ROLLOUT_TIME: step_s}
+            if r in EVALS:
+                values[metric_names.EVAL_ACCURACY], values[metric_names.EVAL_RESPONSE_LEN] = EVALS[r]
+            writer.add_event(_tb_event(t, r, values))
+            with metrics.open("a") as fh:
+                fh.write(json.dumps({"kind": "rollout", "rollout_id": r, "time": t, **values}) + "\n")
+            if r == ckpt_at:
+                checkpoint_layout.iteration_dir(ckpt, r).mkdir(parents=True)
+                checkpoint_layout.dataset_state_path(ckpt, r).parent.mkdir(parents=True, exist_ok=True)
+                checkpoint_layout.dataset_state_path(ckpt, r).write_bytes(b"cursor")
+                checkpoint_layout.mark_latest(ckpt, r)
+        writer.close()
+        for name in ("driver.log", "node-trainer-0.log", "node-rollout-0.log"):
+            (seg_logs / name).write_text(f"{name} of {job}-{restart}\n")
+            os.utime(seg_logs / name, (t + 5, t + 5))
+        if end is not None:
+            ledger.append(run / "ledger.jsonl", ledger.end_record(
+                job_id=job, restart=restart, rollouts_at_end=ckpt_at + 1,
+                reason="walltime" if action == "resubmit" else "completed", detail="", next_action=action,
+                next_job_id=nxt, rollout_s=10.0, save_s=1.0, now=end))
+    (run / "logs" / "slurm-100.out").write_text("batch shell of job 100\n")
+    return run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_run(tmp_path_factory.mktemp("observe") / "run")
+
+
+# -- status ------------------------------------------------------------------------------------
+STATUS_FIELDS = {"schema", "run_dir", "run_id", "job_name", "recipe", "backend", "state", "segments",
+                 "segment_count", "job_ids", "restarts", "rollouts", "last_checkpoint", "eval", "reward",
+                 "goodput", "eta", "slurm", "metrics_source", "warnings", "generated_at"}
+SEGMENT_FIELDS = {"segment", "job_id", "restart", "host", "start", "end", "end_estimated", "duration_s",
+                  "rollouts_at_start", "rollouts_at_end", "reason", "detail", "next_action", "next_job_id",
+                  "timings", "state"}
+
+
+def test_status_json_has_every_field_and_the_right_numbers(run_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["status", str(run_dir), "--json", "--no-slurm"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert STATUS_FIELDS <= set(s)
+    assert s["metrics_source"] == "tensorboard" and s["recipe"] == "tiny" and s["state"] == "completed"
+    assert [r["segment"] for r in s["segments"]] == ["100-0", "101-0", "101-1"]
+    assert all(SEGMENT_FIELDS <= set(r) for r in s["segments"])
+    assert (s["segment_count"], s["job_ids"], s["restarts"]) == (3, ["100", "101"], 1)
+    first, killed, last = s["segments"]
+    assert (first["reason"], first["next_action"], first["next_job_id"], first["duration_s"]) == ("walltime", "resubmit", "101", 80.0)
+    # killed hard: no end line; its end is estimated from its newest log (written 5 s after rollout 8)
+    assert killed["state"] == "killed" and killed["end_estimated"] and killed["duration_s"] == pytest.approx(40.0)
+    assert (last["reason"], last["rollouts_at_start"], last["rollouts_at_end"]) == ("completed", 8, 12)
+    assert s["rollouts"] == {**s["rollouts"], "done": 12, "generated": 12, "total": 12, "fraction": 1.0}
+    assert s["last_checkpoint"]["iteration"] == 11 and s["last_checkpoint"]["problems"] == []
+    assert s["last_checkpoint"]["path"].endswith("iter_0000011")
+    assert (s["eval"]["aime25_accuracy"], s["eval"]["aime25_response_len"], s["eval"]["rollout"]) == (0.5, 27.0, 11)
+    assert s["reward"]["value"] == pytest.approx(0.1 + 0.05 * 11) and s["reward"]["rollout"] == 11
+    g = s["goodput"]
+    assert (g["kept_rollout_s"], g["allocated_s"]) == (pytest.approx(122.0), pytest.approx(170.0))
+    assert g["value"] == pytest.approx(122 / 170)
+    assert s["eta"]["remaining_rollouts"] == 0 and s["eta"]["eta_s"] == 0.0
+    assert s["slurm"]["job_id"] is None  # the chain ended: next action "none"
+
+
+def test_status_midway_eta_and_table(run_dir: Path, tmp_path: Path) -> None:
+    """The same run as it was during the killed segment: 8 checkpointed, 9 generated."""
+    mid = tmp_path / "mid"
+    shutil.copytree(run_dir, mid)
+    lines = (mid / "ledger.jsonl").read_text().splitlines()
+    (mid / "ledger.jsonl").write_text("\n".join(lines[:3]) + "\n{\"torn\n")  # 100-0 both, 101-0 start
+    checkpoint_layout.mark_latest(mid / "checkpoints", 7)
+    shutil.rmtree(mid / "logs" / "101-1")
+    shutil.rmtree(mid / "tensorboard")  # and read from dumps/metrics.jsonl instead
+    metrics = mid / "dumps" / metric_names.METRICS_FILE
+    metrics.write_text("".join(x + "\n" for x in metrics.read_text().splitlines() if json.loads(x)["time"] <= T0 + 140))
+    s = gather(mid, slurm=False)
+    assert s["metrics_source"] == "metrics.jsonl" and s["state"] == "unknown"
+    assert s["segments"][-1]["state"] == "open" and len(s["warnings"]) == 1
+    assert s["segments"][-1]["duration_s"] == pytest.approx(40.0)  # its newest log, 5 s after rollout 8
+    assert (s["rollouts"]["done"], s["rollouts"]["generated"]) == (8, 9)
+    # allocated 80 + 40 s for 8 kept rollouts -> 15 s each; 3 of 12 still to generate
+    assert s["eta"]["s_per_rollout_allocated"] == pytest.approx(15.0)
+    assert (s["eta"]["remaining_rollouts"], s["eta"]["eta_s"]) == (3, pytest.approx(45.0))
+    assert s["slurm"]["job_id"] == "101" and s["slurm"]["note"] == "not asked (--no-slurm)"
+    checkpoint_layout.mark_latest(mid / "checkpoints", 5)
+    s = gather(mid, slurm=False)
+    assert s["rollouts"]["done"] == 6
+    table = format_status(s)
+    for needle in ("state      unknown", "6 of 12 checkpointed", "100-0", "101-0", "walltime", "resubmit 101",
+                   "accuracy 0.200", "goodput"):
+        assert needle in table, needle
+
+
+def test_status_refuses_a_directory_that_is_no_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["status", str(tmp_path)]) == 2
+    assert "no plan.json and no ledger.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_status_shows_the_live_slurm_job(slurm_cluster, tmp_path: Path) -> None:
+    """A real job on the local cluster carries the run on: status asks Slurm about it."""
+    run = tmp_path / "live"
+    run.mkdir()
+    res = slurm_cluster.run("sbatch", "--parsable", "-p", "debug", "-N1", "-o", "/dev/null", "--wrap", "sleep 60")
+    job = res.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 30
+        while "RUNNING" not in slurm_cluster.job_states(job) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        ledger.append(run / "ledger.jsonl", ledger.start_record(
+            job_id=job, restart=0, host="n1", rollouts_at_start=0, num_rollout=10, resume=False,
+            walltime_s=600, lead_s=60))
+        s = gather(run)
+        assert s["state"] == "running" and s["slurm"]["reachable"] and s["slurm"]["state"] == "RUNNING"
+        assert s["slurm"]["components"][0]["NodeList"].startswith("n")
+        assert s["segments"][0]["state"] == "running"
+    finally:
+        slurm_cluster.run("scancel", job, check=False)
+    slurm_cluster.wait_for_job(job, timeout=60)
+    s = gather(run)
+    assert s["slurm"]["state"] in ("CANCELLED", "GONE") and s["segments"][0]["state"] == "killed"
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.e2e
+def test_status_and_plot_of_a_real_two_segment_run(tiny_assets, reference_ray, tmp_path: Path) -> None:
+    """The real reference backend, twice: the first segment stops after its checkpoint of rollout 1
+    (backend_options.stop_after_rollout), the second resumes from it and completes 4 rollouts.
+    The ledger lines around each are written with beam_hpc.ledger, as the job does; the driver's
+    output goes to the segment's driver.log. What is read back is what the backend wrote."""
+    import socket
+
+    from reference_harness import SMALL, make_plan as harness_plan, run_backend
+
+    run = tmp_path / "real"
+    common = [*SMALL, "num_rollout=4", "eval.interval=2", "checkpoint.interval=2"]
+    segments = [("9001", ["backend_options.stop_after_rollout=1"], "walltime", "resubmit", "9002"),
+                ("9002", [], "completed", "none", None)]
+    for job, extra, reason, action, nxt in segments:
+        plan = harness_plan(run, tiny_assets, common + extra)
+        ckpt = run / "checkpoints"
+        ledger.append(run / "ledger.jsonl", ledger.start_record(
+            job_id=job, restart=0, host=socket.gethostname(), rollouts_at_start=checkpoint_layout.rollouts_done(ckpt),
+            num_rollout=4, resume=job != "9001", walltime_s=600, lead_s=60))
+        proc = run_backend(plan, reference_ray)
+        (run / "logs" / f"{job}-0").mkdir(parents=True)
+        (run / "logs" / f"{job}-0" / "driver.log").write_text(proc.stdout + proc.stderr)
+        ledger.append(run / "ledger.jsonl", ledger.end_record(
+            job_id=job, restart=0, rollouts_at_end=checkpoint_layout.rollouts_done(ckpt), reason=reason, detail="",
+            next_action=action, next_job_id=nxt, rollout_s=None, save_s=None))
+    s = gather(run, slurm=False)
+    assert STATUS_FIELDS <= set(s) and s["metrics_source"] == "tensorboard" and s["state"] == "completed"
+    assert [(r["segment"], r["rollouts_at_start"], r["rollouts_at_end"]) for r in s["segments"]] == [
+        ("9001-0", 0, 2), ("9002-0", 2, 4)]
+    assert s["rollouts"]["done"] == s["rollouts"]["generated"] == s["rollouts"]["total"] == 4
+    assert s["last_checkpoint"]["iteration"] == 3 and not s["last_checkpoint"]["problems"]
+    assert 0 <= s["eval"]["aime25_accuracy"] <= 1 and s["eval"]["aime25_response_len"] > 0 and s["eval"]["rollout"] == 4
+    assert s["reward"]["rollout"] == 3 and 0 < s["goodput"]["value"] <= 1
+    assert "resumed from checkpoint 1" in run_logs.find_log(run).read_text()
+    result = plot_run(run)
+    assert result.source == "tensorboard" and len(result.written) == 3, result.skipped
+    for png in result.written:
+        _check_png(png)
+
+
+# -- plot --------------------------------------------------------------------------------------
+def _check_png(path: Path) -> None:
+    from PIL import Image
+
+    assert path.stat().st_size > 10_000, path
+    img = np.asarray(Image.open(path).convert("RGB")).astype(int)
+    assert img.shape == (450, 800, 3)
+    assert img.std() > 10 and len(np.unique(img.reshape(-1, 3), axis=0)) > 50  # not blank
+    # the segment boundaries: dashed tab:red (214, 39, 40) vertical lines
+    red = (abs(img[..., 0] - 214) < 30) & (abs(img[..., 1] - 39) < 30) & (abs(img[..., 2] - 40) < 30)
+    assert red.sum() > 100, f"{path}: no segment boundary drawn"
+    # the curve: tab:blue (31, 119, 180)
+    blue = (abs(img[..., 0] - 31) < 30) & (abs(img[..., 1] - 119) < 30) & (abs(img[..., 2] - 180) < 30)
+    assert blue.sum() > 200, f"{path}: no curve drawn"
+
+
+@pytest.mark.slow
+def test_plot_writes_the_seeds_curves_and_reward(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "plots"
+    assert main(["plot", str(run_dir), "--output", str(out)]) == 0
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(c.filename for c in CHARTS)
+    for c in CHARTS:
+        _check_png(out / c.filename)
+    # without event files the same charts come from dumps/metrics.jsonl
+    copy = tmp_path / "nojsonl"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("tensorboard"))
+    result = plot_run(copy)
+    assert result.source == "metrics.jsonl" and len(result.written) == 3
+    assert all(p.parent == copy / "plots" for p in result.written)
+
+
+def test_plot_of_a_run_without_metrics_says_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    ledger.append(tmp_path / "ledger.jsonl", ledger.start_record(
+        job_id="1", restart=0, host="n1", rollouts_at_start=0, num_rollout=5, resume=False, walltime_s=60, lead_s=10))
+    assert main(["plot", str(tmp_path)]) == 1
+    out = capsys.readouterr()
+    assert "skipped aime2025_accuracy.png" in out.out and "nothing to plot yet" in out.err
+
+
+def test_scalars_keep_the_last_attempt_of_a_redone_rollout(run_dir: Path) -> None:
+    sc = read_scalars(run_dir)
+    times = sc.by_step(metric_names.ROLLOUT_TIME)
+    assert sorted(times) == list(range(12)) and times[8].value == 12.0
+
+
+# -- logs --------------------------------------------------------------------------------------
+def test_logs_finds_the_right_file(run_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    assert run_logs.segments(run_dir) == ["100-0", "101-0", "101-1"]
+    assert run_logs.find_log(run_dir).name == "driver.log" and run_logs.find_log(run_dir).parent.name == "101-1"
+    assert run_logs.find_log(run_dir, group="rollout", segment=0) == run_dir / "logs" / "100-0" / "node-rollout-0.log"
+    assert run_logs.find_log(run_dir, node=0, segment="101-0").name == "node-trainer-0.log"
+    with pytest.raises(run_logs.LogNotFoundError, match="node-trainer-3.log.*it has: .*driver.log"):
+        run_logs.find_log(run_dir, group="trainer", node=3)
+    with pytest.raises(run_logs.LogNotFoundError, match="--segment 7"):
+        run_logs.find_log(run_dir, segment=7)
+    assert main(["logs", str(run_dir), "--group", "trainer", "--segment", "-2"]) == 0
+    assert capsys.readouterr().out == "node-trainer-0.log of 101-0\n"
+    assert main(["logs", str(run_dir), "--segment", "0", "--list"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("slurm-100.out")
+
+
+def test_log_names_are_the_ones_the_job_writes() -> None:
+    from beam_hpc.ray_node import ClusterRuntime
+
+    rt = ClusterRuntime(job_id="5", job_num=5, restart=0, job_tag="t", head_ip="127.0.0.10", gcs_port=1,
+                        host_stride=1, token_path="", segment_dir="/r/logs/5-0", nonce="", deadline=0.0,
+                        nodelists={})
+    assert rt.node_log("rollout", 2) == Path("/r/logs/5-0", run_logs.node_log_name("rollout", 2))
+
+
+def test_logs_follow_moves_on_to_the_next_segment(tmp_path: Path) -> None:
+    seg0 = tmp_path / "logs" / "7-0"
+    seg0.mkdir(parents=True)
+    (seg0 / "driver.log").write_text("old\n")
+
+    def writer() -> None:
+        with open(seg0 / "driver.log", "a") as fh:
+            fh.write("rollout 1\nroll")
+            fh.flush()
+            time.sleep(0.2)
+            fh.write("out 2\n")
+        seg1 = tmp_path / "logs" / "7-1"
+        seg1.mkdir()
+        (seg1 / "driver.log").write_text("resumed\n")
+
+    deadline = time.monotonic() + 10
+    t = threading.Thread(target=writer)
+    t.start()
+    got: list[str] = []
+    for line in run_logs.follow(tmp_path, seg0 / "driver.log", switch_segments=True, poll_s=0.05,
+                                start_at_end=False, stop=lambda: time.monotonic() > deadline):
+        got.append(line)
+        if len(got) == 5:
+            break
+    t.join()
+    assert got == ["old\n", "rollout 1\n", "rollout 2\n", f"==> {tmp_path / 'logs' / '7-1' / 'driver.log'} <==\n",
+                   "resumed\n"]
+
+
+# -- progress ----------------------------------------------------------------------------------
+def test_progress_in_a_log_and_on_a_terminal() -> None:
+    log = StringIO()
+    with Progress("staging image", total=1000, unit="B", stream=log, interactive=False) as bar:
+        for _ in range(10):
+            bar.update(100)
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 10 and "100%" in lines[-1] and "1000 B" in lines[-1] and "[" + "#" * 24 + "]" in lines[-1]
+    tty = StringIO()
+    with Progress("convert", stream=tty, interactive=True) as bar:
+        bar.update(3)
+    assert tty.getvalue().startswith("\rconvert: 3 ") and tty.getvalue().endswith("\n")
+    quiet = StringIO()
+    with Progress("x", total=2, stream=quiet, enabled=False) as bar:
+        bar.update(2)
+    assert quiet.getvalue() == "" and bar.done == 2
