@@ -95,8 +95,12 @@ def build_site(site: str | Path | None, *, search_dir: Path | None = None) -> Si
 
 
 def prepare_run(plan: Plan, *, source: str = "") -> Path:
-    """Write plan.json and the sbatch script into the run directory; returns the script."""
+    """Write plan.json and the sbatch script into the run directory; returns the script.
+    logs/ must exist before sbatch: Slurm opens --output before the script runs, and a job whose
+    output directory is missing dies at once with no output at all."""
     plan.write()
+    Path(plan.paths.logs).mkdir(parents=True, exist_ok=True)
+    Path(plan.paths.logs).mkdir(parents=True, exist_ok=True)  # Slurm opens --output before the script runs
     return write_script(plan, Path(plan.output_dir, "job.sbatch"), source=source)
 
 

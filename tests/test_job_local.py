@@ -1,0 +1,49 @@
+"""beam_hpc.job.run_local: the same job code with no Slurm (what `beam-hpc execute` runs), on the
+host and through the Apptainer seam (the stand-in binary of tests/fake_apptainer.py, whose image
+sets RAY_AUTH_MODE=disabled: only the job's forced environment can turn token auth back on)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from glob import glob
+from pathlib import Path
+
+import pytest
+
+from beam_hpc.job import run_local, smoke_driver_argv
+from beam_hpc.ray_node import tagged_pids
+from fake_apptainer import install_fake_apptainer
+from job_plans import make_test_plan
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["host", "apptainer"])
+def test_run_local_brings_up_both_groups_places_work_and_cleans_up(tmp_path, monkeypatch, runtime):
+    site = None
+    if runtime == "apptainer":
+        bin_dir = install_fake_apptainer(tmp_path / "bin")
+        monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+        image = tmp_path / "beam.sif"
+        image.write_text("stand-in image")
+        scratch = tmp_path / "scratch"
+        scratch.mkdir()
+        site = {"container": {"runtime": "apptainer", "image": str(image), "python": sys.executable},
+                "scratch": str(scratch)}
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1, site=site)
+    outcome = run_local(plan, driver_argv=smoke_driver_argv(plan), ready_timeout_s=300)
+    assert outcome.status == "completed", outcome.message
+    assert outcome.ready_s and outcome.ready_s > 0 and outcome.teardown_s is not None
+    smoke = json.loads(Path(plan.output_dir, "smoke.json").read_text())
+    assert smoke["ok"]
+    by_role = {t["role"]: t["ip"] for t in smoke["tasks"]}
+    assert by_role == {"trainer": "127.0.0.10", "rollout": "127.0.0.11"}  # loopback node per group
+    assert {t["ray_auth_mode"] for t in smoke["tasks"]} == {"token"}
+    job_id = f"l{os.getpid()}"
+    assert tagged_pids(f"{plan.run_id}.{job_id}.0") == []
+    assert glob(f"/tmp/beam-{job_id}.0-*") == []
+    assert not Path(plan.output_dir, ".ray-auth").exists()
+    saved = json.loads(Path(outcome.segment_dir, "outcome.json").read_text())
+    assert saved["status"] == "completed" and saved["ready_s"] == outcome.ready_s
