@@ -24,6 +24,7 @@ PLUGIN_MODULES = (
     "beam_hpc.cli_image",
     "beam_hpc.cli_run",
     "beam_hpc.cli_observe",
+    "beam_hpc.cli_execute",
 )
 
 

@@ -1,0 +1,48 @@
+"""`beam-hpc execute`: the embedded default, end to end on this machine, through the real CLI.
+
+Real parts: the tiny model and data (built by the project's code), two local node steps with
+token-authenticated Ray on loopback addresses, the reference backend's RL loop, the ledger and
+checkpoints. Sized down (4 prompts x 4 responses) so it fits CI on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from beam_hpc import checkpoint_layout
+from beam_hpc.cli import main
+from beam_hpc.ledger import read_ledger
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.e2e
+def test_execute_tiny_end_to_end(tmp_path: Path, tiny_assets, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    from reference_harness import SMALL
+
+    run = tmp_path / "run"
+    args = ["execute", str(REPO / "recipes" / "tiny.yaml"), "--output-dir", str(run), "--num-rollout", "3",
+            "--set", f"model.path={tiny_assets.model_dir}", "--set", f"data.dir={tiny_assets.data_dir}"]
+    for item in SMALL:
+        args += ["--set", item]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "rollout 3/3" in out, out  # the live one-line-per-rollout view
+    assert checkpoint_layout.rollouts_done(run / "checkpoints") == 3
+    assert checkpoint_layout.resume_problems(run / "checkpoints") == []
+    segments, warnings = read_ledger(run / "ledger.jsonl")
+    assert not warnings
+    ends = [s["end"] for s in segments]
+    assert [e["reason"] for e in ends] == ["completed"]
+    placement = json.loads((run / "dumps" / "placement.json").read_text())
+    assert placement["trainer"]["group"] == "trainer"
+    assert placement["nodes"][placement["trainer"]["node_id"]]["group"] == "trainer"
+    assert all(a["group"] == "rollout" for a in placement["rollout"])
+    # A second execute onto the finished run without --resume is refused (exit 2, one line).
+    assert main(args) == 2
+    assert "--resume" in capsys.readouterr().err
