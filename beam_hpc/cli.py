@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from beam_hpc import __version__
+from beam_hpc.errors import ToolError
 from beam_hpc.recipe import RecipeError
 
 # Modules that contribute subcommands with add_parser(subparsers); missing ones are skipped so a
@@ -124,14 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("beam-hpc: interrupted", file=sys.stderr)
         return 130
-    except Exception as err:  # noqa: BLE001 - a tool failure: one readable line, details with -v later
-        from beam_hpc.image import ImageError
-        from beam_hpc.submit import SubmitError
-
-        if isinstance(err, (SubmitError, ImageError)):
-            print(f"beam-hpc: {err}", file=sys.stderr)
-            return 1
-        raise
+    except ToolError as err:  # an expected failure: one readable line
+        print(f"beam-hpc: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

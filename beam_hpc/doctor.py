@@ -396,7 +396,7 @@ def _ports_check(site: Site) -> Check:
                 busy.append(f"{port} ({kind}: {err.strerror})")
     if busy:
         return Check("ray ports", "fail", f"not bindable on {addr}: {', '.join(busy)}",
-                     f"find the holder (`ss -ltnp`); or move ray.gcs_port_base / port_span in the site")
+                     "find the holder (`ss -ltnp`); or move ray.gcs_port_base / port_span in the site")
     return Check("ray ports", "pass", f"{len(wanted)} ports {min(wanted.values())}-{max(wanted.values())} "
                  f"free on {addr} (for job {job})")
 

@@ -15,6 +15,8 @@ the command line it runs and the clear error when the binary is missing (tests/t
 
 from __future__ import annotations
 
+from beam_hpc.errors import ToolError
+
 import contextlib
 import fcntl
 import hashlib
@@ -45,7 +47,7 @@ REQUIRED_STACK: tuple[tuple[str, str, str | None], ...] = (
 )
 
 
-class ImageError(RuntimeError):
+class ImageError(ToolError):
     """The image cannot be built, staged or used; the message says what to do."""
 
 

@@ -23,11 +23,12 @@ names the same source and the file's size and sha256 still match.
 
 from __future__ import annotations
 
+from beam_hpc.errors import ToolError
+
 import hashlib
 import json
 import os
 import re
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from typing import Any
 from beam_hpc.progress import Progress
 
 
-class PrepareError(RuntimeError):
+class PrepareError(ToolError):
     """Bad input or a failed download, with what to do about it."""
 
 

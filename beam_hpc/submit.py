@@ -8,6 +8,8 @@ happens on the login node; nothing in the allocation imports this module.
 
 from __future__ import annotations
 
+from beam_hpc.errors import ToolError
+
 import os
 import re
 import shlex
@@ -19,12 +21,12 @@ from typing import Any, Literal
 from beam_hpc.plan import Plan, make_plan
 from beam_hpc.recipe import Recipe, RecipeError, apply_overrides, load_yaml, recipe_from_dict
 from beam_hpc.render import write_script
-from beam_hpc.site import Site, find_site, load_site
+from beam_hpc.site import Site, find_site
 
 Via = Literal["submitit", "sbatch"]
 
 
-class SubmitError(RuntimeError):
+class SubmitError(ToolError):
     """Slurm refused the submission (the message carries Slurm's own words)."""
 
 

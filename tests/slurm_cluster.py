@@ -346,7 +346,7 @@ class LocalSlurmCluster:
 
     def _nodes_ready(self) -> bool:
         states = self.node_states()
-        usable = ("idle", "mixed", "allocated", "completing")
+        usable = ("idle", "mixed", "allocated", "completing", "planned")  # planned: held for a pending job
         return all(states.get(n, "").rstrip("*~#$@+^-!%") in usable for n in self.nodes)
 
     def _spawn(self, argv: Sequence[str], log_name: str) -> None:
