@@ -215,6 +215,9 @@ class NodeStep:
         binds = [self.plan.output_dir, str(Path(self.rt.token_path).parent)]
         if self.plan.nvme.enabled and self.group.stage_nvme:
             binds.append(self.plan.nvme.root)
+            # Actors inherit the raylet's environment: this is how the backend's optimizer
+            # offload finds the dir staged on its own node (beam_hpc.backends.reference.offload).
+            env["BEAM_NVME_DIR"] = self._nvme_dir()
         cmd = container_command(self.site, ray_start_argv(node, python), env, binds,
                                 base=clean_env(os.environ), image=image)
         cleanup.callback(self._stop_child)

@@ -1,0 +1,27 @@
+"""``python -m beam_hpc.backends.reference --plan RUN_DIR/plan.json --ray-address ADDR``.
+
+The process the runtime starts on the head node once Ray is ready (the Plan's ``driver_argv``).
+``--ray-address local`` starts a private in-process Ray whose one node carries both group
+resources, for ``beam-hpc execute`` and the tests. Progress goes to stdout, one line per rollout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m beam_hpc.backends.reference", description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", required=True, help="the run's plan.json (or its run directory)")
+    parser.add_argument("--ray-address", default="local", help="Ray GCS address, or 'local' for a private Ray")
+    args = parser.parse_args(argv)
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    from beam_hpc.backends.reference.driver import run
+
+    return run(args.plan, args.ray_address)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,424 @@
+"""The reference backend's loop: rollout workers generate, the trainer updates, weights go back.
+
+Shape of one segment (start = rollouts already in the latest checkpoint):
+
+    async (default; Miles's train_async.py)     in turn (--no-async-training, and colocated)
+    ------------------------------------------   -----------------------------------------------
+    get rollout k                                generate rollout k with W_k, get it
+    launch rollout k+1 with the workers' W_k     train on k -> W_{k+1}
+    train on k -> W_{k+1}                        push W_{k+1}
+    push W_{k+1} (queued behind k+1)             eval / save at the boundary
+    eval / save at the boundary
+
+W_j are the weights after j rollouts of training. In async mode rollout r >= 1 is generated with
+W_{r-1}, so its policy lag is 1 (Miles's one-step-off policy); in turn, the lag is 0. Ray runs an
+actor's calls in submission order, which is what orders "push" after "launch" on every worker.
+
+Resume is bitwise (deterministic-resume.md): sampling noise is a pure function of (seed, rollout
+id), prompts are a pure function of (seed, cursor), every process fixes its thread count, and an
+async checkpoint holds the in-flight rollout and the behaviour weights W_k, so that the resumed
+segment trains on exactly the samples the uninterrupted run would have.
+
+``backend_options`` it reads: ``threads`` (torch threads in every process, default 1),
+``device`` (default ``cpu``), ``rollout_workers`` (default: nodes of the rollout group, or of the
+trainer group when colocated), ``tiny_model`` (build the embedded model into ``model.path`` first)
+and ``stop_after_rollout`` (save at that rollout and exit, as a walltime stop would; for tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from beam_hpc import metric_names as names
+from beam_hpc.backends.reference import checkpoint
+from beam_hpc.backends.reference import metrics_log as mlog
+from beam_hpc.backends.reference.policy import load_tokenizer, setup_process, threads_of
+from beam_hpc.backends.reference.prompt_source import DataError, Prompt, PromptOrder, encode_prompts, read_rows
+from beam_hpc.checkpoint_layout import write_atomic
+from beam_hpc.plan import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX, Plan
+from beam_hpc.recipe import Recipe
+
+log = logging.getLogger("beam_hpc.reference")
+
+LOCAL = "local"
+LOCAL_RESOURCES = {f"{GROUP_RESOURCE_PREFIX}trainer": 1000, f"{GROUP_RESOURCE_PREFIX}rollout": 1000}
+PLACEMENT_FILE = "placement.json"
+
+
+class ReferenceError(RuntimeError):
+    """The run cannot proceed; the message says why and what to change."""
+
+
+@dataclass
+class Pending:
+    """A rollout launched on the workers and not yet collected."""
+
+    rollout_id: int
+    refs: list[Any]  # one ObjectRef per worker chunk, or the chunks themselves (restored)
+
+
+def resolve_model(recipe: Recipe) -> str:
+    """The policy's directory, absolute (actors may run with another working directory); the
+    tiny model is built there first when the recipe asks for it."""
+    path = os.path.abspath(recipe.model.path)
+    if recipe.backend_options.get("tiny_model"):
+        from beam_hpc.backends.reference import tiny_model
+
+        exclude: set[str] = set()
+        if os.path.isfile(recipe.data.eval_path()):
+            exclude = {row["prompt"][0]["content"] for row in read_rows(recipe.data.eval_path())}
+        tiny_model.build(path, seed=0, exclude_texts=exclude)
+    return path
+
+
+def connect(address: str) -> None:
+    import ray
+
+    if address == LOCAL:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, in-process cluster
+        ray.init(
+            resources=LOCAL_RESOURCES,
+            labels={GROUP_LABEL_KEY: LOCAL},
+            include_dashboard=False,
+            log_to_driver=True,
+            configure_logging=False,
+        )
+    else:
+        ray.init(address=address, log_to_driver=True, configure_logging=False)
+
+
+def node_table() -> dict[str, dict[str, Any]]:
+    import ray
+
+    out = {}
+    for n in ray.nodes():
+        if not n.get("Alive", True):
+            continue
+        out[n["NodeID"]] = {
+            "ip": n.get("NodeManagerAddress"),
+            "group": (n.get("Labels") or {}).get(GROUP_LABEL_KEY),
+            "group_resources": {k: v for k, v in (n.get("Resources") or {}).items() if k.startswith(GROUP_RESOURCE_PREFIX)},
+        }
+    return out
+
+
+class Loop:
+    """One segment of a run, from the latest checkpoint (or the start) to ``num_rollout``."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.recipe = plan.recipe_obj()
+        r = self.recipe
+        if r.backend != "reference":
+            raise ReferenceError(f"backend: the plan's recipe uses {r.backend!r}; this is the reference backend")
+        self.asynchronous = r.training.async_training and not r.training.colocated
+        self.paths = plan.paths
+        self.ckpt_dir = self.paths.checkpoints
+        opts = r.backend_options
+        self.stop_after = opts.get("stop_after_rollout")
+        default_workers = r.topology.trainer.nodes if r.topology.rollout is None else r.topology.rollout.nodes
+        self.n_workers = int(opts.get("rollout_workers", default_workers))
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        import ray
+
+        from beam_hpc.backends.reference.rollout_worker import RolloutWorker
+        from beam_hpc.backends.reference.trainer import Trainer
+
+        r = self.recipe
+        self.model_path = resolve_model(r)
+        tok = load_tokenizer(self.model_path)
+        train, skipped = encode_prompts(read_rows(r.data.train_path()), tok, r.tokens.max_prompt)
+        if skipped:
+            log.info("skipped %d training prompts over tokens.max_prompt=%d", skipped, r.tokens.max_prompt)
+        self.order = PromptOrder(train, r.seed, r.data.shuffle)
+        self.eval_prompts: list[Prompt] = []
+        if r.eval.interval > 0:
+            self.eval_prompts, _ = encode_prompts(read_rows(r.data.eval_path()), tok, r.tokens.max_prompt)
+            if not self.eval_prompts:
+                raise DataError(f"{r.data.eval_path()}: no evaluation prompt fits tokens.max_prompt; raise it or set eval.interval: 0")
+        rd = r.model_dump(mode="json")
+        trainer_cls = ray.remote(Trainer).options(resources={f"{GROUP_RESOURCE_PREFIX}trainer": 1}, num_cpus=0)
+        worker_cls = ray.remote(RolloutWorker).options(resources={f"{GROUP_RESOURCE_PREFIX}rollout": 1}, num_cpus=0)
+        self.trainer = trainer_cls.remote(rd, self.model_path)
+        self.workers = [worker_cls.remote(rd, i, self.model_path) for i in range(self.n_workers)]
+        self.record_placement()
+        self.metrics = mlog.MetricsLog(self.paths.tensorboard, self.paths.dumps)
+
+    def record_placement(self) -> dict[str, Any]:
+        """Which node (and group) every actor runs on: the runtime's tests read this file.
+
+        ``dumps/placement.json`` = ``{"trainer": A, "rollout": [A, ...], "nodes": {node_id: N}}``
+        with ``A = {role, index, node_id, node_ip, pid, group, labels}`` (``group`` is the node's
+        ``beam-group`` label, ``local`` for ``--ray-address local``) and ``N = {ip, group,
+        group_resources}`` for every live node of the cluster.
+        """
+        import ray
+
+        where = ray.get([self.trainer.where.remote()] + [w.where.remote() for w in self.workers])
+        placement = {"trainer": where[0], "rollout": where[1:], "nodes": node_table()}
+        import json
+
+        write_atomic(Path(self.paths.dumps) / PLACEMENT_FILE, json.dumps(placement, indent=2, sort_keys=True))
+        for a in where:
+            log.info("placement: %s %d on node %s (%s, group %s)", a["role"], a["index"], a["node_id"][:12], a["node_ip"], a["group"])
+        return placement
+
+    # -- rollouts ---------------------------------------------------------------------------------
+
+    def prompts_for(self, rollout_id: int) -> list[Prompt]:
+        p = self.recipe.batch.prompts
+        return self.order.take(rollout_id * p, p)
+
+    def launch(self, purpose: str, rollout_id: int, prompts: list[Prompt], samples: int, train: bool) -> Pending:
+        """Split the prompts into contiguous chunks, one per worker (groups stay whole)."""
+        n = len(self.workers)
+        bounds = [len(prompts) * i // n for i in range(n + 1)]
+        refs = []
+        for w, (lo, hi) in zip(self.workers, zip(bounds, bounds[1:])):
+            if hi == lo:
+                continue
+            chunk = prompts[lo:hi]
+            refs.append(
+                w.generate.remote(
+                    [p.ids for p in chunk],
+                    [p.label for p in chunk],
+                    purpose=purpose,
+                    rollout_id=rollout_id,
+                    first_sample=lo * samples,
+                    samples_per_prompt=samples,
+                    train=train,
+                )
+            )
+        return Pending(rollout_id, refs)
+
+    def launch_train(self, rollout_id: int) -> Pending:
+        return self.launch("train", rollout_id, self.prompts_for(rollout_id), self.recipe.batch.responses_per_prompt, True)
+
+    @staticmethod
+    def chunks_of(pending: Pending) -> list[dict[str, Any]]:
+        import ray
+
+        return [c if isinstance(c, dict) else ray.get(c) for c in pending.refs]
+
+    @staticmethod
+    def merge(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {k: [] for k, v in chunks[0].items() if isinstance(v, list)}
+        for c in chunks:
+            for k in out:
+                out[k].extend(c[k])
+        out["version"] = min(c["version"] for c in chunks)
+        out["generate_time_s"] = max(c.get("generate_time_s", 0.0) for c in chunks)
+        return out
+
+    def push(self, weights_ref: Any, version: int) -> None:
+        for w in self.workers:
+            w.set_weights.remote(weights_ref, version)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        import ray
+        import torch
+
+        from beam_hpc.backends.reference.algorithm import group_advantages
+
+        r = self.recipe
+        N = r.num_rollout
+        resumed = checkpoint.load_latest(self.ckpt_dir)
+        pending: Pending | None = None
+        if resumed is None:
+            start = 0
+            weights = self.trainer.weights.remote()
+            behaviour = weights
+            self.push(weights, 0)
+            if r.eval.interval > 0:
+                self.evaluate(0)
+        else:
+            it, it_dir, dstate = resumed
+            start = it + 1
+            ray.get(self.trainer.load.remote(str(it_dir)))
+            state = torch.load(it_dir / checkpoint.DRIVER_FILE, weights_only=False)
+            expected = start * r.batch.prompts
+            if dstate["sample_offset"] != expected:
+                raise ReferenceError(
+                    f"checkpoint {it}: dataset cursor {dstate['sample_offset']} != {expected} "
+                    "(rollouts x batch.prompts); the batch size changed since it was written"
+                )
+            weights = self.trainer.weights.remote()
+            behaviour = ray.put(state["behaviour"]) if state.get("behaviour") is not None else weights
+            if self.asynchronous and start < N:
+                if state.get("inflight") is not None:
+                    pending = Pending(start, state["inflight"])
+                else:  # the previous segment ended at its last rollout: regenerate k+1 with W_k
+                    self.push(behaviour, start - 1)
+                    pending = self.launch_train(start)
+            self.push(weights, start)
+            log.info("resumed from checkpoint %d: continuing at rollout %d of %d", it, start, N)
+        if start >= N:
+            log.info("nothing to do: %d rollouts done, num_rollout is %d", start, N)
+            return 0
+        for k in range(start, N):
+            t0 = time.perf_counter()
+            if pending is None:
+                pending = self.launch_train(k)
+            chunks = self.chunks_of(pending)
+            wait_s = time.perf_counter() - t0
+            pending = None
+            if self.asynchronous and k + 1 < N:
+                pending = self.launch_train(k + 1)  # generated with the workers' current weights
+            roll = self.merge(chunks)
+            rewards = torch.tensor(roll["reward"], dtype=torch.float32)
+            roll["advantages"] = group_advantages(rewards, r.batch.responses_per_prompt).tolist()
+            lag = k - roll["version"]
+            metrics_ref, new_weights = self.trainer.train.options(num_returns=2).remote(roll)
+            tm = ray.get(metrics_ref)
+            behaviour, weights = weights, new_weights
+            self.push(weights, k + 1)
+            step_s = time.perf_counter() - t0
+            self.report(k, roll, tm, lag, wait_s, step_s)
+            if r.eval.interval > 0 and (k + 1) % r.eval.interval == 0:
+                self.evaluate(k + 1)
+            sentinel = os.path.exists(self.paths.sentinel)
+            stop_here = self.stop_after is not None and k == int(self.stop_after) and k + 1 < N
+            if sentinel or stop_here or k + 1 == N or (k + 1) % r.checkpoint.interval == 0:
+                self.save(k, pending, behaviour)
+                if sentinel:
+                    Path(self.paths.sentinel).unlink(missing_ok=True)
+                    log.info("save sentinel honoured at rollout %d and removed", k)
+            if stop_here:
+                log.info("stop_after_rollout=%d: stopping after its checkpoint", k)
+                return 0
+        return 0
+
+    def report(self, k: int, roll: dict[str, Any], tm: dict[str, float], lag: int, wait_s: float, step_s: float) -> None:
+        r = self.recipe
+        n = len(roll["reward"])
+        reward = sum(roll["reward"]) / n
+        correct = sum(roll["correct"]) / n
+        resp_tokens = sum(len(x) for x in roll["response_ids"])
+        gen_s = roll["generate_time_s"]
+        values = {
+            names.ROLLOUT_REWARD: reward,
+            names.ROLLOUT_CORRECT: correct,
+            names.ROLLOUT_RESPONSE_LEN: resp_tokens / n,
+            names.ROLLOUT_TIME: step_s,
+            names.TRAIN_TIME: tm["train_time_s"],
+            names.POLICY_LAG: float(lag),
+            mlog.GENERATE_TIME: gen_s,
+            mlog.WAIT_TIME: wait_s,
+            mlog.TOKENS_PER_S: resp_tokens / gen_s if gen_s > 0 else 0.0,
+            mlog.TRAIN_LOSS: tm["loss"],
+            mlog.TRAIN_CLIP_FRACTION: tm["clip_fraction"],
+            mlog.TRAIN_ENTROPY: tm["entropy"],
+            mlog.TRAIN_APPROX_KL: tm["approx_kl"],
+            mlog.TRAIN_GRAD_NORM: tm["grad_norm"],
+            mlog.TRAIN_LR: tm["lr"],
+            mlog.OFFLOAD_BYTES: tm["offload_bytes"],
+        }
+        self.metrics.scalars("rollout", k, values)
+        samples = [
+            {
+                "sample": i,
+                "response": roll["response_text"][i],
+                "label": roll["label"][i],
+                "pred": roll["pred"][i],
+                "reward": roll["reward"][i],
+                "correct": roll["correct"][i],
+                "penalty": roll["penalty"][i],
+                "advantage": roll["advantages"][i],
+                "response_tokens": len(roll["response_ids"][i]),
+                "prompt_tokens": len(roll["prompt_ids"][i]),
+            }
+            for i in range(n)
+        ]
+        self.metrics.dump_samples("rollout", k, samples)
+        self.metrics.dump_json("train", k, {"rollout_id": k, "policy_lag": lag, "behaviour_version": roll["version"], **tm})
+        log.info(
+            "rollout %d/%d reward %+.3f correct %.3f len %.1f lag %d | wait %.2fs gen %.2fs train %.2fs step %.2fs",
+            k + 1, r.num_rollout, reward, correct, resp_tokens / n, lag, wait_s, gen_s, tm["train_time_s"], step_s,
+        )
+
+    def evaluate(self, step: int) -> float:
+        """Eval on the workers' current weights (W_step): every problem, eval.samples_per_prompt
+        responses each, accuracy without the length penalty; logged at step = rollouts trained."""
+        r = self.recipe
+        t0 = time.perf_counter()
+        roll = self.merge(self.chunks_of(self.launch("eval", step, self.eval_prompts, r.eval.samples_per_prompt, False)))
+        n = len(roll["correct"])
+        acc = sum(roll["correct"]) / n
+        length = sum(len(x) for x in roll["response_ids"]) / n
+        self.metrics.scalars("eval", step, {names.EVAL_ACCURACY: acc, names.EVAL_RESPONSE_LEN: length})
+        self.metrics.dump_samples(
+            "eval",
+            step,
+            [
+                {"response": t, "label": lab, "pred": p, "correct": c, "response_tokens": len(ids)}
+                for t, lab, p, c, ids in zip(roll["response_text"], roll["label"], roll["pred"], roll["correct"], roll["response_ids"])
+            ],
+        )
+        log.info("eval after %d rollouts: %s accuracy %.3f, mean length %.1f (%.1fs)", step, r.data.eval_name, acc, length, time.perf_counter() - t0)
+        return acc
+
+    def save(self, k: int, pending: Pending | None, behaviour: Any) -> None:
+        """Checkpoint rollout k: trainer state, then the loop's own, then publish (pointer last)."""
+        import ray
+        import torch
+
+        t0 = time.perf_counter()
+        r = self.recipe
+        staged = checkpoint.staging_dir(self.ckpt_dir, k)
+        done = self.trainer.save.remote(str(staged))
+        state: dict[str, Any] = {"rollout_id": k, "asynchronous": self.asynchronous, "inflight": None, "behaviour": None}
+        if self.asynchronous:
+            state["behaviour"] = ray.get(behaviour)
+            if pending is not None:
+                state["inflight"] = self.chunks_of(pending)
+                pending.refs = state["inflight"]  # collected now; the loop reuses them
+        ray.get(done)
+        torch.save(state, staged / checkpoint.DRIVER_FILE)
+        checkpoint.write_meta(
+            staged,
+            {"rollout_id": k, "num_rollout": r.num_rollout, "identity_sha": self.plan.identity_sha, "mode": r.training.mode,
+             "asynchronous": self.asynchronous, "has_inflight_rollout": state["inflight"] is not None},
+        )
+        cursor = (k + 1) * r.batch.prompts
+        checkpoint.publish(self.ckpt_dir, k, staged, self.order.state(cursor), r.checkpoint.keep_last)
+        save_s = time.perf_counter() - t0
+        self.metrics.scalars("save", k, {names.SAVE_TIME: save_s})
+        log.info("checkpoint %d published (%.2fs)", k, save_s)
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.get(self.trainer.close.remote())
+        finally:
+            self.metrics.close()
+            for a in [self.trainer, *self.workers]:
+                ray.kill(a)
+
+
+def run(plan_path: str, ray_address: str) -> int:
+    """Entry point of ``python -m beam_hpc.backends.reference``."""
+    import ray
+
+    plan = Plan.load(plan_path)
+    setup_process(threads_of(plan.recipe_obj()))
+    loop = Loop(plan)
+    connect(ray_address)
+    try:
+        loop.start()
+        try:
+            return loop.run()
+        finally:
+            loop.close()
+    finally:
+        ray.shutdown()

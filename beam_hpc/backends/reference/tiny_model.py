@@ -1,0 +1,218 @@
+"""The embedded default's model: a 0.8M-parameter Qwen2 with its own tokenizer, made here.
+
+Why build instead of download: the embedded default must run with no network, and RL needs a
+policy that already answers in the ``\\boxed{}`` format some of the time (a random model never
+earns a reward, so GRPO has nothing to normalise). So: a byte-level BPE tokenizer trained on
+arithmetic chat strings (digits one per token, Qwen-style chat template), a Qwen2-shaped model,
+and a short supervised warm start on additions (never the evaluation problems), stopped once
+greedy accuracy on held-out sums reaches ``STOP_AT`` (inside ``TARGET``, 20-60%), so that RL has
+both a reward signal and room to improve.
+Facts behind the sizes and rates: packages-and-small-models.md section 2.
+
+Deterministic: every random choice is seeded, the thread count is fixed during the build, and
+the result is cached in ``model.path`` (built in a temporary directory, renamed when complete,
+under a file lock so that concurrent runs build it once).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+BUILD_THREADS = 1  # not 2: with other work on the cores, OpenMP spin-waits make 2 threads ~10x slower
+VOCAB_SIZE = 384
+PAD, BOS, EOS = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TARGET = (0.20, 0.60)  # greedy held-out accuracy window for the warm start
+STOP_AT = 0.35  # mid-jump: at ~20% sampled accuracy most groups of 8 still hold a correct answer
+SFT_BATCH = 64
+SFT_LR = 2e-3
+SFT_MAX_STEPS = 900
+EVAL_EVERY = 25
+EVAL_FROM = 250  # below this step accuracy is ~0 in every build seen; evaluating there only costs time
+HELD_OUT = 200
+BUILD_INFO = "build_info.json"
+
+log = logging.getLogger(__name__)
+
+
+def user_prompt(a: int, b: int) -> str:
+    """The problem text, exactly as the tiny data set asks it."""
+    from beam_hpc.tiny_data import tiny_prompt
+
+    return tiny_prompt(a, b)
+
+
+def answer_text(a: int, b: int) -> str:
+    """The warm start's answer: the sum written out, then boxed (the format RL rewards)."""
+    return f"{a} + {b} = {a + b}. The answer is \\boxed{{{a + b}}}."
+
+
+def _pairs(rng: random.Random, n: int, exclude: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    while len(out) < n:
+        pair = (rng.randint(10, 99), rng.randint(10, 99))
+        if pair not in exclude:
+            out.append(pair)
+    return out
+
+
+def pairs_in(texts: set[str]) -> set[tuple[int, int]]:
+    """The (a, b) pairs whose problem text is in ``texts``, in either order (e.g. the evaluation
+    set, which the warm start must not see)."""
+    found = {(a, b) for a in range(10, 100) for b in range(10, 100) if user_prompt(a, b) in texts}
+    return found | {(b, a) for a, b in found}
+
+
+def build_tokenizer(out_dir: Path, corpus: list[str]) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=[PAD, BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def _chat(tok: Any, a: int, b: int) -> str:
+    return tok.apply_chat_template([{"role": "user", "content": user_prompt(a, b)}], tokenize=False, add_generation_prompt=True)
+
+
+def _greedy_accuracy(model: Any, tok: Any, pairs: list[tuple[int, int]]) -> float:
+    from beam_hpc.backends.reference.sampling import generate
+
+    prompts = [tok(_chat(tok, a, b), add_special_tokens=False)["input_ids"] for a, b in pairs]
+    model.eval()
+    responses = generate(
+        model, prompts, seed_parts=("sft-eval",), max_new_tokens=24, temperature=0.0, top_p=1.0,
+        eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+    )
+    model.train()
+    good = sum(f"\\boxed{{{a + b}}}" in tok.decode(r, skip_special_tokens=True) for (a, b), r in zip(pairs, responses))
+    return good / len(pairs)
+
+
+def _sft(
+    model: Any, tok: Any, rng: random.Random, held_out: list[tuple[int, int]], exclude: set[tuple[int, int]], history: list[dict[str, float]]
+) -> float:
+    """Answer-only cross-entropy until held-out accuracy reaches STOP_AT; returns that accuracy."""
+    import torch
+
+    from beam_hpc.backends.reference.policy import make_batch, response_logits, token_logprobs
+
+    opt = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
+    exclude = exclude | set(held_out)
+    t0 = time.perf_counter()
+    acc = 0.0
+    for step in range(1, SFT_MAX_STEPS + 1):
+        pairs = _pairs(rng, SFT_BATCH, exclude)
+        prompts = [tok(_chat(tok, a, b), add_special_tokens=False)["input_ids"] for a, b in pairs]
+        answers = [tok(answer_text(a, b), add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for a, b in pairs]
+        batch = make_batch(prompts, answers, tok.pad_token_id)
+        logp = token_logprobs(response_logits(model, batch), batch)
+        loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step >= EVAL_FROM and step % EVAL_EVERY == 0:
+            acc = _greedy_accuracy(model, tok, held_out)
+            history.append({"step": step, "loss": float(loss.detach()), "accuracy": acc, "seconds": time.perf_counter() - t0})
+            log.info("tiny model warm start: step %d, loss %.3f, held-out accuracy %.1f%%", step, float(loss.detach()), 100 * acc)
+            if acc >= STOP_AT:
+                break
+    return acc
+
+
+def build(model_dir: str | Path, seed: int = 0, exclude_texts: set[str] | None = None) -> Path:
+    """Build the tokenizer and warm-started model into ``model_dir`` unless it is already there.
+    Problems whose text is in ``exclude_texts`` (the evaluation set) are never trained on."""
+    out = Path(model_dir)
+    if (out / BUILD_INFO).is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / BUILD_INFO).is_file():  # built by another process while we waited
+            return out
+        for stale in out.parent.glob(f".{out.name}.tmp*"):  # left by a killed build; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+        tmp.mkdir()
+        _build_into(tmp, seed, pairs_in(exclude_texts or set()))
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    return out
+
+
+def _build_into(out: Path, seed: int, exclude: set[tuple[int, int]]) -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    t0 = time.perf_counter()
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(BUILD_THREADS)
+    try:
+        rng = random.Random(seed)
+        corpus_pairs = _pairs(rng, 4000, set())
+        corpus = [f"<|im_start|>user\n{user_prompt(a, b)}<|im_end|>\n<|im_start|>assistant\n{answer_text(a, b)}<|im_end|>\n" for a, b in corpus_pairs]
+        tok = build_tokenizer(out, corpus)
+        config = Qwen2Config(
+            vocab_size=len(tok),
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+        held_out = _pairs(random.Random(seed + 1), HELD_OUT, exclude)
+        history: list[dict[str, float]] = []
+        acc = _sft(model, tok, rng, held_out, exclude, history)
+        if not TARGET[0] <= acc <= TARGET[1]:
+            raise RuntimeError(
+                f"tiny model warm start ended at {acc:.0%} held-out accuracy, outside {TARGET}; "
+                "tune SFT_LR / SFT_MAX_STEPS in beam_hpc/backends/reference/tiny_model.py"
+            )
+        model.generation_config.pad_token_id = tok.pad_token_id
+        model.generation_config.eos_token_id = tok.eos_token_id
+        model.save_pretrained(out)
+        info = {
+            "seed": seed,
+            "params": sum(p.numel() for p in model.parameters()),
+            "held_out_accuracy": acc,
+            "excluded_pairs": len(exclude),
+            "sft_log": history,
+            "build_seconds": time.perf_counter() - t0,
+        }
+        (out / BUILD_INFO).write_text(json.dumps(info, indent=2))
+    finally:
+        torch.set_num_threads(saved_threads)
