@@ -43,7 +43,8 @@ def component_flags(plan: Plan, group: GroupPlan) -> list[str]:
 
 
 def job_flags(plan: Plan) -> list[str]:
-    """Job-level flags: one name (so ``--dependency=singleton`` chains segments of a run), the
+    """Job-level flags: one name per run (segments chain with ``--dependency=afterany:<id>``; a
+    propagated ``singleton`` deadlocks a hetjob on Slurm 22.05), the
     walltime, the walltime warning to the batch shell, requeue on preemption, appended logs."""
     lc = plan.recipe["lifecycle"]
     flags = [

@@ -17,6 +17,24 @@ from beam_hpc.recipe import Recipe, RecipeError
 
 
 def check_before_submit(recipe: Recipe, *, resume: bool) -> None:
+    check_not_in_use(recipe.output_dir)
+    check_resume(recipe, resume=resume)
+
+
+def check_not_in_use(output_dir: str) -> None:
+    """Refuse a submission onto a run directory that a live segment holds (its run.lock names a
+    job that Slurm still runs); a lock left by a killed job does not count (beam_hpc.run_lock)."""
+    from beam_hpc.run_lock import RunLockError, check_free
+
+    try:
+        check_free(RunPaths(output_dir).lock)
+    except RunLockError as err:
+        raise RecipeError(f"output_dir: {err}") from err
+
+
+def check_resume(recipe: Recipe, *, resume: bool) -> None:
+    """The seed's resume rules (also checked inside the job, by beam_hpc.segment, for a segment
+    that Slurm or a resubmission started)."""
     paths = RunPaths(recipe.output_dir)
     ckpt = Path(paths.checkpoints)
     has_ckpt = checkpoint_layout.latest_iteration(ckpt) is not None

@@ -102,7 +102,6 @@ def prepare_run(plan: Plan, *, source: str = "") -> Path:
     output directory is missing dies at once with no output at all."""
     plan.write()
     Path(plan.paths.logs).mkdir(parents=True, exist_ok=True)
-    Path(plan.paths.logs).mkdir(parents=True, exist_ok=True)  # Slurm opens --output before the script runs
     return write_script(plan, Path(plan.output_dir, "job.sbatch"), source=source)
 
 

@@ -56,9 +56,9 @@ class ClusterSpec:
     because Slurm and Ray put unix sockets under it (path limit 107 bytes)."""
 
     lab: Path = DEFAULT_LAB
-    nodes: int = 4
+    nodes: int = 12
     cpus_per_node: int = 2
-    gpus_per_node: int = 2
+    gpus_per_node: int = 8
     real_memory_mb: int = 4000
     ctld_port: int = DEFAULT_CTLD_PORT
     cluster_name: str = "beamlab"

@@ -1,0 +1,352 @@
+"""The lifecycle end to end: the real local Slurm cluster, the real reference backend, the tiny recipe.
+
+Every run here is submitted the way a user does it (``beam_hpc.submit.submit(via="sbatch")``: plan,
+rendered script, login-node checks, sbatch), and everything after that is the product's own doing:
+the batch script execs ``beam_hpc.segment``, which takes the run lock, writes the ledger, brings Ray
+up through ``beam_hpc.job``, runs the backend, and resubmits or requeues itself. The tests only
+wait, interfere the way Slurm or a user would (a preempting job, ``scontrol requeue``, SIGKILL,
+a second submission, ``beam-hpc cancel``) and read the run directory.
+
+Signals and time limits have a 30 s granularity in slurmctld (local-slurm-cluster.md 4 and 9), so
+the walltime test uses a 2-minute limit with a 60 s lead: USR1 or the job's own deadline comes
+30-60 s after the start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from reference_harness import (
+    SMALL,
+    TinyAssets,
+    assert_bitwise_equal,
+    load_checkpoint,
+    run_backend,
+)
+from reference_harness import make_plan as reference_plan
+
+from beam_hpc import checkpoint_layout, ledger, metric_names
+from beam_hpc.plan import Plan
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "recipes" / "tiny.yaml"
+SITE = ROOT / "env" / "local.yaml"
+RUN_TIMEOUT_S = 540  # a shared 2-core machine: bring-up alone can take 30-60 s under load
+
+
+@pytest.fixture(scope="module")
+def runs() -> Iterator[Path]:
+    """Run directories outside pytest's numbered temp dirs: those are pruned by other pytest
+    sessions on the same machine, and a run directory must outlive every segment of its chain."""
+    root = Path(tempfile.mkdtemp(prefix="beam-lc-", dir="/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# -- helpers --------------------------------------------------------------------------------------------
+def submit_run(run_dir: Path, assets: TinyAssets, *, num_rollout: int, interval: int, walltime: str = "00:10:00",
+               lead_s: int = 60, resume: bool = False, extra: tuple[str, ...] = ()) -> tuple[Plan, str]:
+    """The user's path: recipe + overrides -> plan, script, login-node checks, sbatch."""
+    from beam_hpc.submit import submit
+
+    overrides = [f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *SMALL,
+                 f"checkpoint.interval={interval}", f"lifecycle.walltime={walltime}", f"lifecycle.lead_s={lead_s}",
+                 *extra]
+    sub = submit(TINY, SITE, overrides=overrides, output_dir=str(run_dir), num_rollout=num_rollout,
+                 resume=resume, via="sbatch")
+    return sub.plan, str(sub.job_id)
+
+
+def wait_for(what: str, predicate: Callable[[], object], run_dir: Path, timeout: float = RUN_TIMEOUT_S,
+             poll_s: float = 0.5) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{diagnostics(run_dir)}", pytrace=False)
+
+
+def diagnostics(run_dir: Path) -> str:
+    """What a failing test prints: the ledger, the queue, and the tails of the segment logs."""
+    out = [f"ledger:\n{_read(run_dir / 'ledger.jsonl')}",
+           subprocess.run(["squeue", "-a"], capture_output=True, text=True, check=False).stdout]
+    logs = run_dir / "logs"
+    for f in sorted(logs.glob("slurm-*.out")) + sorted(logs.glob("*/segment.log")) + sorted(logs.glob("*/driver.log")):
+        out.append(f"--- {f.relative_to(run_dir)}\n{_read(f)[-2500:]}")
+    return "\n".join(out)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return "(missing)"
+
+
+def timeline(run_dir: Path) -> str:
+    """One line per segment (printed with -s: the numbers behind the report)."""
+    segs = segments(run_dir)
+    t0 = segs[0]["start"]["time"] if segs else 0.0
+    rows = []
+    for s in segs:
+        st, en = s["start"], s.get("end") or {}
+        rows.append(f"{s['segment']:>8} start +{st['time'] - t0:6.1f}s end +{en.get('time', float('nan')) - t0:6.1f}s "
+                    f"rollouts {st['rollouts_at_start']}->{en.get('rollouts_at_end')} {en.get('reason')} "
+                    f"next {en.get('next')} timings {en.get('timings')}\n           {en.get('detail')}")
+    return "\n".join(rows)
+
+
+def segments(run_dir: Path) -> list[dict]:
+    segs, warnings = ledger.read_ledger(run_dir / "ledger.jsonl")
+    assert warnings == []
+    return segs
+
+
+def chain_finished(run_dir: Path) -> bool:
+    """The last segment has an end line that starts nothing more, and no job of the run is queued."""
+    segs = segments(run_dir)
+    return bool(segs) and "end" in segs[-1] and segs[-1]["end"]["next"]["action"] == "none"
+
+
+def job_state(job_id: str) -> str:
+    out = subprocess.run(["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True, check=False).stdout
+    fields = dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+    return fields.get("JobState", "GONE")
+
+
+def rollout_ids(run_dir: Path) -> list[int]:
+    """Rollout ids in the order they were trained, across segments (a re-done one appears twice)."""
+    lines = (run_dir / "dumps" / metric_names.METRICS_FILE).read_text().splitlines()
+    return [m["rollout_id"] for m in map(json.loads, lines) if m.get("kind") == "rollout"]
+
+
+def assert_complete_and_exact(run_dir: Path, plan: Plan, num_rollout: int) -> dict[int, int]:
+    """Final rollout count exact, nothing skipped, ledger and dataset cursor agree; returns how
+    often each rollout id was trained (re-done rollouts count more than once)."""
+    import torch
+
+    ckpt = run_dir / "checkpoints"
+    assert checkpoint_layout.latest_iteration(ckpt) == num_rollout - 1
+    cursor = torch.load(checkpoint_layout.dataset_state_path(ckpt, num_rollout - 1), weights_only=True)
+    assert cursor["sample_offset"] == num_rollout * plan.recipe["batch"]["prompts"]
+    counts = Counter(rollout_ids(run_dir))
+    assert sorted(counts) == list(range(num_rollout)), f"rollouts trained: {sorted(counts)}"
+    segs = segments(run_dir)
+    assert segs[-1]["end"]["reason"] == "completed" and segs[-1]["end"]["rollouts_at_end"] == num_rollout
+    for before, after in pairwise(segs):  # each segment starts where the last complete checkpoint was
+        if "end" in before:  # (a segment killed hard has no end line)
+            assert after["start"]["rollouts_at_start"] == before["end"]["rollouts_at_end"]
+    return counts
+
+
+def redone(counts: dict[int, int]) -> int:
+    return sum(n - 1 for n in counts.values())
+
+
+def nothing_queued(plan: Plan) -> bool:
+    out = subprocess.run(["squeue", "-h", "-n", plan.job_name, "-o", "%i %T"], capture_output=True, text=True, check=False).stdout
+    return not out.strip()
+
+
+# -- walltime ---------------------------------------------------------------------------------------------
+def lower_num_rollout_for_the_next_segment(plan: Plan, run_dir: Path, more: int) -> int:
+    """What ``sbatch job.sbatch --resume --num-rollout N`` does (beam_hpc.segment), done while the
+    first segment saves: N = rollouts trained so far + ``more``. The running segment keeps its own
+    (huge) target and resubmits; the next one finishes the run. This makes the chain exactly two
+    segments long whatever the machine's speed, instead of a number that depends on when in its
+    30 s cycle slurmctld sends USR1."""
+    import dataclasses
+
+    target = max(rollout_ids(run_dir)) + 1 + more
+    current = Plan.load(plan.paths.plan)
+    dataclasses.replace(current, recipe={**current.recipe, "num_rollout": target}).write()
+    return target
+
+
+def test_walltime_chain_resubmits_with_resume_until_num_rollout(slurm_cluster, tiny_assets, runs) -> None:
+    """A 2-minute limit, 60 s lead: the segment saves the rollout in flight on USR1 or its own
+    deadline, resubmits itself with --resume (same script, dependency afterany on itself), and the next
+    segment completes the run. Nothing is trained twice or skipped."""
+    run = runs / "walltime"
+    plan, first = submit_run(run, tiny_assets, num_rollout=100_000, interval=1000, walltime="00:02:00", lead_s=60)
+    seg_log = run / "logs" / f"{first}-0" / "segment.log"
+    wait_for("the first segment's walltime interrupt", lambda: "interrupt: walltime" in _read(seg_log), run, poll_s=0.1)
+    n = lower_num_rollout_for_the_next_segment(plan, run, more=20)
+    wait_for("the chain to finish", lambda: chain_finished(run), run)
+    segs = segments(run)
+    reasons = [s["end"]["reason"] for s in segs]
+    assert reasons[:-1] == ["walltime"] * (len(segs) - 1) and reasons[-1] == "completed", diagnostics(run)
+    assert len(segs) >= 2 and segs[0]["start"]["job_id"] == first and not segs[0]["start"]["resume"]
+    for before, after in pairwise(segs):  # a new job each time, started with --resume
+        assert before["end"]["next"] == {"action": "resubmit", "job_id": after["start"]["job_id"]}
+        assert after["start"]["resume"] and after["start"]["restart"] == 0
+        assert "saved on request" in before["end"]["detail"]
+    plan = Plan.load(plan.paths.plan)
+    print(f"\nwalltime chain ({n} rollouts):\n{timeline(run)}")
+    counts = assert_complete_and_exact(run, plan, n)
+    # at most the rollout in flight when the driver was stopped (trained after the save, not kept)
+    assert redone(counts) <= 1, f"re-done rollouts: {[k for k, c in counts.items() if c > 1]}"
+    t = segs[0]["end"]["timings"]
+    assert t["save_s"] is not None and t["rollout_s"] > 0
+    assert wait_for("the queue to empty", lambda: nothing_queued(plan), run, timeout=60)
+    assert not (run / "run.lock").exists() and not (run / "SAVE_NOW").exists()
+
+
+# -- preemption -------------------------------------------------------------------------------------------
+def _nodes_of(job_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, check=False).stdout
+    return ",".join(x.strip() for x in out.split() if x.strip())
+
+
+def test_preemption_requeues_the_same_job_and_the_run_completes(slurm_cluster, tiny_assets, runs) -> None:
+    """Submitted to `debug`; an `urgent` job that needs its nodes preempts it (USR1 with a 20 s
+    GraceTime): the segment saves if the grace allows, else relies on the last checkpoint, and
+    the same job id comes back with SLURM_RESTART_COUNT 1 and completes."""
+    n = 16
+    run = runs / "preempt"
+    plan, job = submit_run(run, tiny_assets, num_rollout=n, interval=3)
+    wait_for("a first checkpoint", lambda: checkpoint_layout.latest_iteration(run / "checkpoints") is not None, run)
+    nodes = wait_for("the job's nodes", lambda: _nodes_of(job), run)
+    urgent = slurm_cluster.run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={nodes}", "--exclusive",
+                               "-t", "1", "-o", "/dev/null", "--wrap", "sleep 3").stdout.strip()
+    wait_for("the preempted segment's end line", lambda: any("end" in s for s in segments(run)), run)
+    seg0 = segments(run)[0]
+    assert seg0["end"]["reason"] == "preempted", diagnostics(run)
+    assert seg0["end"]["next"] == {"action": "requeue", "job_id": job}
+    wait_for("the urgent job to finish", lambda: job_state(urgent) in ("COMPLETED", "GONE"), run, timeout=120)
+    # a requeued job may start again after cred_expire (10 s here); let it go at once
+    wait_for("the requeued job to pend", lambda: job_state(job) in ("PENDING", "RUNNING"), run, timeout=60)
+    slurm_cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
+    wait_for("the run to complete", lambda: chain_finished(run), run)
+    segs = segments(run)
+    print(f"\npreempted run ({n} rollouts):\n{timeline(run)}")
+    assert [s["segment"] for s in segs] == [f"{job}-0", f"{job}-1"], diagnostics(run)
+    assert segs[1]["start"]["restart"] == 1 and segs[1]["start"]["resume"]
+    counts = assert_complete_and_exact(run, plan, n)
+    assert redone(counts) <= interval_after(seg0), f"re-done rollouts {counts}"
+
+
+def interval_after(seg: dict) -> int:
+    """Rollouts a preemption may cost: the one in flight when the grace allowed a save, else those
+    since the last periodic checkpoint (interval 3 here)."""
+    return 1 if "saved on request" in seg["end"]["detail"] else 3
+
+
+def test_scontrol_requeue_and_a_killed_driver_lose_at_most_what_was_unsaved(slurm_cluster, tiny_assets, runs,
+                                                                           reference_ray) -> None:
+    """SIGTERM through `scontrol requeue` leaves no time to save: the segment records it and the
+    requeued job resumes from the last complete checkpoint. A SIGKILLed driver is an error after
+    progress: the segment resubmits with --resume. The run still ends exact, and its final
+    checkpoint (weights, optimizer, RNG, loop state) is bitwise that of an uninterrupted run."""
+    n = 14
+    run = runs / "requeue"
+    plan, job = submit_run(run, tiny_assets, num_rollout=n, interval=2)
+    wait_for("a first checkpoint", lambda: checkpoint_layout.latest_iteration(run / "checkpoints") is not None, run)
+    slurm_cluster.run("scontrol", "requeue", job)
+    wait_for("the requeued job to pend", lambda: job_state(job) == "PENDING", run, timeout=60)
+    slurm_cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
+    # the requeued segment runs: once it has saved something new, SIGKILL its driver
+    first = segments(run)[0]
+    assert first["end"]["reason"] == "preempted" and first["end"]["next"] == {"action": "requeue", "job_id": job}
+    base = first["end"]["rollouts_at_end"]
+    wait_for("a checkpoint of the requeued segment",
+             lambda: checkpoint_layout.rollouts_done(run / "checkpoints") > base and len(segments(run)) >= 2, run)
+    driver = wait_for("the driver's pid", lambda: _driver_pid(plan), run)
+    os.kill(driver, signal.SIGKILL)
+    wait_for("the run to complete", lambda: chain_finished(run), run)
+    segs = segments(run)
+    print(f"\nrequeued + killed driver ({n} rollouts):\n{timeline(run)}")
+    reasons = [s["end"]["reason"] for s in segs]
+    assert reasons[:2] == ["preempted", "error"] and reasons[-1] == "completed", diagnostics(run)
+    assert segs[1]["segment"] == f"{job}-1" and segs[1]["end"]["next"]["action"] == "resubmit"
+    assert segs[2]["start"]["resume"] and segs[2]["start"]["job_id"] == segs[1]["end"]["next"]["job_id"]
+    counts = assert_complete_and_exact(run, plan, n)
+    assert redone(counts) <= 2 * 2, f"re-done rollouts {counts}"  # at most an interval per hard stop
+    whole = runs / "uninterrupted"  # the same recipe and seed in one go, through the backend alone
+    run_backend(reference_plan(whole, tiny_assets, [*SMALL, f"num_rollout={n}", "checkpoint.interval=2"]),
+                reference_ray)
+    last = f"iter_{n - 1:07d}"
+    compared = assert_bitwise_equal(load_checkpoint(whole / "checkpoints" / last),
+                                    load_checkpoint(run / "checkpoints" / last), last)
+    assert compared > 50
+
+
+def _driver_pid(plan: Plan) -> int | None:
+    """The reference backend's process of this run (all fake nodes share this host)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"beam_hpc.backends.reference" in argv and plan.paths.plan.encode() in argv:
+            return int(pid)
+    return None
+
+
+# -- the run lock, cancel ------------------------------------------------------------------------------------
+def test_second_submission_is_refused_and_cancel_stops_the_chain(slurm_cluster, tiny_assets, runs) -> None:
+    """While a segment runs: `submit` onto its output dir is refused on the login node, and a raw
+    `sbatch job.sbatch --resume` that gets past it is refused by the run lock in the job (no ledger
+    line). Then `beam-hpc cancel` stops the chain: the running job ends as cancelled, nothing else
+    is queued, and a later segment of the chain would not start."""
+    from beam_hpc.cli import main
+    from beam_hpc.recipe import RecipeError
+
+    run = runs / "locked"
+    plan, job = submit_run(run, tiny_assets, num_rollout=400, interval=2)
+    wait_for("the segment to hold the lock", lambda: (run / "run.lock").exists() and segments(run), run)
+    with pytest.raises(RecipeError, match=f"in use by job {job}"):
+        submit_run(run, tiny_assets, num_rollout=400, interval=2, resume=True)
+    intruder = slurm_cluster.run("sbatch", "--parsable", str(run / "job.sbatch"), "--resume").stdout.strip()
+    wait_for("the intruder to be refused", lambda: job_state(intruder) in ("FAILED", "COMPLETED", "GONE"), run,
+             timeout=180)
+    assert f"refused: {run} is in use by job {job}" in _read(run / "logs" / f"slurm-{intruder}.out")
+    assert not (run / "logs" / f"{intruder}-0").exists()
+    assert [s["segment"] for s in segments(run)] == [f"{job}-0"]  # the intruder wrote nothing
+    assert job_state(job) == "RUNNING"
+
+    assert main(["cancel", str(run)]) == 0
+    wait_for("the cancelled segment's end line", lambda: chain_finished(run), run, timeout=60)
+    end = segments(run)[0]["end"]
+    assert end["reason"] == "cancelled" and end["next"] == {"action": "none", "job_id": None}
+    assert wait_for("the queue to empty", lambda: nothing_queued(plan), run, timeout=60)
+    assert (run / "CANCELLED").exists()
+
+
+def test_a_stale_lock_of_a_killed_job_is_taken_over(slurm_cluster, tiny_assets, runs) -> None:
+    """A segment SIGKILLed with its job (no end line, lock left behind) does not block the run:
+    Slurm says the job is gone, so the next submission's segment takes the lock over and resumes."""
+    n = 6
+    run = runs / "stale"
+    plan, job = submit_run(run, tiny_assets, num_rollout=n, interval=2)
+    wait_for("a first checkpoint", lambda: checkpoint_layout.latest_iteration(run / "checkpoints") is not None, run)
+    holder = json.loads((run / "run.lock").read_text())
+    assert holder["job_id"] == job
+    os.kill(holder["pid"], signal.SIGKILL)  # the batch script itself, as the OOM killer would
+    wait_for("the killed job to end", lambda: job_state(job) not in ("RUNNING", "COMPLETING"), run, timeout=120)
+    assert json.loads((run / "run.lock").read_text()) == holder  # left behind
+    assert "end" not in segments(run)[0]  # killed hard: no end line
+    plan, second = submit_run(run, tiny_assets, num_rollout=n, interval=2, resume=True)
+    wait_for("the run to complete", lambda: chain_finished(run), run)
+    segs = segments(run)
+    assert [s["segment"] for s in segs] == [f"{job}-0", f"{second}-0"]
+    assert f"took over the run lock of job {job}" in _read(run / "logs" / f"{second}-0" / "segment.log")
+    assert_complete_and_exact(run, plan, n)
+    assert not (run / "run.lock").exists()

@@ -1,0 +1,473 @@
+"""Fast tests of the lifecycle's pieces: ledger, run lock, watchdog, save-now, the decision rules.
+
+Real files, real signals, real processes. The one seam is the Slurm query (``query=``): these
+tests hand the lock and the watchdog a JobInfo instead of running ``scontrol``, so that the rules
+can be checked in milliseconds for every state; test_lifecycle_slurm.py runs the same code against
+the real local Slurm cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from beam_hpc import checkpoint_layout, ledger, metric_names
+from beam_hpc.lifecycle import (
+    JobInfo,
+    Outcome,
+    SlurmUnavailable,
+    Watchdog,
+    decide,
+    parse_job,
+    resubmit_command,
+    save_and_wait,
+    segment_metrics,
+    slurm_env_free,
+)
+from beam_hpc.plan import RunPaths
+from beam_hpc.run_lock import Holder, RunLockError, acquire, read_holder, release
+
+# -- ledger -------------------------------------------------------------------------------------------
+
+
+def _start(job: str = "100", restart: int = 0, at: int = 0) -> dict:
+    return ledger.start_record(job_id=job, restart=restart, host="n1", rollouts_at_start=at, num_rollout=10,
+                               resume=at > 0, walltime_s=120, lead_s=60, now=1.0)
+
+
+def _end(job: str = "100", restart: int = 0, at: int = 4, reason: str = "walltime", action: str = "resubmit",
+         nxt: str | None = "101", rollout_s: float | None = 2.0, save_s: float | None = 0.5) -> dict:
+    return ledger.end_record(job_id=job, restart=restart, rollouts_at_end=at, reason=reason, detail="d",
+                             next_action=action, next_job_id=nxt, rollout_s=rollout_s, save_s=save_s, now=2.0)
+
+
+def test_ledger_lines_follow_the_contract_and_merge_by_segment(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    ledger.append(path, _start("100", 0, 0))
+    ledger.append(path, _end("100", 0, 4))
+    ledger.append(path, _start("101", 0, 4))  # killed hard: no end line
+    ledger.append(path, _start("101", 1, 4))  # its requeue
+    ledger.append(path, _end("101", 1, 10, reason="completed", action="none", nxt=None))
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert set(lines[0]) == {"event", "segment", "job_id", "restart", "time", "host", "rollouts_at_start",
+                             "num_rollout", "resume", "walltime_s", "lead_s"}
+    assert set(lines[1]) == {"event", "segment", "job_id", "restart", "time", "rollouts_at_end", "reason",
+                             "detail", "next", "timings"}
+    assert lines[1]["next"] == {"action": "resubmit", "job_id": "101"}
+    assert lines[1]["timings"] == {"rollout_s": 2.0, "save_s": 0.5}
+    segs, warnings = ledger.read_ledger(path)
+    assert warnings == []
+    assert [s["segment"] for s in segs] == ["100-0", "101-0", "101-1"]
+    assert "end" not in segs[1] and segs[2]["end"]["reason"] == "completed"
+
+
+def test_ledger_reader_skips_a_torn_line_and_rejects_bad_records(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    ledger.append(path, _start())
+    with open(path, "a") as fh:
+        fh.write('{"event": "end", "segm')  # a writer killed mid-line, on a file system without atomic appends
+    ledger.append(path, _end())
+    segs, warnings = ledger.read_ledger(path)
+    assert len(warnings) == 1 and "unreadable" in warnings[0]
+    assert segs[0]["start"]["segment"] == "100-0"
+    with pytest.raises(ledger.LedgerError, match="reason 'late'"):
+        _end(reason="late")
+    with pytest.raises(ledger.LedgerError, match="next action"):
+        _end(action="retry")
+    assert ledger.read_ledger(tmp_path / "absent.jsonl") == ([], [])
+
+
+def _appender(path: str, tag: int, n: int) -> None:
+    for i in range(n):
+        ledger.append(path, _start(str(1000 * tag + i)))
+
+
+def test_ledger_appends_from_many_processes_stay_whole(tmp_path: Path) -> None:
+    path = str(tmp_path / "ledger.jsonl")
+    procs = [multiprocessing.get_context("fork").Process(target=_appender, args=(path, t, 50)) for t in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    segs, warnings = ledger.read_ledger(path)
+    assert warnings == [] and len(segs) == 200
+
+
+def test_measured_timings_take_the_slowest_recent_segment() -> None:
+    segs = [{"segment": "1-0", "end": _end(rollout_s=9.0, save_s=1.0)},
+            {"segment": "2-0", "end": _end(rollout_s=2.0, save_s=None)},
+            {"segment": "3-0", "end": _end(rollout_s=3.0, save_s=0.5)},
+            {"segment": "4-0", "end": _end(rollout_s=None, save_s=None)},
+            {"segment": "5-0", "start": _start()}]
+    assert ledger.measured_timings(segs, last=2) == {"rollout_s": 3.0, "save_s": 1.0}
+    assert ledger.measured_timings([{"segment": "1-0", "start": _start()}]) is None
+
+
+# -- run lock -------------------------------------------------------------------------------------------
+
+
+def _query(states: dict[str, str | None]):
+    def query(job_id: str) -> JobInfo | None:
+        state = states.get(job_id)
+        if state == "UNAVAILABLE":
+            raise SlurmUnavailable("controller down")
+        return None if state is None else JobInfo(job_id, state, 0, None, None)
+    return query
+
+
+def test_lock_refuses_a_live_job_and_takes_over_a_dead_one(tmp_path: Path) -> None:
+    lock = tmp_path / "run.lock"
+    first = Holder.me("11")
+    assert acquire(lock, first, query=_query({})) is None
+    assert read_holder(lock).job_id == "11"
+    with pytest.raises(RunLockError, match="in use by job 11 .*beam-hpc cancel"):
+        acquire(lock, Holder.me("12"), query=_query({"11": "RUNNING"}))
+    with pytest.raises(RunLockError, match="Slurm cannot say"):
+        acquire(lock, Holder.me("12"), query=_query({"11": "UNAVAILABLE"}))
+    for state in (None, "COMPLETING", "PENDING", "CANCELLED"):  # gone, or anything but RUNNING
+        taken = acquire(lock, Holder.me("12"), query=_query({"11": state, "12": "RUNNING"}))
+        assert taken is not None and taken.job_id in ("11", "12")
+        Path(lock).unlink()
+        acquire(lock, first, query=_query({}))
+
+
+def test_a_requeued_job_takes_over_its_own_lock_and_release_is_owner_only(tmp_path: Path) -> None:
+    lock = tmp_path / "run.lock"
+    before = Holder("21", 0, "n1", 999_999, 1.0)  # our job before its requeue (another pid, maybe another node)
+    acquire(lock, before, query=_query({}))
+    again = Holder.me("21", restart=1)
+    assert acquire(lock, again, query=_query({"21": "RUNNING"})) == before
+    assert not release(lock, before)  # the old incarnation cannot remove its successor's lock
+    assert release(lock, again) and not lock.exists()
+
+
+def test_lock_outside_slurm_is_stale_when_its_pid_is_gone(tmp_path: Path) -> None:
+    lock = tmp_path / "run.lock"
+    proc = multiprocessing.get_context("fork").Process(target=time.sleep, args=(0,))
+    proc.start()
+    proc.join()
+    acquire(lock, Holder(None, 0, socket.gethostname(), proc.pid, 1.0))
+    assert acquire(lock, Holder.me(None)).pid == proc.pid
+    with pytest.raises(RunLockError, match="a local run"):
+        acquire(lock, Holder(None, 0, socket.gethostname(), 1, 1.0))  # pid 1 is alive: refused
+    lock.write_text("{torn")
+    assert acquire(lock, Holder.me(None)) is not None  # unreadable: nobody's
+
+
+# -- Slurm's answers ----------------------------------------------------------------------------------
+
+# `scontrol --oneliner show job` of a preempted job on the local cluster (trimmed to the fields that matter)
+SCONTROL_PREEMPTED = (
+    "JobId=17 JobName=sig.sh UserId=root(0) JobState=RUNNING Reason=None Requeue=1 Restarts=0 "
+    "SubmitTime=2026-12-02T16:55:29 StartTime=2026-12-02T16:55:30 EndTime=2026-12-02T16:56:41 "
+    "PreemptEligibleTime=2026-12-02T16:55:30 PreemptTime=2026-12-02T16:56:21 NodeList=n[2-3]\n"
+)
+
+
+def test_parse_job_reads_the_het_leader_and_slurm_times() -> None:
+    info = parse_job(SCONTROL_PREEMPTED + "JobId=18 JobState=PENDING Restarts=0 EndTime=Unknown PreemptTime=None\n")
+    assert info is not None and info.job_id == "17" and info.state == "RUNNING" and info.restarts == 0
+    assert info.preempt_time is not None and info.end_time - info.preempt_time == 20
+    assert parse_job("") is None
+    assert parse_job("JobId=5 JobState=PENDING EndTime=Unknown PreemptTime=None").end_time is None
+
+
+def test_slurm_env_free_keeps_only_the_config() -> None:
+    env = slurm_env_free({"SLURM_JOB_ID": "3", "SLURM_RESTART_COUNT": "1", "SBATCH_PARTITION": "x",
+                          "SLURM_CONF": "/etc/s.conf", "PATH": "/bin"})
+    assert env == {"SLURM_CONF": "/etc/s.conf", "PATH": "/bin"}
+
+
+def test_resubmit_command_chains_with_resume() -> None:
+    assert resubmit_command("/r/job.sbatch", lead_s=75, resume=True, dependency="afterany:8") == [
+        "sbatch", "--parsable", "--dependency=afterany:8", "--signal=B:USR1@75", "/r/job.sbatch", "--resume"]
+    assert resubmit_command("/r/job.sbatch", lead_s=75, resume=False, dependency="afterany:9")[-1] == "/r/job.sbatch"
+
+
+# -- watchdog --------------------------------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def watchdog_factory(tmp_path: Path):
+    made: list[Watchdog] = []
+
+    def make(info: JobInfo | None, restart: int = 0, clock: FakeClock | None = None) -> Watchdog:
+        wd = Watchdog("40", restart, 60, query=lambda _j: info, clock=clock or FakeClock(1000.0),
+                      cancel_flag=str(tmp_path / "CANCELLED"))
+        wd.install()
+        made.append(wd)
+        return wd
+
+    yield make
+    for wd in made:
+        wd.uninstall()
+
+
+def _deliver(sig: int) -> None:
+    os.kill(os.getpid(), sig)
+    time.sleep(0.01)  # the handler runs at the next bytecode boundary
+
+
+def test_watchdog_tells_walltime_from_preemption(watchdog_factory) -> None:
+    wd = watchdog_factory(JobInfo("40", "RUNNING", 0, 1100.0, None))
+    assert wd.check() is None
+    _deliver(signal.SIGUSR1)
+    intr = wd.check()
+    assert intr.kind == "walltime" and intr.source == "USR1" and intr.hard_end == 1100.0
+    wd2 = watchdog_factory(JobInfo("40", "RUNNING", 0, 1020.0, 1000.0))
+    _deliver(signal.SIGUSR1)
+    assert wd2.check().kind == "preempted"
+
+
+def test_watchdog_keeps_its_own_deadline(watchdog_factory) -> None:
+    clock = FakeClock(1000.0)
+    wd = watchdog_factory(JobInfo("40", "RUNNING", 0, 1100.0, None), clock=clock)
+    assert wd.check() is None and wd.deadline == 1040.0
+    clock.t = 1040.0
+    intr = wd.check()
+    assert intr.kind == "walltime" and intr.source == "deadline"
+    assert wd.check() is None  # fired once
+
+
+def test_watchdog_classifies_sigterm(watchdog_factory, tmp_path: Path) -> None:
+    wd = watchdog_factory(JobInfo("40", "COMPLETING", 1, 2000.0, None))
+    _deliver(signal.SIGTERM)
+    assert wd.check().kind == "requeued"
+    wd = watchdog_factory(JobInfo("40", "COMPLETING", 0, 1001.0, None))
+    _deliver(signal.SIGTERM)
+    assert wd.check().kind == "timelimit"
+    wd = watchdog_factory(JobInfo("40", "COMPLETING", 0, 2000.0, None))
+    _deliver(signal.SIGTERM)
+    assert wd.check().kind == "cancelled"
+    (tmp_path / "CANCELLED").write_text("x")
+    wd = watchdog_factory(JobInfo("40", "COMPLETING", 1, 2000.0, None))
+    _deliver(signal.SIGTERM)
+    assert wd.check().detail.startswith("cancelled with beam-hpc cancel")
+
+
+def test_sigterm_overrides_a_walltime_save_in_progress(watchdog_factory) -> None:
+    wd = watchdog_factory(JobInfo("40", "RUNNING", 0, 1100.0, None))
+    _deliver(signal.SIGUSR1)
+    assert wd.check().kind == "walltime"
+    _deliver(signal.SIGUSR1)
+    assert wd.check() is None  # the same thing again: nothing new
+    wd._query = lambda _j: JobInfo("40", "COMPLETING", 1, 1100.0, None)
+    _deliver(signal.SIGTERM)
+    assert wd.check().kind == "requeued"
+
+
+# -- save now ------------------------------------------------------------------------------------------
+
+
+def _backend(paths: RunPaths, iteration: int, delay: float, stop: threading.Event) -> None:
+    """What a backend does with the sentinel: at its next rollout boundary, save, pointer last,
+    then remove the sentinel (the reference backend's order)."""
+    while not stop.is_set():
+        if os.path.exists(paths.sentinel):
+            time.sleep(delay)
+            checkpoint_layout.iteration_dir(paths.checkpoints, iteration).mkdir(parents=True)
+            checkpoint_layout.mark_latest(paths.checkpoints, iteration)
+            os.unlink(paths.sentinel)
+            return
+        time.sleep(0.02)
+
+
+def test_save_and_wait_returns_once_the_requested_checkpoint_landed(tmp_path: Path) -> None:
+    paths = RunPaths(str(tmp_path))
+    checkpoint_layout.mark_latest(paths.checkpoints, 4)
+    stop = threading.Event()
+    t = threading.Thread(target=_backend, args=(paths, 7, 0.3, stop))
+    t.start()
+    res = save_and_wait(paths, deadline=time.time() + 10, driver_running=lambda: True, reason="walltime", poll_s=0.05)
+    t.join()
+    assert res.saved and res.iteration == 7 and 0.25 < res.seconds < 5
+    assert not os.path.exists(paths.sentinel)
+
+
+def test_save_and_wait_gives_up_at_the_deadline_or_when_the_driver_is_gone(tmp_path: Path) -> None:
+    paths = RunPaths(str(tmp_path))
+    checkpoint_layout.mark_latest(paths.checkpoints, 4)
+    res = save_and_wait(paths, deadline=time.time() + 0.3, driver_running=lambda: True, reason="preempted", poll_s=0.05)
+    assert not res.saved and res.iteration == 4 and "relying on checkpoint 4" in res.detail
+    res = save_and_wait(paths, deadline=time.time() + 10, driver_running=lambda: False, reason="walltime", poll_s=0.05)
+    assert not res.saved and "driver exited" in res.detail
+
+
+def test_segment_metrics_count_only_this_segments_lines(tmp_path: Path) -> None:
+    paths = RunPaths(str(tmp_path))
+    metrics = Path(paths.dumps, metric_names.METRICS_FILE)
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text(json.dumps({"kind": "rollout", "rollout_id": 0, metric_names.ROLLOUT_TIME: 50.0}) + "\n")
+    offset = metrics.stat().st_size
+    with open(metrics, "a") as fh:
+        fh.writelines(json.dumps({"kind": "rollout", "rollout_id": k, metric_names.ROLLOUT_TIME: t}) + "\n" for k, t in ((1, 2.0), (2, 4.0)))
+        fh.write(json.dumps({"kind": "save", "rollout_id": 2, metric_names.SAVE_TIME: 0.7}) + "\n")
+        fh.write('{"kind": "rollout", "rollout_id": 3, "perf/rol')  # torn by a kill
+    m = segment_metrics(paths, offset)
+    assert (m.rollouts_run, m.rollout_s, m.save_s) == (2, 3.0, 0.7)
+    assert segment_metrics(RunPaths(str(tmp_path / "none")), 0).rollouts_run == 0
+
+
+# -- decision rules --------------------------------------------------------------------------------------
+
+
+def _decide(reason: str, start: int, end: int, *, run: int = 3, history: list | None = None, **kw):
+    o = Outcome(reason=reason, rollouts_at_start=start, rollouts_at_end=end, num_rollout=20, rollouts_run=run,
+                retryable=kw.pop("retryable", True))
+    opts = {"history": history or [], "max_segments": 10, "cancelled": False, "requeue_on_preemption": True}
+    opts.update(kw)
+    return decide(o, **opts)
+
+
+def _seg(reason: str | None, start: int, end: int) -> dict:
+    seg = {"segment": "x", "start": _start(at=start)}
+    if reason is not None:
+        seg["end"] = _end(at=end, reason=reason)
+    return seg
+
+
+def test_decide_resubmits_after_walltime_progress_and_stops_when_done() -> None:
+    assert _decide("walltime", 4, 8).action == "resubmit"
+    assert _decide("walltime", 4, 20).action == "none"
+    assert "num_rollout 20 reached" in _decide("error", 4, 20).detail
+
+
+def test_decide_requeues_preemptions_unless_turned_off() -> None:
+    assert _decide("preempted", 4, 4).action == "requeue"  # even without progress: it was not our fault
+    assert _decide("preempted", 4, 6, requeue_on_preemption=False).action == "none"
+
+
+def test_decide_guards() -> None:
+    assert "no progress" in _decide("walltime", 4, 4).detail
+    assert _decide("walltime", 4, 4).action == "none"
+    assert _decide("walltime", 4, 8, cancelled=True).action == "none"
+    assert _decide("cancelled", 4, 8).action == "none"
+    d = _decide("walltime", 4, 8, history=[_seg("walltime", 0, 4)] * 9)
+    assert d.action == "none" and "max_segments" in d.detail
+    assert _decide("error", 4, 4, retryable=False).action == "none"
+
+
+def test_decide_retries_a_failure_once_but_not_twice_in_a_row() -> None:
+    first = _decide("node-failure", 4, 4, run=0, history=[_seg("walltime", 0, 4)])
+    assert first.action == "resubmit" and "before its first rollout" in first.detail
+    second = _decide("error", 4, 4, run=0, history=[_seg("walltime", 0, 4), _seg("node-failure", 4, 4)])
+    assert second.action == "none" and "failed without progress too" in second.detail
+    assert _decide("error", 4, 4, run=0, history=[_seg(None, 4, 4)]).action == "none"  # killed hard before
+    assert _decide("error", 4, 6, run=2, history=[_seg("error", 4, 4)]).action == "resubmit"  # progress resets it
+
+
+# -- a segment's checks before it runs anything (no Slurm, no Ray: it stops before the job) ----------
+
+
+@pytest.fixture
+def tiny_plan(tmp_path: Path):
+    from beam_hpc.plan import make_plan
+    from beam_hpc.submit import build_recipe, build_site
+
+    root = Path(__file__).resolve().parents[1]
+
+    def make(*overrides: str):
+        recipe = build_recipe(root / "recipes" / "tiny.yaml", overrides=list(overrides),
+                              output_dir=str(tmp_path / "run"), base_dir=tmp_path)
+        plan = make_plan(recipe, build_site("local", search_dir=root / "env"))
+        plan.write()
+        return plan, recipe
+
+    return make
+
+
+def _checkpoint(paths: RunPaths, iteration: int, *, dataset_state: bool = True) -> None:
+    checkpoint_layout.iteration_dir(paths.checkpoints, iteration).mkdir(parents=True)
+    if dataset_state:
+        checkpoint_layout.write_atomic(checkpoint_layout.dataset_state_path(paths.checkpoints, iteration), b"x")
+    checkpoint_layout.mark_latest(paths.checkpoints, iteration)
+
+
+def _run_segment(plan, **kw) -> tuple[int, dict]:
+    from beam_hpc.segment import Segment
+
+    code = Segment(plan.paths.plan, env={}, **kw).run()
+    segs, _ = ledger.read_ledger(plan.paths.ledger)
+    assert not Path(plan.paths.lock).exists()  # released on every path
+    return code, segs[-1]
+
+
+def test_segment_resume_needs_checkpoint_and_dataset_state_and_says_which(tiny_plan) -> None:
+    plan, _ = tiny_plan()
+    code, seg = _run_segment(plan, resume=True)
+    assert code == 2 and seg["end"]["reason"] == "error" and seg["end"]["next"]["action"] == "none"
+    assert "no checkpoint" in seg["end"]["detail"] and seg["start"]["resume"]
+    _checkpoint(plan.paths, 4, dataset_state=False)
+    code, seg = _run_segment(plan, resume=True)
+    assert code == 2 and "its dataset state" in seg["end"]["detail"] and "global_dataset_state_dict_4.pt" in seg["end"]["detail"]
+
+
+def test_segment_refuses_a_fresh_start_onto_checkpoints_and_a_total_already_reached(tiny_plan) -> None:
+    plan, _ = tiny_plan("num_rollout=10")
+    _checkpoint(plan.paths, 4)
+    code, seg = _run_segment(plan)  # no --resume
+    assert code == 2 and "already holds checkpoints" in seg["end"]["detail"]
+    code, seg = _run_segment(plan, resume=True, num_rollout=5)  # --num-rollout N counts all rollouts
+    assert code == 0 and seg["end"]["reason"] == "completed" and seg["start"]["num_rollout"] == 5
+    assert json.loads(Path(plan.paths.plan).read_text())["recipe"]["num_rollout"] == 5
+
+
+def test_segment_honours_the_cancel_flag_and_max_segments(tiny_plan) -> None:
+    plan, _ = tiny_plan("lifecycle.max_segments=1")
+    Path(plan.paths.cancel_flag).write_text("x")
+    code, seg = _run_segment(plan)
+    assert code == 0 and seg["end"]["reason"] == "cancelled" and seg["end"]["next"]["action"] == "none"
+    os.unlink(plan.paths.cancel_flag)
+    code, seg = _run_segment(plan)
+    assert "max_segments (1) reached" in seg["end"]["detail"] and seg["end"]["next"]["action"] == "none"
+
+
+def test_login_node_refuses_a_resume_with_another_model_but_allows_num_rollout(tiny_plan) -> None:
+    from beam_hpc.recipe import RecipeError
+    from beam_hpc.run_guard import check_before_submit
+
+    plan, recipe = tiny_plan("num_rollout=10")
+    _checkpoint(plan.paths, 4)
+    check_before_submit(recipe.model_copy(update={"num_rollout": 50}), resume=True)
+    other = recipe.model_copy(update={"model": recipe.model.model_copy(update={"path": "/elsewhere/model"})})
+    with pytest.raises(RecipeError, match="used a different model"):
+        check_before_submit(other, resume=True)
+    with pytest.raises(RecipeError, match="5 are already done"):
+        check_before_submit(recipe.model_copy(update={"num_rollout": 5}), resume=True)
+
+
+def test_a_submission_after_the_cancel_flag_clears_it(tiny_plan) -> None:
+    """`beam-hpc cancel` then a deliberate `submit --resume`: the new job was submitted after the
+    flag, so the flag no longer applies (a job of the old chain, submitted before it, stops)."""
+    from beam_hpc.segment import Segment
+
+    plan, _ = tiny_plan()
+    flag = Path(plan.paths.cancel_flag)
+    flag.write_text("x")
+    flagged = flag.stat().st_mtime
+
+    def submitted(at: float):
+        return lambda job_id: JobInfo(job_id, "RUNNING", 0, None, None, submit_time=at)
+
+    assert Segment(plan.paths.plan, env={"SLURM_JOB_ID": "55"}, query=submitted(flagged - 60)).run() == 0
+    assert flag.exists() and ledger.read_ledger(plan.paths.ledger)[0][-1]["end"]["reason"] == "cancelled"
+    code = Segment(plan.paths.plan, env={"SLURM_JOB_ID": "56"}, resume=True, query=submitted(flagged + 60)).run()
+    assert not flag.exists()
+    end = ledger.read_ledger(plan.paths.ledger)[0][-1]["end"]
+    assert code == 2 and end["reason"] == "error" and "no checkpoint" in end["detail"]  # went on to its checks
