@@ -86,6 +86,11 @@ def test_async_resume_is_bitwise_equal(tmp_path, tiny_assets, reference_ray) -> 
     _run(tmp_path, "ext", tiny_assets, reference_ray, base)
     _compare(whole, ext, 4)
     assert [m[names.POLICY_LAG] for m in metrics(ext, "rollout")] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    # The same run with the weights broadcast over a gloo group (nccl's code path on CPU): an
+    # inexact transport would change the rollouts, and with them every trained bit.
+    coll, out = _run(tmp_path, "coll", tiny_assets, reference_ray, [*base, "backend_options.weight_sync=nccl"])
+    assert "weight sync: gloo group of 2 at " in out
+    _compare(whole, coll, 4)
 
 
 def test_sync_resume_is_bitwise_equal_and_the_sentinel_saves(tmp_path, tiny_assets, reference_ray) -> None:

@@ -22,7 +22,8 @@ segment trains on exactly the samples the uninterrupted run would have.
 ``backend_options`` it reads: ``threads`` (torch threads in every process, default 1),
 ``device`` (default ``cpu``), ``rollout_workers`` (default: nodes of the rollout group, or of the
 trainer group when colocated), ``tiny_model`` (build the embedded model into ``model.path`` first)
-and ``stop_after_rollout`` (save at that rollout and exit, as a walltime stop would; for tests).
+``stop_after_rollout`` (save at that rollout and exit, as a walltime stop would; for tests) and
+``weight_sync`` (``object_store``, the default, or ``nccl``: how pushes travel, see weight_sync.py).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from typing import Any
 from beam_hpc import metric_names as names
 from beam_hpc.backends.reference import checkpoint
 from beam_hpc.backends.reference import metrics_log as mlog
-from beam_hpc.backends.reference.policy import load_tokenizer, setup_process, threads_of
+from beam_hpc.backends.reference.policy import device_of, load_tokenizer, setup_process, threads_of
 from beam_hpc.backends.reference.prompt_source import DataError, Prompt, PromptOrder, encode_prompts, read_rows
+from beam_hpc.backends.reference.weight_sync import TRANSPORTS
 from beam_hpc.checkpoint_layout import write_atomic
 from beam_hpc.plan import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX, Plan
 from beam_hpc.recipe import Recipe
@@ -123,10 +125,16 @@ class Loop:
         self.stop_after = opts.get("stop_after_rollout")
         default_workers = r.topology.trainer.nodes if r.topology.rollout is None else r.topology.rollout.nodes
         self.n_workers = int(opts.get("rollout_workers", default_workers))
+        self.weight_sync = str(opts.get("weight_sync", "object_store"))
+        if self.weight_sync not in TRANSPORTS:
+            raise ReferenceError(f"backend_options.weight_sync: {self.weight_sync!r}; choose one of {', '.join(TRANSPORTS)}")
+        if self.weight_sync == "nccl" and r.training.colocated and device_of(r).startswith("cuda"):
+            raise ReferenceError("backend_options.weight_sync: nccl needs the trainer and the workers on different GPUs; "
+                                 "a colocated run shares one, so use object_store")
 
     # -- set-up ---------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, ray_address: str) -> None:
         import ray
 
         from beam_hpc.backends.reference.rollout_worker import RolloutWorker
@@ -149,7 +157,8 @@ class Loop:
         worker_cls = ray.remote(RolloutWorker).options(resources={f"{GROUP_RESOURCE_PREFIX}rollout": 1}, num_cpus=0)
         self.trainer = trainer_cls.remote(rd, self.model_path)
         self.workers = [worker_cls.remote(rd, i, self.model_path) for i in range(self.n_workers)]
-        self.record_placement()
+        placement = self.record_placement()
+        self.connect_weights(placement["trainer"]["node_ip"], ray_address)
         self.metrics = mlog.MetricsLog(self.paths.tensorboard, self.paths.dumps)
 
     def record_placement(self) -> dict[str, Any]:
@@ -170,6 +179,27 @@ class Loop:
         for a in where:
             log.info("placement: %s %d on node %s (%s, group %s)", a["role"], a["index"], a["node_id"][:12], a["node_ip"], a["group"])
         return placement
+
+    def connect_weights(self, trainer_ip: str, ray_address: str) -> None:
+        """Give the trainer its sender and every worker its receiver. For nccl they join one group
+        on the trainer's node, all calls in flight together (joining blocks until every rank has).
+        The port is the job's weight-sync port; outside a Slurm job there is no port plan, so a
+        port free now on the trainer's node."""
+        import ray
+
+        from beam_hpc.backends.reference.weight_sync import Rendezvous, backend_for, weight_sync_port
+
+        rv = None
+        if self.weight_sync == "nccl":
+            job_id = os.environ.get("SLURM_JOB_ID")
+            if ray_address == LOCAL or not job_id:
+                port = ray.get(self.trainer.free_port.remote(trainer_ip))
+            else:
+                port = weight_sync_port(self.plan.site_obj().ray, int(job_id))
+            rv = Rendezvous(trainer_ip, port, 1 + len(self.workers), backend_for(device_of(self.recipe)))
+            log.info("weight sync: %s group of %d at %s:%d", rv.backend, rv.world_size, rv.host, rv.port)
+        ray.get([self.trainer.connect_weights.remote(self.weight_sync, rv)]
+                + [w.connect_weights.remote(self.weight_sync, rv, i + 1) for i, w in enumerate(self.workers)])
 
     # -- rollouts ---------------------------------------------------------------------------------
 
@@ -218,9 +248,12 @@ class Loop:
         out["generate_time_s"] = max(c.get("generate_time_s", 0.0) for c in chunks)
         return out
 
-    def push(self, weights_ref: Any, version: int) -> None:
+    def push(self, version: int, state: Any = None) -> None:
+        """The trainer sends its current weights (or ``state``, a ref of other weights) and every
+        worker receives them, each call queued behind the actor's earlier ones."""
+        delivery = self.trainer.send_weights.remote(version, state)
         for w in self.workers:
-            w.set_weights.remote(weights_ref, version)
+            w.receive_weights.remote(delivery)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -236,9 +269,9 @@ class Loop:
         pending: Pending | None = None
         if resumed is None:
             start = 0
-            weights = self.trainer.weights.remote()
+            weights = self.trainer.weights.remote()  # W_j refs: only an async checkpoint's behaviour
             behaviour = weights
-            self.push(weights, 0)
+            self.push(0)
             if r.eval.interval > 0:
                 self.evaluate(0)
         else:
@@ -258,9 +291,9 @@ class Loop:
                 if state.get("inflight") is not None:
                     pending = Pending(start, state["inflight"])
                 else:  # the previous segment ended at its last rollout: regenerate k+1 with W_k
-                    self.push(behaviour, start - 1)
+                    self.push(start - 1, behaviour)
                     pending = self.launch_train(start)
-            self.push(weights, start)
+            self.push(start)
             log.info("resumed from checkpoint %d: continuing at rollout %d of %d", it, start, N)
         if start >= N:
             log.info("nothing to do: %d rollouts done, num_rollout is %d", start, N)
@@ -281,7 +314,7 @@ class Loop:
             metrics_ref, new_weights = self.trainer.train.options(num_returns=2).remote(roll)
             tm = ray.get(metrics_ref)
             behaviour, weights = weights, new_weights
-            self.push(weights, k + 1)
+            self.push(k + 1)
             step_s = time.perf_counter() - t0
             self.report(k, roll, tm, lag, wait_s, step_s)
             if r.eval.interval > 0 and (k + 1) % r.eval.interval == 0:
@@ -398,8 +431,8 @@ class Loop:
     def close(self) -> None:
         import ray
 
-        try:
-            ray.get(self.trainer.close.remote())
+        try:  # workers first: they take every queued push, so the trainer's sender is idle when it closes
+            ray.get([w.close.remote() for w in self.workers] + [self.trainer.close.remote()])
         finally:
             self.metrics.close()
             for a in [self.trainer, *self.workers]:
@@ -415,7 +448,7 @@ def run(plan_path: str, ray_address: str) -> int:
     loop = Loop(plan)
     connect(ray_address)
     try:
-        loop.start()
+        loop.start(ray_address)
         try:
             return loop.run()
         finally:

@@ -1,9 +1,10 @@
 """The rollout side: a Ray actor on a rollout-group node that samples responses and scores them.
 
-It holds the behaviour policy, takes weights pushed by the trainer (``set_weights``), and for a
-chunk of prompts returns each sample's tokens, its behaviour log-probabilities (the ``old_logp``
-of the clipped loss) and its reward from :mod:`beam_hpc.reward`. Scoring happens here, as Miles
-scores inside its rollout manager, so that the trainer only ever sees finished samples.
+It holds the behaviour policy, takes the weights the trainer pushes (``receive_weights``, over
+the transport ``backend_options.weight_sync`` names), and for a chunk of prompts returns each
+sample's tokens, its behaviour log-probabilities (the ``old_logp`` of the clipped loss) and its
+reward from :mod:`beam_hpc.reward`. Scoring happens here, as Miles scores inside its rollout
+manager, so that the trainer only ever sees finished samples.
 
 This class is plain Python; the driver wraps it with ``ray.remote`` and the group resource, so
 importing this module starts nothing.
@@ -63,14 +64,30 @@ class RolloutWorker:
         self.model = load_policy(self.recipe, model_path)
         self.model.eval()
         self.version = -1
+        self.receiver: Any = None  # weight_sync's receiver, made by connect_weights
 
     def where(self) -> dict[str, Any]:
         return where_am_i("rollout", self.index)
 
-    def set_weights(self, state: dict[str, Any], version: int) -> int:
+    def connect_weights(self, kind: str, rendezvous: Any, rank: int) -> None:
+        """Make the receiver; with a rendezvous (nccl) join the weight group as ``rank``."""
+        from beam_hpc.backends.reference.weight_sync import make_receiver
+
+        self.receiver = make_receiver(kind, rendezvous=rendezvous, rank=rank, device=self.device)
+        if rendezvous is not None:
+            self.receiver.connect()
+
+    def receive_weights(self, delivery: Any) -> int:
+        """Take one push (every push, in order) and load it: a copy, as the receiver's tensors may
+        be views of buffers that the next push overwrites."""
+        state, version = self.receiver.recv(delivery)
         load_trainable_state(self.model, state)
         self.version = version
         return version
+
+    def close(self) -> None:
+        if self.receiver is not None:
+            self.receiver.close()
 
     def generate(
         self,

@@ -54,6 +54,31 @@ class Trainer:
         if r.training.kl_coef > 0 and r.training.mode == "full":
             self.ref_model = policy.load_policy(r, model_path).eval()
         self.version = 0  # rollouts trained on so far
+        self.sender: Any = None  # weight_sync's sender, made by connect_weights
+
+    def free_port(self, ip: str) -> int:
+        """A TCP port free now on this node: the weight group's rendezvous outside a Slurm job."""
+        import socket
+
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            return int(s.getsockname()[1])
+
+    def connect_weights(self, kind: str, rendezvous: Any) -> None:
+        """Make the sender; with a rendezvous (nccl) join the weight group as rank 0, which
+        returns once every worker has joined too."""
+        from beam_hpc.backends.reference.weight_sync import make_sender
+
+        self.sender = make_sender(kind, rendezvous=rendezvous, device=self.device)
+        if rendezvous is not None:
+            self.sender.connect()
+
+    def send_weights(self, version: int, state: dict[str, Any] | None = None) -> Any:
+        """Send the live trainable weights (or ``state``: a resumed run's behaviour weights) as
+        ``version``; returns the Delivery the driver hands to every worker's ``receive_weights``."""
+        if state is None:  # the parameters themselves: the sender copies them (no host copy for nccl)
+            state = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
+        return self.sender.send(state, version)
 
     def where(self) -> dict[str, Any]:
         return where_am_i("trainer", 0)
@@ -73,7 +98,8 @@ class Trainer:
                 return policy.token_logprobs(policy.response_logits(self.model, batch), batch)
 
     def train(self, rollout: dict[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
-        """Update on one rollout; returns (metrics, the new trainable weights to push)."""
+        """Update on one rollout; returns (metrics, the new trainable weights: the behaviour
+        weights an async checkpoint holds; the push itself goes through ``send_weights``)."""
         import torch
 
         t0 = time.perf_counter()
@@ -162,7 +188,11 @@ class Trainer:
         return self.version
 
     def close(self) -> None:
-        self.offload.close()
+        try:
+            if self.sender is not None:
+                self.sender.close()
+        finally:
+            self.offload.close()
 
 
 def make_batch_values(rows: list[list[float]], shape: Any, device: str) -> Any:
