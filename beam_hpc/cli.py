@@ -73,7 +73,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     sub = submit(
         args.recipe, args.site, overrides=args.overrides, output_dir=args.output_dir,
         resume=args.resume, num_rollout=args.num_rollout, no_async_training=args.no_async_training,
-        via=args.via, dry_run=args.dry_run,
+        via=args.via, dry_run=args.dry_run, smoke=args.smoke,
     )
     if args.dry_run:
         print(describe(sub))
@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in the output directory")
     p.add_argument("--via", choices=["submitit", "sbatch"], default="submitit")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted; submit nothing")
+    p.add_argument("--smoke", action="store_true",
+                   help="the same job, but only bring Ray up, run one task per GPU bundle, write smoke.json")
     p.set_defaults(func=cmd_submit)
 
     for name in PLUGIN_MODULES:

@@ -414,9 +414,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m beam_hpc.segment", description=__doc__.splitlines()[0])
     parser.add_argument("--plan", required=True, help="RUN_DIR/plan.json")
     parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    parser.add_argument("--smoke", action="store_true",
+                        help="bring the cluster up, run one task per GPU bundle of each group, write "
+                             "smoke.json, tear down (no lock, ledger or checkpoint is touched)")
     parser.add_argument("--num-rollout", type=int, default=None,
                         help="total rollouts, including those already done (the seed's semantics)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        from beam_hpc import job
+
+        return job.main(["--plan", args.plan, "--smoke"])
     try:
         return Segment(args.plan, resume=args.resume, num_rollout=args.num_rollout).run()
     except (RecipeError, OSError, ValueError) as err:  # no plan, a damaged plan, a bad --num-rollout

@@ -123,13 +123,16 @@ def check_paths(recipe: Recipe, site: Site) -> None:
             raise RecipeError(f"{field_name}: {path} does not exist; {hint}")
 
 
-def sbatch_command(script: Path, *, resume: bool = False, dependency: str | None = None) -> list[str]:
+def sbatch_command(script: Path, *, resume: bool = False, dependency: str | None = None,
+                   smoke: bool = False) -> list[str]:
     cmd = ["sbatch", "--parsable"]
     if dependency:
         cmd.append(f"--dependency={dependency}")
     cmd.append(str(script))
     if resume:
         cmd.append("--resume")
+    if smoke:
+        cmd.append("--smoke")
     return cmd
 
 
@@ -156,6 +159,7 @@ def submit(
     via: Via = "submitit",
     dry_run: bool = False,
     dependency: str | None = None,
+    smoke: bool = False,
 ) -> Submission:
     """Submit a recipe to Slurm. Returns a :class:`Submission` (``.job`` is a submitit Job when
     ``via="submitit"``). Invalid input raises RecipeError before anything is submitted."""
@@ -171,15 +175,17 @@ def submit(
     if dry_run:
         plan = make_plan(rec, st)
         return Submission(plan=plan, script=Path(plan.output_dir, "job.sbatch"),
-                          command=sbatch_command(Path(plan.output_dir, "job.sbatch"), resume=resume, dependency=dependency))
+                          command=sbatch_command(Path(plan.output_dir, "job.sbatch"), resume=resume,
+                                                 dependency=dependency, smoke=smoke))
     from beam_hpc.run_guard import check_before_submit  # refuses a live run / incompatible resume
 
     plan = make_plan(rec, st)
     check_paths(rec, st)
-    check_before_submit(rec, resume=resume)
+    if not smoke:  # a smoke run touches no checkpoint, lock or ledger
+        check_before_submit(rec, resume=resume)
     script = prepare_run(plan, source=source)
-    if via == "sbatch":
-        cmd = sbatch_command(script, resume=resume, dependency=dependency)
+    if via == "sbatch" or smoke:
+        cmd = sbatch_command(script, resume=resume, dependency=dependency, smoke=smoke)
         return Submission(plan=plan, script=script, command=cmd, job_id=run_sbatch(cmd))
     if via == "submitit":
         from beam_hpc.submit_submitit import submit_plan

@@ -8,7 +8,8 @@ starts the node steps of every group with ``srun --het-group=i --overlap``.
 Signals: the walltime warning goes to that task (``--signal=USR1@<lead>``, no ``B:`` because the
 Python runs in the srun step, not in the batch shell), replacing submitit's own USR2 checkpoint
 signal, so that beam-hpc's lifecycle, not submitit's, decides between resubmit and requeue.
-The Job handle follows the first segment; later segments are in the run's ledger.
+The Job handle follows the first segment (``job.task(0).result()`` is the segment's exit status;
+submitit counts one task per node, of which only task 0 runs); later segments are in the ledger.
 """
 
 from __future__ import annotations
