@@ -357,3 +357,23 @@ def test_checks_raise_clear_errors(spec: tuple[str, ...], message: str) -> None:
 def test_bad_parallelism_fails_in_make_plan_before_any_allocation() -> None:
     with pytest.raises(RecipeError, match="choose sizes whose product divides it"):
         make_plan(recipe("lora", "model.pipeline_parallel=3"), SITE)
+
+
+# -- dry run golden files ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["dedicated", "colocated", "lora"])
+def test_dry_run_matches_golden(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`beam-hpc submit RECIPE --dry-run` prints the full Miles command; tests/golden/ holds the
+    three seed configurations' (regenerate: `beam-hpc submit recipes/X.yaml --site
+    env/example-site.yaml --dry-run --via sbatch > tests/golden/X.dryrun.txt`)."""
+    from beam_hpc.cli import main as cli_main
+
+    root = Path(__file__).resolve().parents[1]
+    assert cli_main(["submit", str(root / "recipes" / f"{name}.yaml"), "--site",
+                     str(root / "env" / "example-site.yaml"), "--dry-run", "--via", "sbatch"]) == 0
+    golden = (root / "tests" / "golden" / f"{name}.dryrun.txt").read_text()
+    assert capsys.readouterr().out == golden
+    for seed_value in ("--rollout-batch-size 32", "--n-samples-per-prompt 8", "--rollout-max-prompt-len 1024",
+                       "--rollout-max-response-len 4096", "--eval-interval 5", "--n-samples-per-eval-prompt 8",
+                       "--save-interval 20", "--eps-clip 0.2", "--eps-clip-high 0.28"):
+        assert seed_value in golden, seed_value
