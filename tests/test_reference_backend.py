@@ -184,3 +184,24 @@ def test_tiny_recipe_learns(tmp_path, tiny_assets, reference_ray, mode) -> None:
     assert sum(correct[-5:]) / 5 >= sum(correct[:5]) / 5 + TRAIN_MARGIN, correct
     reward = [m[names.ROLLOUT_REWARD] for m in rollouts]
     assert sum(reward[-5:]) > sum(reward[:5]), reward
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_truncated_checkpoint_is_skipped_for_the_previous_complete_one(tmp_path, tiny_assets, reference_ray) -> None:
+    """Checkpoints at rollouts 1 and 3; model.pt of 3 is cut in half on purpose. The resumed run
+    warns, starts from checkpoint 1 (so rollouts 2-3 are trained again) and reaches the total."""
+    from beam_hpc import checkpoint_layout as layout
+
+    run = tmp_path / "run"
+    plan = make_plan(run, tiny_assets, SMALL + ["checkpoint.interval=2", "num_rollout=4"])
+    run_backend(plan, reference_ray)
+    assert layout.latest_iteration(run / "checkpoints") == 3
+    model = layout.iteration_dir(run / "checkpoints", 3) / "model.pt"
+    model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+    plan = make_plan(run, tiny_assets, SMALL + ["checkpoint.interval=2", "num_rollout=6"])
+    proc = run_backend(plan, reference_ray)
+    assert "checkpoint 3 skipped for complete checkpoint 1" in proc.stdout + proc.stderr
+    assert layout.latest_iteration(run / "checkpoints") == 5  # resumed after 1: rollouts 2.. redone
+    trained = [m["rollout_id"] for m in metrics(run, "rollout")]
+    assert trained.count(2) == 2 and trained[-1] == 5, trained

@@ -14,8 +14,10 @@ named and intact. What goes into the iteration directory:
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -25,6 +27,33 @@ from beam_hpc import checkpoint_layout as layout
 
 DRIVER_FILE = "driver.pt"
 META_FILE = "meta.json"
+MANIFEST_FILE = "manifest.json"  # size + sha256 of every file: how a truncated checkpoint is told
+
+log = logging.getLogger("beam_hpc.reference.checkpoint")
+
+
+def _digest(path: Path) -> list:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return [path.stat().st_size, h.hexdigest()]
+
+
+def verify(it_dir: Path) -> str | None:
+    """Why the checkpoint in ``it_dir`` is not complete, or None when every file it was published
+    with is there with its size and sha256."""
+    try:
+        manifest = json.loads((it_dir / MANIFEST_FILE).read_text())
+    except (OSError, ValueError) as err:
+        return f"{it_dir / MANIFEST_FILE} unreadable ({err})"
+    for name, want in manifest.items():
+        f = it_dir / name
+        if not f.is_file():
+            return f"{f} is missing"
+        if _digest(f) != want:
+            return f"{f} does not match its manifest (truncated or changed)"
+    return None
 
 
 def staging_dir(ckpt_dir: str, iteration: int) -> Path:
@@ -51,6 +80,8 @@ def publish(ckpt_dir: str, iteration: int, staged: Path, dataset_state: dict[str
     for f in staged.iterdir():  # the trainer wrote these from another process: make them durable
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
+    manifest = {f.name: _digest(f) for f in sorted(staged.iterdir()) if f.is_file()}
+    layout.write_atomic(staged / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True))
     if final.exists():  # left by a save that died before its pointer was written: never published
         shutil.rmtree(final)
     os.replace(staged, final)
@@ -79,15 +110,28 @@ def write_meta(staged: Path, meta: dict[str, Any]) -> None:
 
 
 def load_latest(ckpt_dir: str) -> tuple[int, Path, dict[str, Any]] | None:
-    """(iteration, its dir, dataset state) of the latest checkpoint, or None for a fresh run.
-    Raises with the reason when the pointer names something incomplete."""
+    """(iteration, its dir, dataset state) of the newest *complete* checkpoint, or None for a fresh
+    run. A checkpoint that is named but damaged (a file truncated or missing, its dataset state
+    unreadable) is skipped, with a warning, for the previous complete one; when the pointer names
+    something but no checkpoint is complete, resuming is refused with the reasons."""
     import torch
 
-    problems = layout.resume_problems(ckpt_dir)
-    it = layout.latest_iteration(ckpt_dir)
-    if it is None:
+    latest = layout.latest_iteration(ckpt_dir)
+    if latest is None:
         return None
-    if problems:
-        raise RuntimeError("cannot resume: " + "; ".join(problems))
-    state = torch.load(layout.dataset_state_path(ckpt_dir, it), weights_only=True)
-    return it, layout.iteration_dir(ckpt_dir, it), state
+    its = sorted((int(p.name[5:]) for p in Path(ckpt_dir).glob("iter_*") if p.name[5:].isdigit()), reverse=True)
+    reasons = []
+    for it in [i for i in its if i <= latest]:
+        it_dir = layout.iteration_dir(ckpt_dir, it)
+        problem = verify(it_dir)
+        if problem is None:
+            try:
+                state = torch.load(layout.dataset_state_path(ckpt_dir, it), weights_only=True)
+            except (OSError, RuntimeError, EOFError) as err:
+                problem = f"dataset state {layout.dataset_state_path(ckpt_dir, it)} unreadable ({err})"
+        if problem is None:
+            if reasons:
+                log.warning("checkpoint %d skipped for complete checkpoint %d: %s", latest, it, "; ".join(reasons))
+            return it, it_dir, state
+        reasons.append(f"checkpoint {it}: {problem}")
+    raise RuntimeError("cannot resume: no complete checkpoint: " + "; ".join(reasons or layout.resume_problems(ckpt_dir)))
