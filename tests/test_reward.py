@@ -248,8 +248,11 @@ def test_pathological_input_is_bounded_and_checker_recovers() -> None:
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_ray_actor_agrees_with_main_thread_while_threads_run() -> None:
+def test_ray_actor_agrees_with_main_thread_while_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
     ray = pytest.importorskip("ray")
+    # A private in-process cluster; the auth mode is set explicitly (Ray caches it per process, and
+    # later tests in this process join token-less shared clusters).
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
 
     @ray.remote(num_cpus=0)
     class Scorer:

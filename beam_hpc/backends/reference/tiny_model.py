@@ -12,11 +12,18 @@ Facts behind the sizes and rates: packages-and-small-models.md section 2.
 Deterministic: every random choice is seeded, the thread count is fixed during the build, and
 the result is cached in ``model.path`` (built in a temporary directory, renamed when complete,
 under a file lock so that concurrent runs build it once).
+
+Shipped: the package carries the result of this build (``tiny_shipped/``, 3.3 MB) together with
+the key of what made it (this file's source, the seed, the excluded evaluation pairs). When the
+key matches, ``build`` copies it instead of spending ~2-3 CPU minutes; any change to this file or
+to the inputs changes the key and the model is built from scratch. Regenerate after a change:
+``python -m beam_hpc.backends.reference.tiny_model --refresh-shipped``.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -146,6 +153,24 @@ def _sft(
     return acc
 
 
+SHIPPED = Path(__file__).with_name("tiny_shipped")
+KEY_FILE = "build_key.txt"
+
+
+def build_key(seed: int, exclude: set[tuple[int, int]]) -> str:
+    """What determines the built model: this module's code, the seed and the excluded pairs."""
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(json.dumps([seed, sorted(exclude)]).encode())
+    return h.hexdigest()[:16]
+
+
+def _shipped_matches(key: str) -> bool:
+    try:
+        return (SHIPPED / KEY_FILE).read_text().strip() == key
+    except OSError:
+        return False
+
+
 def build(model_dir: str | Path, seed: int = 0, exclude_texts: set[str] | None = None) -> Path:
     """Build the tokenizer and warm-started model into ``model_dir`` unless it is already there.
     Problems whose text is in ``exclude_texts`` (the evaluation set) are never trained on."""
@@ -160,8 +185,15 @@ def build(model_dir: str | Path, seed: int = 0, exclude_texts: set[str] | None =
         for stale in out.parent.glob(f".{out.name}.tmp*"):  # left by a killed build; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-        tmp.mkdir()
-        _build_into(tmp, seed, pairs_in(exclude_texts or set()))
+        exclude = pairs_in(exclude_texts or set())
+        key = build_key(seed, exclude)
+        if _shipped_matches(key):
+            shutil.copytree(SHIPPED, tmp)
+            log.info("tiny model: copied the shipped build (key %s)", key)
+        else:
+            tmp.mkdir()
+            _build_into(tmp, seed, exclude)
+            (tmp / KEY_FILE).write_text(key + "\n")
         shutil.rmtree(out, ignore_errors=True)
         os.replace(tmp, out)
     return out
@@ -216,3 +248,29 @@ def _build_into(out: Path, seed: int, exclude: set[tuple[int, int]]) -> None:
         (out / BUILD_INFO).write_text(json.dumps(info, indent=2))
     finally:
         torch.set_num_threads(saved_threads)
+
+
+def refresh_shipped(seed: int = 0) -> Path:
+    """Rebuild the shipped copy for the tiny data set's evaluation problems (seed 0)."""
+    import tempfile
+
+    from beam_hpc.tiny_data import write_tiny_sources
+    from beam_hpc.prepare import prepare
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp, "data")
+        prepare(data, from_local=write_tiny_sources(Path(tmp, "src")), progress=False)
+        texts = {json.loads(line)["prompt"][0]["content"] for line in (data / "aime-2025.jsonl").read_text().splitlines()}
+        built = build(Path(tmp, "model"), seed=seed, exclude_texts=texts)
+        shutil.rmtree(SHIPPED, ignore_errors=True)
+        shutil.copytree(built, SHIPPED)
+    return SHIPPED
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--refresh-shipped"]:
+        raise SystemExit("usage: python -m beam_hpc.backends.reference.tiny_model --refresh-shipped")
+    logging.basicConfig(level=logging.INFO)
+    print(refresh_shipped())
