@@ -60,22 +60,21 @@ def ensure_tiny_data(recipe) -> bool:  # type: ignore[no-untyped-def]
 
 
 def _follow_driver_log(logs_dir: Path, since: float, stop: threading.Event) -> None:
-    """Print the driver's per-rollout lines as they are written (the live view of `execute`)."""
+    """Print the driver's per-rollout lines as they are written (the live view of `execute`);
+    the tailing itself is beam_hpc.run_logs.follow, the same code as `beam-hpc logs --follow`."""
+    from beam_hpc.run_logs import follow
+
     current: Path | None = None
-    offset = 0
-    while not stop.is_set():
+    while current is None and not stop.is_set():
+        found = [p for p in logs_dir.glob("*/driver.log") if p.stat().st_mtime >= since - 1]
+        current = max(found, key=lambda p: p.stat().st_mtime) if found else None
         if current is None:
-            found = [p for p in logs_dir.glob("*/driver.log") if p.stat().st_mtime >= since - 1]
-            current = max(found, key=lambda p: p.stat().st_mtime) if found else None
-        if current is not None:
-            with open(current, "rb") as fh:
-                fh.seek(offset)
-                chunk = fh.read()
-            offset += len(chunk)
-            for line in chunk.decode(errors="replace").splitlines():
-                if "rollout" in line or "eval" in line or "checkpoint" in line:
-                    print(line, flush=True)
-        stop.wait(0.5)
+            stop.wait(0.5)
+    if current is None:
+        return
+    for line in follow(logs_dir.parent, current, switch_segments=False, stop=stop.is_set, start_at_end=False):
+        if "rollout" in line or "eval" in line or "checkpoint" in line:
+            print(line, end="", flush=True)
 
 
 def cmd_execute(args: argparse.Namespace) -> int:
