@@ -29,6 +29,17 @@ def dataset_state_path(ckpt_dir: str | Path, iteration: int) -> Path:
     return Path(ckpt_dir) / "rollout" / f"global_dataset_state_dict_{iteration}.pt"
 
 
+def saved_iterations(ckpt_dir: str | Path) -> list[int]:
+    """The iterations that have an ``iter_NNNNNNN`` directory, complete or not, oldest first (the
+    pointer says which one counts; a resume check walks back from it)."""
+    found = []
+    for p in Path(ckpt_dir).glob("iter_*"):
+        digits = p.name[len("iter_"):]
+        if digits.isdigit() and p.is_dir():
+            found.append(int(digits))
+    return sorted(found)
+
+
 def latest_iteration(ckpt_dir: str | Path) -> int | None:
     """The last complete checkpoint's rollout id, or None when there is none yet."""
     p = Path(ckpt_dir) / LATEST_FILE

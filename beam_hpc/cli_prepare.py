@@ -2,7 +2,10 @@
 
 ``--tiny`` writes the synthetic addition set in the upstream schemas to a temporary directory and
 prepares from it, so the embedded recipe's data goes through the same code as the real data.
-Errors are :class:`beam_hpc.prepare.PrepareError`; cli.py turns them into an exit code.
+``--convert RECIPE --site SITE`` instead submits the recipe's HF -> torch_dist conversion as a
+Slurm job of its own (:mod:`beam_hpc.backends.miles_convert`), once: a later call skips it.
+Errors are :class:`beam_hpc.prepare.PrepareError` / ``ToolError`` / ``RecipeError``; cli.py turns
+them into an exit code.
 """
 
 from __future__ import annotations
@@ -33,10 +36,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
                         help="prepare the synthetic two-digit addition set of the embedded tiny recipe")
     p.add_argument("--seed", type=int, default=0, help="with --tiny: the seed of the synthetic set")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    convert = p.add_argument_group("checkpoint conversion (Miles backend)")
+    convert.add_argument("--convert", default=None, metavar="RECIPE",
+                         help="submit the recipe's HF -> torch_dist conversion (model.path -> model.ref_load) as a "
+                              "Slurm job on one trainer node, inside the site's container; skipped when done")
+    convert.add_argument("--site", default=None, help="with --convert: site profile, a path or a name under env/")
+    convert.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                         help="with --convert: override a recipe field (repeatable)")
+    convert.add_argument("--walltime", default=None, metavar="HH:MM:SS",
+                         help="with --convert: the conversion job's time limit (default 04:00:00)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from beam_hpc.recipe import RecipeError
+
+    if args.convert is not None:
+        if args.tiny or args.from_local or args.model:
+            raise RecipeError("--convert: submits the checkpoint conversion only; prepare data (--tiny, --from-local, "
+                              "--model) in a separate call")
+        return run_convert(args)
+    if args.site or args.overrides or args.walltime:
+        raise RecipeError("--site/--set/--walltime: these go with --convert RECIPE")
     from beam_hpc.prepare import prepare
 
     data_dir = Path(args.data_dir)
@@ -58,4 +79,21 @@ def run(args: argparse.Namespace) -> int:
     for note in report.notes:
         print(f"note: {note}")
     print(f"manifest: {report.manifest}")
+    return 0
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    from beam_hpc.backends.miles_convert import DEFAULT_WALLTIME, submit_convert
+    from beam_hpc.submit import build_recipe, build_site
+
+    recipe = build_recipe(args.convert, overrides=args.overrides)
+    result = submit_convert(recipe, build_site(args.site), walltime=args.walltime or DEFAULT_WALLTIME)
+    spec = result.spec
+    if result.action == "skipped":
+        print(f"{spec.output}: torch_dist copy of {spec.hf_checkpoint} already converted; skipped")
+    elif result.action == "pending":
+        print(f"{spec.output}: conversion already queued or running as job {result.job_id}; not submitted again")
+    else:
+        print(f"submitted conversion job {result.job_id} ({spec.job_name}): {spec.hf_checkpoint} -> {spec.output}")
+        print(f"script {spec.script_path}; log {spec.log_dir}/convert-{result.job_id}.out")
     return 0

@@ -95,7 +95,7 @@ def het_run(slurm_cluster, tmp_path_factory):
     each task's self-redirection must quote it."""
     folder = tmp_path_factory.mktemp("het run") / "%j"
     executor = HetSlurmExecutor(folder=folder)
-    executor.update_parameters(nodes=2, gpus_per_node=1, time=5, job_name="beam-het-test",
+    executor.update_parameters(nodes=2, gpus_per_node=1, time=15, job_name="beam-het-test",
                                het_components=[{"nodes": 1, "gpus_per_node": 1}])
     t0 = time.monotonic()
     job = executor.submit(report_task, "marker-7f3a")

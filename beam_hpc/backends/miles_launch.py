@@ -21,6 +21,12 @@ node's own ``MILES_HOST_IP`` belong to the node step's ``ray start`` environment
 
 The placement proof (Miles's sorted bundle order, with each bundle's node and group) is written
 to ``<run dir>/placement.json`` as soon as Miles has sorted its bundles.
+
+Before anything else touches the cluster, a segment that resumes (``--load`` names a directory with
+``latest_checkpointed_iteration.txt``) has its checkpoint checked with megatron-core
+(``beam_hpc.backends.miles_checkpoint``): a broken newest iteration is replaced, in the pointer, by
+the previous complete one; no complete one stops the launch here, with the reasons, instead of after
+Miles has brought up every engine.
 """
 
 from __future__ import annotations
@@ -37,8 +43,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from beam_hpc.backends.miles_args import ENTRY_ASYNC, ENTRY_SYNC, WORKER_ENV
+from beam_hpc.backends.miles_checkpoint import (
+    FULL_READ_MAX_BYTES,
+    SHARDED_BACKEND,
+    IterationCheck,
+    ResumeChoice,
+    check_pinned,
+    prepare_resume,
+)
 from beam_hpc.backends.miles_placement import DEFAULT_TIMEOUT_S, PlacementLayout, apply_placement_patch
-from beam_hpc.checkpoint_layout import write_atomic
+from beam_hpc.checkpoint_layout import LATEST_FILE, write_atomic
 from beam_hpc.plan import GROUP_LABEL_KEY
 
 logger = logging.getLogger(__name__)
@@ -64,6 +78,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--group-label", default=GROUP_LABEL_KEY, help="Ray node label that names a node's group")
     p.add_argument("--miles-dir", default=None, help="Miles checkout (default: where `import miles` resolves)")
     p.add_argument("--placement-timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    p.add_argument("--checkpoint-full-read-max-bytes", type=int, default=FULL_READ_MAX_BYTES,
+                   help="resume check: fully load checkpoints up to this size, check metadata and sizes above (0: never)")
     opts = p.parse_args(argv[:cut])
     rest = argv[cut + 1:]
     if not rest or rest[0] not in (ENTRY_ASYNC, ENTRY_SYNC):
@@ -100,6 +116,40 @@ def find_entry(entry: str, miles_dir: str | None) -> Path:
     return path
 
 
+def _miles_checkpoint_flags(miles_argv: list[str]) -> argparse.Namespace:
+    """The three Miles/Megatron flags the resume check reads (``--flag V`` or ``--flag=V``); the rest
+    is Miles's business. No abbreviations, so ``--load-debug-rollout-data`` is not ``--load``."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--load")
+    p.add_argument("--ckpt-format")
+    p.add_argument("--ckpt-step", type=int)
+    known, _ = p.parse_known_args(miles_argv)
+    return known
+
+
+def check_resume(miles_argv: list[str], *, full_read_max_bytes: int = FULL_READ_MAX_BYTES,
+                 ) -> ResumeChoice | IterationCheck | None:
+    """Check the checkpoint this segment resumes from, falling back in the pointer when it is broken.
+
+    Runs only when the argv resumes: ``--load`` names a directory with a checkpoint pointer (without
+    one Miles starts from ``--ref-load``, and there is nothing to check) and the format is
+    ``torch_dist`` (Megatron's default). ``--ckpt-step N`` is checked as given, never replaced.
+    Raises ``CheckpointCheckError`` when nothing can be resumed from.
+    """
+    flags = _miles_checkpoint_flags(miles_argv)
+    if flags.load is None:
+        return None
+    if flags.ckpt_format not in (None, SHARDED_BACKEND):
+        logger.info("--ckpt-format %s: the resume check knows only %s; not checked", flags.ckpt_format, SHARDED_BACKEND)
+        return None
+    if not (Path(flags.load) / LATEST_FILE).is_file():
+        logger.info("no %s under --load %s: Miles starts from --ref-load", LATEST_FILE, flags.load)
+        return None
+    if flags.ckpt_step is not None:
+        return check_pinned(flags.load, flags.ckpt_step, full_read_max_bytes=full_read_max_bytes)
+    return prepare_resume(flags.load, full_read_max_bytes=full_read_max_bytes)
+
+
 def record_placement(run_dir: Path, layout: PlacementLayout) -> None:
     write_atomic(run_dir / PLACEMENT_RECORD, json.dumps(layout.as_dict(), indent=2) + "\n")
 
@@ -110,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     opts, rest = parse_args(sys.argv[1:] if argv is None else argv)
     entry = find_entry(rest[0], opts.miles_dir)
     run_dir = Path(opts.plan).resolve().parent
+    check_resume(rest[1:], full_read_max_bytes=opts.checkpoint_full_read_max_bytes)  # before Ray: fail fast
     os.environ.update(driver_environment(opts.head_ip, opts.ifname))
 
     import ray

@@ -2,5 +2,7 @@
 
 Miles runs only in its GPU image, so it cannot be installed on these machines. This package holds
 just what beam-hpc's driver launcher touches: ``miles.ray.placement_group`` with the same three
-module globals and call shape as Miles's (see that module), and a ``train_async.py`` beside it.
+module globals and call shape as Miles's (see that module); beside it, the entry points
+``train_async.py`` and ``train.py`` (``standin_driver``: flags, sentinel, save and resume as Miles
+does them) and the converter ``tools/convert_hf_to_torch_dist.py``.
 """
