@@ -230,7 +230,7 @@ class Watchdog:
 
     def _classify_usr1(self) -> Interrupt:
         info = self.refresh()
-        if info is not None and info.preempt_time is not None:
+        if info is not None and _preempted(info):
             return Interrupt("preempted", "USR1", info.end_time,
                              f"preempted at {_fmt(info.preempt_time)}; grace ends {_fmt(info.end_time)}")
         return Interrupt("walltime", "USR1", self.end_time,
@@ -249,10 +249,22 @@ class Watchdog:
             why = "preemption" if info.preempt_time is not None else "scontrol requeue or preemption"
             return Interrupt("requeued", source, self._clock(),
                              f"{source}: Slurm requeued job {self.job_id} ({why}); restart {info.restarts} follows")
+        if info is not None and _preempted(info):
+            # the end of a preemption's grace time: Slurm requeues the job (PreemptMode=REQUEUE), and
+            # may count the restart only after this signal; near EndTime, it is not the time limit
+            return Interrupt("requeued", source, self._clock(),
+                             f"{source}: the grace time of the preemption at {_fmt(info.preempt_time)} is over; "
+                             f"Slurm requeues job {self.job_id}")
         end = info.end_time if info is not None and info.end_time is not None else self.end_time
         if end is not None and self._clock() >= end - 5:
             return Interrupt("timelimit", source, self._clock(), f"{source} at the time limit ({_fmt(end)})")
         return Interrupt("cancelled", source, self._clock(), f"{source}: the job was cancelled")
+
+
+def _preempted(info: JobInfo) -> bool:
+    """This incarnation of the job was chosen for preemption (a PreemptTime before its latest
+    submission belongs to an earlier incarnation: a requeue resets SubmitTime)."""
+    return info.preempt_time is not None and (info.submit_time is None or info.preempt_time >= info.submit_time)
 
 
 _URGENCY = {"walltime": 1, "preempted": 2, "timelimit": 3, "requeued": 3, "cancelled": 3}

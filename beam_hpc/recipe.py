@@ -180,6 +180,9 @@ class LifecycleSpec(_Strict):
     max_segments: int = Field(100, ge=1)
     requeue_on_preemption: bool = True
     save_timeout_s: int = Field(1800, ge=10)
+    # false: no save-now sentinel on the walltime lead or a preemption; the job runs until Slurm
+    # stops it and resumes from the last periodic checkpoint (Miles without --save-trigger-sentinel)
+    save_on_request: bool = True
 
 
 class Recipe(_Strict):

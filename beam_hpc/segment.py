@@ -7,8 +7,10 @@ walltime warning (``--signal=B:USR1@lead``) and Slurm's SIGTERM. What it does, i
    killed job is taken over, see :mod:`beam_hpc.run_lock`), and sets up ``logs/<job>-<restart>/``;
 2. writes the ledger's start line, then checks that the run may go on: the cancel flag,
    ``max_segments``, and the seed's resume rules (:func:`beam_hpc.run_guard.check_resume`:
-   checkpoint *and* dataset state, num_rollout counts all rollouts); a refusal is the segment's
-   end line. A requeued segment (SLURM_RESTART_COUNT > 0) resumes by itself;
+   checkpoint *and* dataset state, num_rollout counts all rollouts), and that the checkpoints were
+   made with this plan's model, data and topology (:func:`identity_problem`: plan.json or the
+   script may have changed since the submit-time check); a refusal is the segment's end line and
+   ends the chain. A requeued segment (SLURM_RESTART_COUNT > 0) resumes by itself;
 3. runs the job (:mod:`beam_hpc.job`: Ray on every node, the driver) while the
    :class:`beam_hpc.lifecycle.Watchdog` watches for the walltime lead (USR1 or its own deadline
    from the job's EndTime), preemption (USR1 with a PreemptTime) and SIGTERM;
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import socket
@@ -45,7 +48,7 @@ from beam_hpc.lifecycle import (
     SlurmUnavailable,
     Watchdog,
 )
-from beam_hpc.plan import Plan, compute_lead_s
+from beam_hpc.plan import Plan, RunPaths, compute_lead_s
 from beam_hpc.recipe import RecipeError
 from beam_hpc.run_lock import Holder, RunLockError, acquire, release
 
@@ -53,6 +56,7 @@ log = logging.getLogger("beam_hpc.segment")
 
 SEGMENT_LOG = "segment.log"
 SCRIPT_NAME = "job.sbatch"  # written into the run directory by every beam-hpc submission
+IDENTITY_FILE = "run_identity.json"  # under checkpoints/: see identity_path
 EXIT_OK, EXIT_ERROR, EXIT_REFUSED = 0, 1, 2
 # The runtime's outcome statuses (beam_hpc.job.STATUSES) as ledger reasons, when no interrupt explains them.
 _STATUS_REASON = {"node-failure": "node-failure", "not-ready": "node-failure", "driver-failed": "error", "error": "error"}
@@ -171,6 +175,12 @@ class Segment:
         except RecipeError as err:
             self._finish_now("error", str(err))
             return EXIT_REFUSED
+        problem = identity_problem(self.paths, recipe.identity()) if has_ckpt else None
+        if problem is not None:  # a changed plan.json or a hand-edited script: another run's checkpoints
+            self._finish_now("error", problem, retryable=False)
+            return EXIT_REFUSED
+        record_identity(self.paths, recipe.identity(), ledger.segment_id(self.ledger_job_id, self.restart),
+                        has_ckpt=has_ckpt)
         if self.restart > 0 and not self.want_resume:
             log.info("requeued segment (restart %d): %s", self.restart,
                      f"resuming from checkpoint {checkpoint_layout.latest_iteration(ckpt)}" if has_ckpt
@@ -265,6 +275,10 @@ class Segment:
 
     def _on_interrupt(self, intr: Interrupt | None) -> None:
         if intr is None or self.finished or self._finishing:
+            return
+        if intr.kind in ("walltime", "preempted") and not self.plan.recipe["lifecycle"].get("save_on_request", True):
+            log.warning("%s: lifecycle.save_on_request is false, so no save now: running on until Slurm stops "
+                        "the job; the next segment resumes from the last periodic checkpoint", intr.kind)
             return
         self.interrupt = intr
         if intr.kind in ("walltime", "preempted") and self.runner is not None and self.runner.driver is not None:
@@ -390,6 +404,60 @@ class Segment:
         if self.reason in ("completed", "walltime", "preempted", "cancelled"):
             return EXIT_OK
         return EXIT_ERROR
+
+
+# -- what the checkpoints were made with ---------------------------------------------------------------
+def identity_path(paths: RunPaths) -> Path:
+    """``checkpoints/run_identity.json``: the recipe identity (model, data, topology, ...) that the
+    checkpoints were made with. It lives beside them, not in plan.json, because plan.json is what a
+    segment is told to run and may have been changed since (by hand, or by another submission)."""
+    return Path(paths.checkpoints, IDENTITY_FILE)
+
+
+def _flatten(value: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict) and value:
+        out: dict[str, object] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def identity_problem(paths: RunPaths, identity: dict) -> str | None:
+    """Why a segment with ``identity`` must not resume from the run's checkpoints (None when it
+    may): the fields (dotted, e.g. ``model.path``, ``topology.trainer.nodes``) whose value differs
+    from the one the checkpoints were made with. Nothing recorded (checkpoints from before the
+    record existed) is nothing to compare with."""
+    p = identity_path(paths)
+    try:
+        recorded = json.loads(p.read_text())["identity"]
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as err:
+        return (f"identity: {p} is unreadable ({err}); it records what the checkpoints were made with: "
+                "restore it, or start a new --output-dir")
+    old, new = _flatten(recorded), _flatten(identity)
+    changed = [f"{k} (was {old.get(k)!r}, now {new.get(k)!r})" for k in sorted(old.keys() | new.keys())
+               if old.get(k) != new.get(k)]
+    if not changed:
+        return None
+    return (f"identity: the checkpoints in {paths.checkpoints} were made with another {'; '.join(changed)}. "
+            "A run keeps its model, data and topology (num_rollout, walltime and partitions may change): "
+            "restore plan.json (resubmit with the run's recipe and --resume), or run this configuration "
+            "in a new --output-dir")
+
+
+def record_identity(paths: RunPaths, identity: dict, segment: str, *, has_ckpt: bool) -> None:
+    """Record the identity the checkpoints are made with, before the driver starts: once per run (a
+    later segment only compares with it), or again while no checkpoint exists yet (nothing was
+    made with the old one). Written atomically: a torn record would refuse every later segment."""
+    p = identity_path(paths)
+    if has_ckpt and p.is_file():
+        return
+    if has_ckpt:
+        log.warning("%s is missing (checkpoints from an older beam-hpc?): recording this plan's identity", p)
+    checkpoint_layout.write_atomic(p, json.dumps({"identity": identity, "recorded_by": segment,
+                                                  "time": time.time()}, indent=1, sort_keys=True) + "\n")
 
 
 def _log_to(path: Path | None) -> logging.Handler | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
@@ -131,8 +133,12 @@ def job_state(job_id: str) -> str:
 
 def rollout_ids(run_dir: Path) -> list[int]:
     """Rollout ids in the order they were trained, across segments (a re-done one appears twice)."""
-    lines = (run_dir / "dumps" / metric_names.METRICS_FILE).read_text().splitlines()
-    return [m["rollout_id"] for m in map(json.loads, lines) if m.get("kind") == "rollout"]
+    try:
+        lines = (run_dir / "dumps" / metric_names.METRICS_FILE).read_text().splitlines(keepends=True)
+    except FileNotFoundError:
+        return []
+    whole = [json.loads(x) for x in lines if x.endswith("\n")]  # a line being written is not a rollout yet
+    return [m["rollout_id"] for m in whole if m.get("kind") == "rollout"]
 
 
 def assert_complete_and_exact(run_dir: Path, plan: Plan, num_rollout: int) -> dict[int, int]:
@@ -247,38 +253,121 @@ def interval_after(seg: dict) -> int:
     return 1 if "saved on request" in seg["end"]["detail"] else 3
 
 
-def test_scontrol_requeue_and_a_killed_driver_lose_at_most_what_was_unsaved(slurm_cluster, tiny_assets, runs,
-                                                                           reference_ray) -> None:
-    """SIGTERM through `scontrol requeue` leaves no time to save: the segment records it and the
-    requeued job resumes from the last complete checkpoint. A SIGKILLed driver is an error after
-    progress: the segment resubmits with --resume. The run still ends exact, and its final
-    checkpoint (weights, optimizer, RNG, loop state) is bitwise that of an uninterrupted run."""
-    n = 14
+SEED_ENV = "BEAM_LC_SEED"  # replays the interruption points of an earlier run (its seed is printed)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One interruption: ``action`` (requeue: ``scontrol requeue``; kill: SIGKILL to the driver),
+    sent once the segment has trained ``after`` new rollouts and then either ``delay_frac`` of a
+    rollout step later (``during="rollout"``: the next rollout is in flight) or as soon as a
+    checkpoint is being written (``during="save"``: its staging directory exists)."""
+
+    action: str
+    after: int
+    during: str
+    delay_frac: float
+
+    def __str__(self) -> str:
+        when = f"+{self.delay_frac:.2f} of a rollout step" if self.during == "rollout" else "the next save begins"
+        return f"{self.action} after {self.after} new rollouts, when {when}"
+
+
+def interruption_points(rng: random.Random) -> list[Hit]:
+    """Three requeues and one driver kill in a random order, each at a random point of its segment;
+    at least one lands in a rollout and one in a save (random, not only at quiet boundaries)."""
+    actions = ["requeue", "requeue", "requeue", "kill"]
+    rng.shuffle(actions)
+    during = [rng.choice(("rollout", "save")) for _ in actions]
+    if len(set(during)) == 1:
+        during[rng.randrange(len(during))] = "save" if during[0] == "rollout" else "rollout"
+    return [Hit(a, rng.randint(1, 3), d, round(rng.uniform(0.1, 0.9), 2)) for a, d in zip(actions, during)]
+
+
+def _saving(run_dir: Path, driver: int) -> bool:
+    """The running driver is writing a checkpoint: its staging directory (``.iter_N.tmp<its pid>``)
+    is beside the iteration dirs (those of killed drivers stay behind, with other pids)."""
+    return any((run_dir / "checkpoints").glob(f".iter_*.tmp{driver}"))
+
+
+def _strike(hit: Hit, run_dir: Path, plan: Plan, cluster) -> str:
+    """Wait for the running segment to reach ``hit``'s point, interrupt it, and say what was going on."""
+    segs = wait_for("a running segment", lambda: _last_segment(run_dir, ended=False), run_dir, poll_s=0.1)
+    job = segs[-1]["start"]["job_id"]
+    base = len(rollout_ids(run_dir))
+    wait_for(f"{hit.after} new rollouts in segment {segs[-1]['segment']}",
+             lambda: len(rollout_ids(run_dir)) >= base + hit.after, run_dir, poll_s=0.05)
+    driver = wait_for("the driver's pid", lambda: _driver_pid(plan), run_dir, timeout=10)
+    if hit.during == "save":
+        wait_for("a save in progress", lambda: _saving(run_dir, driver), run_dir, timeout=60, poll_s=0.01)
+    else:
+        time.sleep(hit.delay_frac * _last_rollout_s(run_dir))
+    trained, saving = len(rollout_ids(run_dir)) - base, _saving(run_dir, driver)
+    if hit.action == "requeue":
+        cluster.run("scontrol", "requeue", job)
+    else:
+        os.kill(driver, signal.SIGKILL)
+    state = f"{trained} new rollouts trained, checkpoint {checkpoint_layout.latest_iteration(run_dir / 'checkpoints')}"
+    return f"{hit} -> sent to {segs[-1]['segment']} with {state}{', a save in progress' if saving else ''}"
+
+
+def _last_segment(run_dir: Path, *, ended: bool) -> list[dict] | None:
+    """The ledger's segments when the last one has (``ended``) or has not yet an end line."""
+    segs = segments(run_dir)
+    return segs if segs and ("end" in segs[-1]) == ended else None
+
+
+def _last_rollout_s(run_dir: Path) -> float:
+    lines = (run_dir / "dumps" / metric_names.METRICS_FILE).read_text().splitlines(keepends=True)
+    whole = [json.loads(x) for x in lines if x.endswith("\n")]
+    return float([m[metric_names.ROLLOUT_TIME] for m in whole if m.get("kind") == "rollout"][-1])
+
+
+def test_three_random_requeues_and_a_killed_driver_lose_at_most_what_was_unsaved(slurm_cluster, tiny_assets, runs,
+                                                                                 reference_ray) -> None:
+    """Three `scontrol requeue` (SIGTERM, no time to save: the segment records it, Slurm requeues
+    the same job id, which resumes from the last complete checkpoint) and one SIGKILLed driver (an
+    error: the segment resubmits with --resume), each at a random point while a rollout is in
+    flight or a checkpoint is being written. The run still ends exact, and its final checkpoint
+    (weights, optimizer, RNG, loop state) is bitwise that of an uninterrupted run. The points come
+    from a seeded generator: the seed is printed, and $BEAM_LC_SEED draws the same points again
+    (where exactly they land still depends on the machine's timing; each is printed)."""
+    seed = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(1 << 31))
+    hits = interruption_points(random.Random(seed))
+    print(f"\n{SEED_ENV}={seed}: " + "; ".join(map(str, hits)))
+    n, interval = 20, 2
     run = runs / "requeue"
-    plan, job = submit_run(run, tiny_assets, num_rollout=n, interval=2)
-    wait_for("a first checkpoint", lambda: checkpoint_layout.latest_iteration(run / "checkpoints") is not None, run)
-    slurm_cluster.run("scontrol", "requeue", job)
-    wait_for("the requeued job to pend", lambda: job_state(job) == "PENDING", run, timeout=60)
-    slurm_cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
-    # the requeued segment runs: once it has saved something new, SIGKILL its driver
-    first = segments(run)[0]
-    assert first["end"]["reason"] == "preempted" and first["end"]["next"] == {"action": "requeue", "job_id": job}
-    base = first["end"]["rollouts_at_end"]
-    wait_for("a checkpoint of the requeued segment",
-             lambda: checkpoint_layout.rollouts_done(run / "checkpoints") > base and len(segments(run)) >= 2, run)
-    driver = wait_for("the driver's pid", lambda: _driver_pid(plan), run)
-    os.kill(driver, signal.SIGKILL)
+    plan, first = submit_run(run, tiny_assets, num_rollout=n, interval=interval)
+    sent = []
+    for hit in hits:
+        sent.append(_strike(hit, run, plan, slurm_cluster))
+        seg = wait_for("the interrupted segment's end line", lambda: _last_segment(run, ended=True), run, timeout=120)[-1]
+        job = seg["start"]["job_id"]
+        if hit.action == "requeue":
+            assert seg["end"]["reason"] == "preempted", f"{SEED_ENV}={seed}\n{diagnostics(run)}"
+            assert seg["end"]["next"] == {"action": "requeue", "job_id": job}
+            # a requeued job may start again only after cred_expire (10 s here): let it go at once
+            wait_for("the requeued job to pend", lambda j=job: job_state(j) == "PENDING", run, timeout=60, poll_s=0.2)
+            slurm_cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
+        else:
+            assert seg["end"]["reason"] == "error" and "-9" in seg["end"]["detail"], f"{SEED_ENV}={seed}\n{diagnostics(run)}"
+            assert seg["end"]["next"]["action"] == "resubmit"
     wait_for("the run to complete", lambda: chain_finished(run), run)
     segs = segments(run)
-    print(f"\nrequeued + killed driver ({n} rollouts):\n{timeline(run)}")
-    reasons = [s["end"]["reason"] for s in segs]
-    assert reasons[:2] == ["preempted", "error"] and reasons[-1] == "completed", diagnostics(run)
-    assert segs[1]["segment"] == f"{job}-1" and segs[1]["end"]["next"]["action"] == "resubmit"
-    assert segs[2]["start"]["resume"] and segs[2]["start"]["job_id"] == segs[1]["end"]["next"]["job_id"]
+    print("\n".join(sent) + f"\nrequeued x3 + killed driver ({n} rollouts):\n{timeline(run)}")
+    assert len(segs) == len(hits) + 1 and segs[0]["segment"] == f"{first}-0", diagnostics(run)
+    for hit, before, after in zip(hits, segs, segs[1:]):  # each hit's own follow-up
+        # resuming whenever a checkpoint exists (a hit during the first save leaves none: a fresh start)
+        assert after["start"]["resume"] == (after["start"]["rollouts_at_start"] > 0), diagnostics(run)
+        if hit.action == "requeue":  # the same job id, one restart later
+            assert (after["start"]["job_id"], after["start"]["restart"]) == (before["start"]["job_id"],
+                                                                            before["start"]["restart"] + 1)
+        else:  # a new job, submitted by the failed segment
+            assert after["start"]["job_id"] == before["end"]["next"]["job_id"] and after["start"]["restart"] == 0
     counts = assert_complete_and_exact(run, plan, n)
-    assert redone(counts) <= 2 * 2, f"re-done rollouts {counts}"  # at most an interval per hard stop
+    assert redone(counts) <= interval * len(hits), f"re-done rollouts {counts}"  # at most an interval per hard stop
     whole = runs / "uninterrupted"  # the same recipe and seed in one go, through the backend alone
-    run_backend(reference_plan(whole, tiny_assets, [*SMALL, f"num_rollout={n}", "checkpoint.interval=2"]),
+    run_backend(reference_plan(whole, tiny_assets, [*SMALL, f"num_rollout={n}", f"checkpoint.interval={interval}"]),
                 reference_ray)
     last = f"iter_{n - 1:07d}"
     compared = assert_bitwise_equal(load_checkpoint(whole / "checkpoints" / last),

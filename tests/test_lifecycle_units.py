@@ -252,6 +252,12 @@ def test_watchdog_classifies_sigterm(watchdog_factory, tmp_path: Path) -> None:
     wd = watchdog_factory(JobInfo("40", "COMPLETING", 0, 1001.0, None))
     _deliver(signal.SIGTERM)
     assert wd.check().kind == "timelimit"
+    wd = watchdog_factory(JobInfo("40", "RUNNING", 0, 1000.0, 980.0))  # a preemption's grace is over
+    _deliver(signal.SIGTERM)
+    assert wd.check().kind == "requeued"
+    wd = watchdog_factory(JobInfo("40", "RUNNING", 1, 1000.0, 900.0, submit_time=950.0), restart=1)
+    _deliver(signal.SIGTERM)  # the PreemptTime of the incarnation before the requeue does not count
+    assert wd.check().kind == "timelimit"
     wd = watchdog_factory(JobInfo("40", "COMPLETING", 0, 2000.0, None))
     _deliver(signal.SIGTERM)
     assert wd.check().kind == "cancelled"
@@ -399,10 +405,10 @@ def _checkpoint(paths: RunPaths, iteration: int, *, dataset_state: bool = True) 
     checkpoint_layout.mark_latest(paths.checkpoints, iteration)
 
 
-def _run_segment(plan, **kw) -> tuple[int, dict]:
+def _run_segment(plan, env: dict[str, str] | None = None, **kw) -> tuple[int, dict]:
     from beam_hpc.segment import Segment
 
-    code = Segment(plan.paths.plan, env={}, **kw).run()
+    code = Segment(plan.paths.plan, env=env or {}, **kw).run()
     segs, _ = ledger.read_ledger(plan.paths.ledger)
     assert not Path(plan.paths.lock).exists()  # released on every path
     return code, segs[-1]
@@ -471,3 +477,65 @@ def test_a_submission_after_the_cancel_flag_clears_it(tiny_plan) -> None:
     assert not flag.exists()
     end = ledger.read_ledger(plan.paths.ledger)[0][-1]["end"]
     assert code == 2 and end["reason"] == "error" and "no checkpoint" in end["detail"]  # went on to its checks
+
+
+def test_a_segment_refuses_checkpoints_made_with_another_model_or_topology(tiny_plan) -> None:
+    """The submit-time check compares with plan.json; a segment that Slurm requeues (or that a
+    hand-edited script starts) after plan.json was rewritten for another model or topology must
+    compare with what the checkpoints were made with, refuse before the driver, and end the chain."""
+    from beam_hpc.segment import identity_path, identity_problem, record_identity
+
+    plan, recipe = tiny_plan("num_rollout=10")
+    _checkpoint(plan.paths, 4)
+    record_identity(plan.paths, recipe.identity(), "70-0", has_ckpt=False)  # what the first segment records
+    recorded = identity_path(plan.paths).read_text()
+    _, allowed = tiny_plan("num_rollout=30", "lifecycle.walltime=01:00:00", "lifecycle.lead_s=120")
+    assert identity_problem(plan.paths, allowed.identity()) is None  # the seed lets these change
+    requeued = {"SLURM_JOB_ID": "71", "SLURM_RESTART_COUNT": "1"}
+
+    def query(job_id: str) -> JobInfo:
+        return JobInfo(job_id, "RUNNING", 1, None, None)
+
+    for overrides, field in ((("model.path=/elsewhere/model",), "model.path (was "),
+                             (("topology.trainer.nodes=2",), "topology.trainer.nodes (was 1, now 2)")):
+        other, _ = tiny_plan("num_rollout=10", *overrides)  # a consistent plan.json: its own sha matches
+        code, seg = _run_segment(other, env=requeued, query=query)
+        assert code == 2 and seg["segment"] == "71-1" and seg["start"]["resume"]
+        end = seg["end"]
+        assert end["reason"] == "error" and end["next"] == {"action": "none", "job_id": None}
+        assert field in end["detail"] and "identity: the checkpoints in" in end["detail"], end["detail"]
+        assert not Path(other.paths.segment_logs("71", 1), "driver.log").exists()  # refused before the driver
+        assert identity_path(plan.paths).read_text() == recorded  # the record is never rewritten
+    identity_path(plan.paths).write_text("{torn")
+    assert "unreadable" in identity_problem(plan.paths, recipe.identity())
+    identity_path(plan.paths).unlink()  # checkpoints from before the record: nothing to compare with
+    assert identity_problem(plan.paths, allowed.identity()) is None
+    record_identity(plan.paths, recipe.identity(), "72-0", has_ckpt=True)
+    assert json.loads(identity_path(plan.paths).read_text())["recorded_by"] == "72-0"
+
+
+def test_without_save_on_request_the_lead_is_ignored_and_the_time_limit_is_recorded(tiny_plan) -> None:
+    """The hard time-limit path (lead signal missed, or the backend cannot save on request): the
+    walltime USR1 starts no save; SIGTERM at the job's end time is recorded as a walltime stop, and
+    the segment resubmits from the last periodic checkpoint. The real signal handlers; Slurm's
+    answers come through ``query`` (the run on the real cluster: benchmarks/interruptions.py)."""
+    from beam_hpc.segment import Segment
+
+    plan, _ = tiny_plan("num_rollout=40", "lifecycle.save_on_request=false")
+    _checkpoint(plan.paths, 4)
+    end_time = time.time() + 3600
+    seg = Segment(plan.paths.plan, resume=True, env={"SLURM_JOB_ID": "80"},
+                  query=lambda j: JobInfo(j, "RUNNING", 0, end_time, None))
+    seg.watchdog.install()
+    try:
+        assert seg._prepare() is None  # the checks a segment makes before its job
+        _deliver(signal.SIGUSR1)  # the walltime lead
+        assert seg.interrupt is None and not os.path.exists(plan.paths.sentinel) and not seg.finished
+        _checkpoint(plan.paths, 19)  # the driver ran on and saved periodically
+        end_time = time.time()  # the time limit: Slurm sends SIGTERM
+        _deliver(signal.SIGTERM)
+    finally:
+        seg.watchdog.uninstall()
+    end = ledger.read_ledger(plan.paths.ledger)[0][-1]["end"]
+    assert seg.finished and end["reason"] == "walltime" and "at the time limit" in end["detail"]
+    assert end["rollouts_at_end"] == 20 and "continuing with --resume" in end["detail"]
