@@ -37,6 +37,16 @@ def _common_recipe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-dir", default=None, help="run directory on shared storage (overrides output_dir)")
     p.add_argument("--num-rollout", type=int, default=None, help="total rollouts, including those already done")
     p.add_argument("--no-async-training", action="store_true", help="generation and training take turns")
+    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                   help="use the site's running Ray cluster (its GCS address): start no Ray, leave it running")
+    p.add_argument("--ray-token-file", default=None, help="that cluster's auth token file (required with --ray-address)")
+
+
+def _site_from_args(args: argparse.Namespace):
+    from beam_hpc.site import with_existing_ray
+    from beam_hpc.submit import build_site
+
+    return with_existing_ray(build_site(args.site), args.ray_address, args.ray_token_file)
 
 
 def _recipe_from_args(args: argparse.Namespace):
@@ -51,9 +61,8 @@ def _recipe_from_args(args: argparse.Namespace):
 def cmd_render(args: argparse.Namespace) -> int:
     from beam_hpc.plan import make_plan
     from beam_hpc.render import render_script
-    from beam_hpc.submit import build_site
 
-    plan = make_plan(_recipe_from_args(args), build_site(args.site))
+    plan = make_plan(_recipe_from_args(args), _site_from_args(args))
     text = render_script(plan, source=f"{args.recipe} + site {plan.site['name']}")
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +80,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from beam_hpc.submit import describe, submit
 
     sub = submit(
-        args.recipe, args.site, overrides=args.overrides, output_dir=args.output_dir,
+        args.recipe, _site_from_args(args), overrides=args.overrides, output_dir=args.output_dir,
         resume=args.resume, num_rollout=args.num_rollout, no_async_training=args.no_async_training,
         via=args.via, dry_run=args.dry_run, smoke=args.smoke,
     )

@@ -87,11 +87,17 @@ def cmd_execute(args: argparse.Namespace) -> int:
         args.recipe, overrides=args.overrides, output_dir=args.output_dir, num_rollout=args.num_rollout,
         no_async_training=args.no_async_training, base_dir=Path.cwd(),
     )
-    site = build_site(args.site) if args.site else laptop_site()
+    from beam_hpc.site import with_existing_ray
+
+    site = with_existing_ray(build_site(args.site) if args.site else laptop_site(), args.ray_address, args.ray_token_file)
     plan = make_plan(recipe, site)
     check_before_submit(recipe, resume=args.resume)
     if ensure_tiny_data(recipe):
         print(f"prepared the tiny data set in {recipe.data.dir}")
+    if recipe.backend_options.get("smollm2_model"):  # here, once, so a missing wheel is one line, not an actor's traceback
+        from beam_hpc.backends.reference.smollm2_model import materialise
+
+        print(f"SmolLM2-135M-Instruct: {materialise(recipe.model.path)}")
     plan.write()
     print(f"run {plan.run_id}: {recipe.name} on this machine -> {plan.output_dir}")
     stop = threading.Event()

@@ -16,6 +16,11 @@ het group 0 (which is also where the Ray head runs). It
    this job on this host by PID, the Ray temp dirs and the token. Never ``ray stop`` or
    ``pkill``: other jobs may share the nodes.
 
+Where the site already runs a Ray cluster (site ``ray_address`` + ``ray_token_file``, or
+``--ray-address``), step 1 takes that cluster's address and token instead, step 2 starts nothing,
+readiness checks that cluster (every group's nodes and GPUs present, more is fine), and teardown
+stops only this job's own processes: the cluster and its token file stay as they were.
+
 How node steps are started is a strategy (:class:`SrunLauncher` inside Slurm, :class:`LocalLauncher`
 for ``beam-hpc execute`` with no Slurm at all: subprocesses on this machine with loopback
 addresses); everything else is the same code. Lifecycle code (ledger, lock, walltime, requeue)
@@ -352,10 +357,13 @@ class JobRunner:
         """argv + env of a process that talks to the job's Ray (readiness, driver)."""
         assert self.rt is not None
         env = ray_env(token_path=self.rt.token_path, job_tag=self.job_tag)
-        env.update(self.plan.driver_env)
+        # driver_env holds plan placeholders ({ray_address}, ...) like the driver's argv: fill them.
+        env.update({k: fill(v, **self._placeholder_values()) for k, v in self.plan.driver_env.items()})
         env.update(BEAM_RAY_ADDRESS=self.rt.address, BEAM_SEGMENT_DIR=str(self.segment_dir),
                    BEAM_JOB_ID=self.ctx.job_id, BEAM_RUN_DIR=self.plan.output_dir)
         binds = [self.plan.output_dir]
+        if self.rt.existing:  # the site's token file lives outside the run directory
+            binds.append(str(Path(self.rt.token_path).parent))
         if self.plan.nvme.enabled:
             binds.append(self.plan.nvme.root)
         cmd = container_command(self.site, argv, env, binds, base=clean_env(os.environ))
@@ -368,16 +376,21 @@ class JobRunner:
         self.segment_dir.mkdir(parents=True, exist_ok=True)
         if not Path(plan.paths.plan).exists():
             plan.write()
-        token = write_token(Path(plan.output_dir, ".ray-auth", ctx.segment))
-        loopback = self.launcher.loopback
-        head_ip = loopback_ip(0) if loopback else node_ip(site.network, 0)
-        stride = LOOPBACK_MAX_NODES if loopback else 1
+        if site.ray_address:  # the site's own cluster: its address and token, nothing to create
+            host, _, port = site.ray_address.rpartition(":")
+            token, head_ip, gcs_port, stride = existing_token(site.ray_token_file or ""), host, int(port), 1
+        else:
+            token = write_token(Path(plan.output_dir, ".ray-auth", ctx.segment))
+            loopback = self.launcher.loopback
+            head_ip = loopback_ip(0) if loopback else node_ip(site.network, 0)
+            stride = LOOPBACK_MAX_NODES if loopback else 1
+            gcs_port = ray_ports(site.ray, ctx.job_num, 0, stride).gcs
         self.rt = ClusterRuntime(
             job_id=ctx.job_id, job_num=ctx.job_num, restart=ctx.restart, job_tag=self.job_tag,
-            head_ip=head_ip, gcs_port=ray_ports(site.ray, ctx.job_num, 0, stride).gcs,
+            head_ip=head_ip, gcs_port=gcs_port,
             host_stride=stride, token_path=str(token), segment_dir=str(self.segment_dir),
             nonce=secrets.token_hex(8), deadline=time.time() + self.ready_timeout_s,
-            nodelists=ctx.nodelists,
+            nodelists=ctx.nodelists, existing=bool(site.ray_address),
         )
         shutil.rmtree(self.rt.node_dir, ignore_errors=True)  # reports of an earlier try
         self.rt.write()
@@ -389,10 +402,13 @@ class JobRunner:
         step_argv = [sys.executable, "-m", "beam_hpc.node_step", "--plan", self.plan.paths.plan,
                      "--runtime", str(rt.path), "--nonce", rt.nonce]
         step_env = dict(os.environ, PYTHONUNBUFFERED="1")
-        for g in self.plan.groups:
-            log.info("starting node steps of group %s (%d nodes: %s)", g.name, g.nodes,
-                     ",".join(rt.nodelists.get(g.name, [])))
-            self.steps += self.launcher.launch(g, step_argv + ["--group", g.name], step_env, rt)
+        if rt.existing:
+            log.info("using the site's Ray cluster at %s: no node step started", rt.address)
+        else:
+            for g in self.plan.groups:
+                log.info("starting node steps of group %s (%d nodes: %s)", g.name, g.nodes,
+                         ",".join(rt.nodelists.get(g.name, [])))
+                self.steps += self.launcher.launch(g, step_argv + ["--group", g.name], step_env, rt)
         ready_json = self.segment_dir / "ready.json"
         argv, env = self._ray_process([self._container_python(), "-m", "beam_hpc.readiness",
                                        "--plan", self.plan.paths.plan, "--runtime", str(rt.path),
@@ -448,10 +464,14 @@ class JobRunner:
             msg += f" (srun output: {h.output})"
         return NodeStepFailed(msg, node=node, log_path=log_path)
 
-    def driver_argv(self) -> list[str]:
+    def _placeholder_values(self) -> dict[str, str]:
+        """What the plan's placeholders stand for in this job (see plan.PLACEHOLDERS)."""
         assert self.rt is not None
-        values = dict(ray_address=self.rt.address, head_ip=self.rt.head_ip, job_id=self.ctx.job_id,
-                      run_dir=self.plan.output_dir, nvme_dir=fill(self.plan.nvme.job_dir, job_id=self.ctx.job_id))
+        return dict(ray_address=self.rt.address, head_ip=self.rt.head_ip, job_id=self.ctx.job_id,
+                    run_dir=self.plan.output_dir, nvme_dir=fill(self.plan.nvme.job_dir, job_id=self.ctx.job_id))
+
+    def driver_argv(self) -> list[str]:
+        values = self._placeholder_values()
         argv = [fill(a, **values) for a in self.driver_template]
         if self.site.container.runtime == "host" and argv and argv[0] == self.site.python:
             argv[0] = sys.executable  # the job runs under the site's python: use exactly it
@@ -498,18 +518,37 @@ class JobRunner:
                     if h.proc.poll() is None:
                         h.proc.kill()
                         h.proc.wait()
-            left = sweep(self.job_tag, grace_s=2.0)
+            left = sweep(self.job_tag, grace_s=2.0)  # only this job's tag: never the site's cluster
             if left:
                 log.info("stopped %d leftover processes of this job by PID: %s", len(left), left)
-            for d in glob(temp_dir_prefix(rt.job_id, rt.restart, rt.temp_root) + "*"):
-                shutil.rmtree(d, ignore_errors=True)
-            token_dir = Path(rt.token_path).parent
-            shutil.rmtree(token_dir, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                token_dir.parent.rmdir()  # .ray-auth, when no other segment's token is left
+            if rt.existing:  # its temp dirs and its token file are the site's: left as they are
+                log.info("the site's Ray cluster at %s keeps running", rt.address)
+            else:
+                for d in glob(temp_dir_prefix(rt.job_id, rt.restart, rt.temp_root) + "*"):
+                    shutil.rmtree(d, ignore_errors=True)
+                token_dir = Path(rt.token_path).parent
+                shutil.rmtree(token_dir, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    token_dir.parent.rmdir()  # .ray-auth, when no other segment's token is left
         self._torn_down = time.monotonic() - t
         log.info("teardown took %.1f s", self._torn_down)
         return self._torn_down
+
+
+def existing_token(path: str) -> Path:
+    """The site's token file for its own cluster: it must be there and readable by the job."""
+    p = Path(path)
+    try:
+        ok = p.is_file() and bool(p.read_text().strip())
+    except OSError as err:
+        raise JobError(f"ray_token_file: cannot read {p} ({err.strerror}); the job must be able to read the "
+                       "existing Ray cluster's token (set ray_token_file in the site or --ray-token-file)") from None
+    if not ok:
+        raise JobError(f"ray_token_file: {p} is missing or empty; point ray_token_file (or --ray-token-file) at "
+                       "the existing Ray cluster's token file")
+    if p.stat().st_mode & 0o077:
+        log.warning("ray_token_file %s is readable by others (mode %o); chmod 600 it", p, p.stat().st_mode & 0o777)
+    return p
 
 
 def _stop_group(proc: subprocess.Popen | None, grace_s: float) -> None:

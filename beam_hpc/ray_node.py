@@ -62,6 +62,10 @@ NODE_TAG_VAR = "BEAM_RAY_NODE"
 # Variables of the srun task and of MPI launchers that must not leak into Ray's workers.
 CLEARED_PREFIXES = ("SLURM_", "SLURMD_", "PMI_", "PMIX_", "OMPI_", "MPI_", "I_MPI_", "HYDRA_", "MV2_")
 CLEARED_NAMES = frozenset({"PMI_RANK", "PMI_SIZE", "RAY_ADDRESS", "RAY_AUTH_TOKEN"})
+# FOR TESTS ONLY: node indices (comma-separated) whose `ray start` is replaced by a process that
+# never starts Ray, the way a node hangs on a stuck filesystem or network. It lets the readiness
+# deadline be tested on a real job (tests/test_job_local.py); nothing in beam-hpc sets it.
+TEST_HANG_RAY_START_VAR = "BEAM_TEST_HANG_RAY_START"
 
 
 class RayNodeError(RuntimeError):
@@ -268,6 +272,8 @@ def ray_start_argv(node: RayNode, python: str) -> list[str]:
                  "--include-dashboard=false"]
     else:
         argv.append(f"--address={node.gcs_address}")
+    if str(node.index) in os.environ.get(TEST_HANG_RAY_START_VAR, "").split(","):  # tests only, see above
+        return [python, "-c", "import time\nwhile True: time.sleep(60)", "hung ray start", *argv[1:]]
     return argv
 
 
@@ -403,6 +409,7 @@ class ClusterRuntime:
     deadline: float  # epoch seconds by which every node must have joined
     nodelists: dict[str, list[str]]
     temp_root: str = TEMP_ROOT
+    existing: bool = False  # the site's own Ray cluster (site ray_address): the job started none of it
 
     @property
     def address(self) -> str:

@@ -83,6 +83,12 @@ class Site(_Strict):
     sbatch_extra: list[str] = Field(default_factory=list)  # extra "#SBATCH" flags, e.g. "--exclusive"
     # Interpreter on the batch host with beam-hpc installed; "auto" = the one that ran `submit`.
     python: str = "python3"
+    # A Ray cluster the site already runs (its GCS as host:port): the job then starts no Ray, checks
+    # readiness against that cluster and leaves it running. Its nodes must carry the group label and
+    # resources (beam-group=<group>, beam_<group>). The token file is required: beam-hpc talks to a
+    # long-lived shared cluster only with Ray's token authentication.
+    ray_address: str | None = None
+    ray_token_file: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "Site":
@@ -93,7 +99,45 @@ class Site(_Strict):
             )
         if self.network.ip_source == "interface" and not self.network.interface:
             raise ValueError("network.interface: ip_source is 'interface' but no interface is named (e.g. ib0)")
+        _check_existing_ray(self.ray_address, self.ray_token_file)
         return self
+
+
+def _check_existing_ray(address: str | None, token_file: str | None) -> None:
+    """An existing cluster is named by its GCS address and always comes with its token file."""
+    if address is None:
+        if token_file is not None:
+            raise ValueError(
+                f"ray_address: ray_token_file is set ({token_file}) but no ray_address; name the existing "
+                "Ray cluster's GCS address (host:port, --ray-address) or remove ray_token_file"
+            )
+        return
+    host, _, port = address.rpartition(":")
+    if not host or "/" in address or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"ray_address: {address!r} is not the existing cluster's GCS address as host:port "
+            "(e.g. 10.0.0.1:6379); Ray Client (ray://) and 'auto' addresses are not supported"
+        )
+    if token_file is None:
+        raise ValueError(
+            f"ray_token_file: the site names an existing Ray cluster (ray_address {address}) but no token "
+            "file; set ray_token_file (or --ray-token-file) to the file that holds that cluster's auth token "
+            "(the cluster must run with RAY_AUTH_MODE=token): beam-hpc does not talk to a cluster without it"
+        )
+    if not token_file.startswith("/"):
+        raise ValueError(f"ray_token_file: {token_file!r} is relative; give an absolute path that the batch host can read")
+
+
+def with_existing_ray(site: Site, address: str | None, token_file: str | None) -> Site:
+    """The site with ``--ray-address`` / ``--ray-token-file`` applied (each only when given)."""
+    if address is None and token_file is None:
+        return site
+    data = site.model_dump(mode="json")
+    if address is not None:
+        data["ray_address"] = address
+    if token_file is not None:
+        data["ray_token_file"] = token_file
+    return site_from_dict(data, f"site {site.name} with --ray-address/--ray-token-file")
 
 
 def site_from_dict(data: dict, source: str = "<site>") -> Site:

