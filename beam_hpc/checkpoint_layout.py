@@ -15,6 +15,7 @@ Rollouts done after checkpoint ``k`` is ``k + 1`` (Miles resumes at ``start_roll
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -86,3 +87,13 @@ def resume_problems(ckpt_dir: str | Path) -> list[str]:
     if not dataset_state_path(ckpt_dir, it).is_file():
         problems.append(f"checkpoint {it}: its dataset state {dataset_state_path(ckpt_dir, it)} is missing")
     return problems
+
+
+def save_request_says_stop(path: str) -> bool:
+    """Whether a save sentinel asks the backend to exit after the save. A file that is empty,
+    not JSON or without ``"then": "stop"`` (a user's ``touch SAVE_NOW``) means: save and go on."""
+    try:
+        body = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(body, dict) and body.get("then") == "stop"

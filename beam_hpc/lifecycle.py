@@ -7,6 +7,11 @@ Why each piece exists (facts: anchors-report.md 1.3, 1.4, 3; local-slurm-cluster
   honours the same file). So "save now" means: create the sentinel, then wait until the backend
   has consumed it *and* the checkpoint pointer (``latest_checkpointed_iteration.txt``, written
   last) has advanced. Only then is the rollout in flight safe, and only then is the driver stopped.
+  Miles looks only at whether the file exists and trains on after the save until the segment stops
+  it (its rollouts take minutes; the segment notices within ``SENTINEL_POLL_S``). The file's JSON
+  also says ``"then": "stop"``, a beam-hpc extension: the reference backend, whose tiny rollouts
+  take a fraction of a second, exits right after that save, so no rollout is trained that nobody
+  keeps.
 - The walltime warning (``--signal=B:USR1@lead``) may come up to 30 s early or late, so the
   watchdog also keeps its own deadline: the job's EndTime (``scontrol show job``) minus the lead.
   Whichever comes first starts the final save.
@@ -287,9 +292,14 @@ class SaveResult:
     detail: str
 
 
-def request_save(paths: RunPaths, reason: str) -> None:
-    """Create the save sentinel (Miles's --save-trigger-sentinel file), atomically."""
-    checkpoint_layout.write_atomic(paths.sentinel, json.dumps({"reason": reason, "time": time.time()}) + "\n")
+def request_save(paths: RunPaths, reason: str, *, then_stop: bool = True) -> None:
+    """Create the save sentinel (Miles's --save-trigger-sentinel file), atomically. ``then_stop``
+    writes ``"then": "stop"`` into it: a backend that reads it exits after the save (see above)."""
+    body: dict[str, Any] = {"reason": reason, "time": time.time()}
+    if then_stop:
+        body["then"] = "stop"
+    checkpoint_layout.write_atomic(paths.sentinel, json.dumps(body) + "\n")
+
 
 
 def clear_save_request(paths: RunPaths) -> bool:

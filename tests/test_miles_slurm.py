@@ -26,11 +26,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import run_watch
+from run_watch import diagnostics
 
 from beam_hpc import checkpoint_layout, ledger
 from beam_hpc.backends import miles_args
@@ -83,29 +84,7 @@ def local_site() -> dict:
 
 
 def wait_for(what: str, predicate: Callable[[], object], run: Path, timeout: float = TIMEOUT_S) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{diagnostics(run)}", pytrace=False)
-
-
-def diagnostics(run: Path) -> str:
-    out = [f"ledger:\n{_read(run / 'ledger.jsonl')}",
-           subprocess.run(["squeue", "-a"], capture_output=True, text=True, check=False).stdout]
-    logs = run / "logs"
-    for f in sorted(logs.glob("slurm-*.out")) + sorted(logs.glob("*/segment.log")) + sorted(logs.glob("*/driver.log")):
-        out.append(f"--- {f.relative_to(run)}\n{_read(f)[-2500:]}")
-    return "\n".join(out)
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except FileNotFoundError:
-        return "(missing)"
+    return run_watch.wait_for(what, predicate, run, timeout, poll_s=0.3)
 
 
 def _json(path: Path) -> dict | None:

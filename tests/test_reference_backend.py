@@ -94,14 +94,24 @@ def test_async_resume_is_bitwise_equal(tmp_path, tiny_assets, reference_ray) -> 
 
 
 def test_sync_resume_is_bitwise_equal_and_the_sentinel_saves(tmp_path, tiny_assets, reference_ray) -> None:
+    """The save sentinel both ways: as the lifecycle writes it ("then": "stop": save at the next
+    boundary and exit, so nothing is trained that nobody keeps) and as a user's ``touch`` (Miles's
+    semantics: save and go on). Three processes, one run, bitwise equal to an uninterrupted one."""
+    from beam_hpc import lifecycle
+    from beam_hpc.plan import Plan
+
     base = ["num_rollout=4", "checkpoint.interval=3", "training.async_training=false"]
     whole, _ = _run(tmp_path, "whole", tiny_assets, reference_ray, base)
     cut = tmp_path / "cut"
-    cut.mkdir()
-    (cut / "SAVE_NOW").touch()  # the lifecycle asks for a save: honoured at the next boundary
-    _, out = _run(tmp_path, "cut", tiny_assets, reference_ray, [*base, "backend_options.stop_after_rollout=1"])
-    assert "save sentinel honoured at rollout 0" in out and not (cut / "SAVE_NOW").exists()
-    assert _iter(cut, 0).is_dir() and _iter(cut, 1).is_dir()  # 0: the sentinel; 1: the stop
+    lifecycle.request_save(Plan.load(make_plan(cut, tiny_assets, [*SMALL, *base])).paths, "walltime")
+    _, out = _run(tmp_path, "cut", tiny_assets, reference_ray, base)
+    assert "save sentinel honoured at rollout 0 and removed; stopping, as it asks" in out
+    assert _iter(cut, 0).is_dir() and not _iter(cut, 1).exists() and not (cut / "SAVE_NOW").exists()
+    assert [m["rollout_id"] for m in metrics(cut, "rollout")] == [0]  # nothing trained after the save
+    (cut / "SAVE_NOW").touch()  # a plain file: save at the next boundary, then train on
+    _, out = _run(tmp_path, "cut", tiny_assets, reference_ray, [*base, "backend_options.stop_after_rollout=2"])
+    assert "save sentinel honoured at rollout 1 and removed\n" in out and not (cut / "SAVE_NOW").exists()
+    assert _iter(cut, 1).is_dir() and _iter(cut, 2).is_dir()  # 1: the sentinel; 2: the stop
     assert not _iter(whole, 0).exists() and not _iter(whole, 1).exists()  # interval 3 alone
     _run(tmp_path, "cut", tiny_assets, reference_ray, base)
     _compare(whole, cut, 3)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from beam_hpc import checkpoint_layout
 from beam_hpc import metric_names as names
 from beam_hpc.backends.reference import checkpoint
 from beam_hpc.backends.reference import metrics_log as mlog
@@ -329,8 +330,13 @@ class Loop:
             if sentinel or stop_here or k + 1 == N or (k + 1) % r.checkpoint.interval == 0:
                 self.save(k, pending, behaviour)
                 if sentinel:
+                    # read before the unlink: the lifecycle only looks again once the file is gone
+                    then_stop = checkpoint_layout.save_request_says_stop(self.paths.sentinel)
                     Path(self.paths.sentinel).unlink(missing_ok=True)
-                    log.info("save sentinel honoured at rollout %d and removed", k)
+                    log.info("save sentinel honoured at rollout %d and removed%s", k,
+                             "; stopping, as it asks" if then_stop else "")
+                    if then_stop and k + 1 < N:
+                        return 0
             if stop_here:
                 log.info("stop_after_rollout=%d: stopping after its checkpoint", k)
                 return 0

@@ -1,0 +1,45 @@
+"""Waiting on a run directory in the Slurm end-to-end tests, and what to print when a wait fails.
+
+Jobs on the local cluster finish on their own clock, so the tests poll a condition with a
+deadline (never a fixed sleep) and, on timeout, fail with the ledger, the queue and the tails of
+the segment and driver logs: the facts one needs to tell a slow machine from a stuck job.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+
+def wait_for(what: str, predicate: Callable[[], object], run_dir: Path, timeout: float,
+             poll_s: float = 0.5) -> object:
+    """The first truthy value of ``predicate()``; fails the test with diagnostics after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{diagnostics(run_dir)}", pytrace=False)
+
+
+def diagnostics(run_dir: Path) -> str:
+    """What a failing test prints: the ledger, the queue, and the tails of the segment logs."""
+    out = [f"ledger:\n{read_text(run_dir / 'ledger.jsonl')}",
+           subprocess.run(["squeue", "-a"], capture_output=True, text=True, check=False).stdout]
+    logs = run_dir / "logs"
+    for f in sorted(logs.glob("slurm-*.out")) + sorted(logs.glob("*/segment.log")) + sorted(logs.glob("*/driver.log")):
+        out.append(f"--- {f.relative_to(run_dir)}\n{read_text(f)[-2500:]}")
+    return "\n".join(out)
+
+
+def read_text(path: Path) -> str:
+    """A file's text, or "(missing)": logs appear while the job runs."""
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return "(missing)"
