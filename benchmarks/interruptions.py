@@ -60,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from reference_harness import SMALL, TinyAssets, build_tiny_assets
+from run_watch import poll_until
 from slurm_cluster import LocalSlurmCluster
 
 from beam_hpc import checkpoint_layout, ledger, metric_names
@@ -115,13 +116,10 @@ class Run:
         return ledger.read_ledger(self.dir / "ledger.jsonl")[0]
 
     def wait(self, what: str, predicate, timeout: float = STEP_TIMEOUT_S, poll_s: float = 0.2) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(poll_s)
-        raise TimeoutError(f"{self.mode}: timed out after {timeout:.0f} s waiting for {what}")
+        value = poll_until(predicate, timeout, poll_s)
+        if not value:
+            raise TimeoutError(f"{self.mode}: timed out after {timeout:.0f} s waiting for {what}")
+        return value
 
     def running_segment(self, count: int) -> dict:
         """Wait for segment number ``count`` (1-based) to be running, and return it."""

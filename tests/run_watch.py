@@ -14,17 +14,27 @@ from pathlib import Path
 
 import pytest
 
+from beam_hpc import ledger
 
-def wait_for(what: str, predicate: Callable[[], object], run_dir: Path, timeout: float,
-             poll_s: float = 0.5) -> object:
-    """The first truthy value of ``predicate()``; fails the test with diagnostics after ``timeout`` s."""
+
+def poll_until(predicate: Callable[[], object], timeout: float, poll_s: float) -> object:
+    """The first truthy value of ``predicate()``, or None after ``timeout`` s (benchmarks use it too)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(poll_s)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{diagnostics(run_dir)}", pytrace=False)
+    return None
+
+
+def wait_for(what: str, predicate: Callable[[], object], run_dir: Path, timeout: float,
+             poll_s: float = 0.5) -> object:
+    """The first truthy value of ``predicate()``; fails the test with diagnostics after ``timeout`` s."""
+    value = poll_until(predicate, timeout, poll_s)
+    if not value:
+        pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n{diagnostics(run_dir)}", pytrace=False)
+    return value
 
 
 def diagnostics(run_dir: Path) -> str:
@@ -43,3 +53,16 @@ def read_text(path: Path) -> str:
         return path.read_text(errors="replace")
     except FileNotFoundError:
         return "(missing)"
+
+
+def segments(run_dir: Path) -> list[dict]:
+    """The run's ledger, one dict per segment; a warning (a torn or foreign line) fails the test."""
+    segs, warnings = ledger.read_ledger(run_dir / "ledger.jsonl")
+    assert warnings == []
+    return segs
+
+
+def chain_finished(run_dir: Path) -> bool:
+    """The last segment has an end line that starts nothing more."""
+    segs = segments(run_dir)
+    return bool(segs) and "end" in segs[-1] and segs[-1]["end"]["next"]["action"] == "none"

@@ -204,3 +204,34 @@ def test_prepare_convert_runs_the_job_once_then_skips(slurm_cluster, conv_dir: P
     assert "already converted; skipped" in capsys.readouterr().out
     assert (dst / mc.MARKER).read_text() == before
     assert mc.queued_jobs("beam-convert-torch_dist") == []  # nothing was submitted again
+
+
+def test_a_second_conversion_of_the_same_output_is_refused_by_its_lock(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two jobs that raced past the squeue check: the one that finds the output's lock held by a
+    live holder stops with a message naming it, before touching the output; once the holder is
+    gone the lock is stale and the next run goes on (here: finds the output done and skips)."""
+    import socket
+    import subprocess
+    import time
+
+    from beam_hpc import run_lock
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)  # a run outside Slurm: the holder is a pid
+    spec = spec_for(tmp_path)
+    Path(spec.work_dir).mkdir(parents=True)
+    mc.write_atomic(spec.spec_path, spec.to_json())
+    lock = mc.output_lock(spec.output)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        holder = run_lock.Holder(job_id=None, restart=0, host=socket.gethostname(), pid=sleeper.pid, time=time.time())
+        assert run_lock.acquire(lock, holder) is None
+        with pytest.raises(mc.ConvertError, match=rf"model.ref_load: .* is being converted by a local run .* pid {sleeper.pid}"):
+            mc.run(str(spec.spec_path))
+        assert not Path(spec.output).exists()  # refused before anything was written
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    _complete(Path(spec.output))
+    (Path(spec.output) / mc.MARKER).write_text(json.dumps({"key": spec.key()}))
+    assert mc.run(str(spec.spec_path)) == 0  # the dead holder's lock taken over; already done
+    assert not lock.exists()

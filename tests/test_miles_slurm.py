@@ -31,9 +31,9 @@ from pathlib import Path
 
 import pytest
 import run_watch
-from run_watch import diagnostics
+from run_watch import chain_finished, diagnostics, segments
 
-from beam_hpc import checkpoint_layout, ledger
+from beam_hpc import checkpoint_layout
 from beam_hpc.backends import miles_args
 from beam_hpc.recipe import load_yaml, recipe_from_dict
 from beam_hpc.site import site_from_dict
@@ -92,17 +92,6 @@ def _json(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-
-
-def segments(run: Path) -> list[dict]:
-    segs, warnings = ledger.read_ledger(run / "ledger.jsonl")
-    assert warnings == []
-    return segs
-
-
-def chain_finished(run: Path) -> bool:
-    segs = segments(run)
-    return bool(segs) and "end" in segs[-1] and segs[-1]["end"]["next"]["action"] == "none"
 
 
 @pytest.mark.slow

@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from beam_hpc import run_lock
 from beam_hpc.checkpoint_layout import LATEST_FILE, write_atomic
 from beam_hpc.container import Command, container_command
 from beam_hpc.errors import ToolError
@@ -326,9 +327,37 @@ def container_step(spec: ConvertSpec, spec_path: str, base: dict[str, str] | Non
                              {"PYTHONUNBUFFERED": "1"}, binds, base=base)
 
 
+def output_lock(output: str | Path) -> Path:
+    """The lock beside the output (not under one run's directory: several recipes may share one
+    converted model), so that two conversion jobs never write the same ``model.ref_load``."""
+    out = Path(output)
+    return out.with_name(f".{out.name}.convert.lock")
+
+
 def run(spec_path: str) -> int:
-    """On the batch host: skip if done, clear leftovers, convert in the container, check, mark done."""
+    """On the batch host, holding the output's lock: skip if done, clear leftovers, convert in the
+    container, check, mark done. The squeue check at submission catches a queued twin by name; the
+    lock catches the rest (two submissions racing past that check, a renamed job), with Slurm
+    judging a lock left by a killed job stale as it does for a run's lock."""
     spec = ConvertSpec.load(spec_path)
+    lock = output_lock(spec.output)
+    me = run_lock.Holder.me(os.environ.get("SLURM_JOB_ID"), int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+    try:
+        previous = run_lock.acquire(lock, me)
+    except run_lock.RunLockError as err:
+        holder = run_lock.read_holder(lock)
+        who = holder.describe() if holder else "another job"
+        raise ConvertError(f"model.ref_load: {spec.output} is being converted by {who}; wait for it to end "
+                           f"(`beam-hpc prepare --convert` then skips), or scancel it to start over ({err})") from err
+    if previous is not None:
+        log.warning("took over the conversion lock of %s", previous.describe())
+    try:
+        return _convert(spec, spec_path)
+    finally:
+        run_lock.release(lock, me)
+
+
+def _convert(spec: ConvertSpec, spec_path: str) -> int:
     state = conversion_state(spec)
     if state == "done":
         log.info("%s is already converted; nothing to do", spec.output)
