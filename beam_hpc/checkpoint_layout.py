@@ -89,6 +89,11 @@ def resume_problems(ckpt_dir: str | Path) -> list[str]:
     return problems
 
 
+# What the lifecycle writes into the save sentinel to ask for an exit after the save (a beam-hpc
+# extension; Miles looks only at whether the file exists). Written and read through this pair.
+THEN_STOP = {"then": "stop"}
+
+
 def save_request_says_stop(path: str) -> bool:
     """Whether a save sentinel asks the backend to exit after the save. A file that is empty,
     not JSON or without ``"then": "stop"`` (a user's ``touch SAVE_NOW``) means: save and go on."""
@@ -96,4 +101,4 @@ def save_request_says_stop(path: str) -> bool:
         body = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(body, dict) and body.get("then") == "stop"
+    return isinstance(body, dict) and THEN_STOP.items() <= body.items()

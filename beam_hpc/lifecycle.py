@@ -292,14 +292,11 @@ class SaveResult:
     detail: str
 
 
-def request_save(paths: RunPaths, reason: str, *, then_stop: bool = True) -> None:
-    """Create the save sentinel (Miles's --save-trigger-sentinel file), atomically. ``then_stop``
-    writes ``"then": "stop"`` into it: a backend that reads it exits after the save (see above)."""
-    body: dict[str, Any] = {"reason": reason, "time": time.time()}
-    if then_stop:
-        body["then"] = "stop"
+def request_save(paths: RunPaths, reason: str) -> None:
+    """Create the save sentinel (Miles's --save-trigger-sentinel file), atomically, asking the
+    backend to exit after the save (``"then": "stop"``, see above): the segment stops it anyway."""
+    body = {"reason": reason, "time": time.time(), **checkpoint_layout.THEN_STOP}
     checkpoint_layout.write_atomic(paths.sentinel, json.dumps(body) + "\n")
-
 
 
 def clear_save_request(paths: RunPaths) -> bool:

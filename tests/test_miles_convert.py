@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from beam_hpc import run_lock
 from beam_hpc.backends import miles_convert as mc
 from beam_hpc.recipe import RecipeError, load_yaml, recipe_from_dict
 from beam_hpc.site import site_from_dict
@@ -210,12 +214,6 @@ def test_a_second_conversion_of_the_same_output_is_refused_by_its_lock(tmp_path:
     """Two jobs that raced past the squeue check: the one that finds the output's lock held by a
     live holder stops with a message naming it, before touching the output; once the holder is
     gone the lock is stale and the next run goes on (here: finds the output done and skips)."""
-    import socket
-    import subprocess
-    import time
-
-    from beam_hpc import run_lock
-
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)  # a run outside Slurm: the holder is a pid
     spec = spec_for(tmp_path)
     Path(spec.work_dir).mkdir(parents=True)

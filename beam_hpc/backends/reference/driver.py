@@ -335,7 +335,7 @@ class Loop:
                     Path(self.paths.sentinel).unlink(missing_ok=True)
                     log.info("save sentinel honoured at rollout %d and removed%s", k,
                              "; stopping, as it asks" if then_stop else "")
-                    if then_stop and k + 1 < N:
+                    if then_stop:
                         return 0
             if stop_here:
                 log.info("stop_after_rollout=%d: stopping after its checkpoint", k)
