@@ -1,10 +1,47 @@
-"""The one exception type the CLI turns into a single line and exit status 1.
+"""The one error family: every failure beam-hpc expects carries its own exit code.
 
-Modules raise their own subclasses (SubmitError, ImageError, PrepareError, ...) with a message
-written for people; anything else is a bug and keeps its traceback. Invalid input is
-``beam_hpc.recipe.RecipeError`` instead (exit status 2).
+``BeamError`` is the root; a message is written for people (what, the value, the fix). Two kinds:
+
+- :class:`InputError` (exit 2): bad input (a recipe, site, override, flag, path or run directory).
+  It is raised before anything is written, submitted or allocated.
+- :class:`RuntimeFailure` (exit 1): a tool, Slurm, a node or the backend failed at run time.
+
+Modules define narrower classes under one of the two (``NvmeError``, ``SubmitError``, ...), so a
+caller can catch what it handles; the CLI (:mod:`beam_hpc.cli.app`) is the one place that maps
+``exit_code`` to the process exit status. Anything else that escapes is a bug: the CLI prints one
+line and the path of a log holding the traceback.
+
+The built-in bases (``ValueError`` for input, ``RuntimeError`` for failures) stay so that code and
+users catching those keep working.
 """
 
+from __future__ import annotations
 
-class ToolError(RuntimeError):
-    """An expected failure of a tool or of Slurm, with a message that says what to do."""
+EXIT_OK, EXIT_FAILURE, EXIT_INPUT = 0, 1, 2
+
+
+class BeamError(Exception):
+    """Root of every expected failure; ``exit_code`` is what the CLI exits with."""
+
+    exit_code: int = EXIT_FAILURE
+
+
+class InputError(BeamError, ValueError):
+    """Bad input: name the file or field, the value and the fix (exit 2)."""
+
+    exit_code = EXIT_INPUT
+
+
+class RuntimeFailure(BeamError, RuntimeError):
+    """An expected failure at run time, with a message that says what to do (exit 1)."""
+
+    exit_code = EXIT_FAILURE
+
+
+def shorten(value: object, limit: int = 200) -> str:
+    """``repr(value)`` cut to about ``limit`` characters: an error line must stay one line even
+    when the value is megabytes long."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"

@@ -4,14 +4,14 @@
 
 For each node count N, in one run:
 
-- beam-hpc: a real job (``python -m beam_hpc.job --smoke``) of N nodes (N = 1: one colocated
+- beam-hpc: a real job (``python -m beam_hpc.job.runner --smoke``) of N nodes (N = 1: one colocated
   node; otherwise N - 1 trainer nodes + 1 rollout node, 2 fake GPUs each). Bring-up is the job's
   own ``ready_s``: from the job process's start until every node and GPU of every group joined
   (readiness polled, never slept); teardown is the job's ``teardown_s`` (driver, node steps through
   ``scancel --signal=TERM``, stragglers by PID, temp dirs).
 - sleep launcher, as the public examples do it (Ray's slurm-basic.sh, verl, OpenRLHF): head,
   ``sleep 10``, then each worker followed by ``sleep 5``, then the driver attaches. The same
-  `ray start` command lines (beam_hpc.ray_node) are used, so only the orchestration differs.
+  `ray start` command lines (beam_hpc.node.ray_node) are used, so only the orchestration differs.
   Bring-up is from the batch script's start until the driver sees all N nodes.
 - one join: the issue's yardstick ("ready within 1.5x the time of one `ray start` join, flat in
   the node count"), measured in the same run next to each row: a 2-node job starts the head with
@@ -52,9 +52,9 @@ import json, os, subprocess, sys, time
 t0 = float(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
 t0 += float([l.split()[1] for l in open("/proc/stat") if l.startswith("btime")][0])
 sys.path.insert(0, {root!r})
-from beam_hpc.ray_node import (GB, LOOPBACK_MAX_NODES, RayNode, loopback_ip, ray_env, ray_ports,
+from beam_hpc.node.ray_node import (GB, LOOPBACK_MAX_NODES, RayNode, loopback_ip, ray_env, ray_ports,
                                ray_start_argv, sweep, temp_dir_for, write_token)
-from beam_hpc.site import load_site
+from beam_hpc.config.site import load_site
 site = load_site({root!r} + "/env/local.yaml")
 job = int(os.environ["SLURM_JOB_ID"])
 nodes = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],

@@ -3,7 +3,7 @@
     python benchmarks/interruptions.py [--json results.json] [--seed N]
 
 The tiny recipe with the reference backend on the local Slurm cluster (tests/slurm_cluster.py),
-submitted the user's way (``beam_hpc.submit``: plan, script, sbatch), saving every 20 rollouts as
+submitted the user's way (``beam_hpc.submission.submit``: plan, script, sbatch), saving every 20 rollouts as
 Miles does by default. Two runs of the same recipe go side by side (at the same time, so that
 both see the same machine load):
 
@@ -63,8 +63,12 @@ from reference_harness import SMALL, TinyAssets, build_tiny_assets
 from run_watch import poll_until
 from slurm_cluster import LocalSlurmCluster
 
-from beam_hpc import checkpoint_layout, ledger, metric_names
-from beam_hpc.plan import Plan
+from beam_hpc.run import checkpoint_layout
+
+from beam_hpc.run import ledger
+
+from beam_hpc.run import metric_names
+from beam_hpc.plan.plan import Plan
 
 INTERVAL = 20  # Miles's default --save-interval
 WALLTIME, LEAD_S = "00:02:00", 60
@@ -154,7 +158,7 @@ class Run:
             self.tail.stop.set()
 
     def scenario(self) -> None:
-        from beam_hpc.submit import submit
+        from beam_hpc.submission.submit import submit
 
         self.tail.start()
         overrides = [f"model.path={self.assets.model_dir}", f"data.dir={self.assets.data_dir}", *SMALL,

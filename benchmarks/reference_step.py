@@ -71,7 +71,7 @@ MODES = {
     "colocated": ["training.colocated=true", "training.async_training=false", "topology.rollout=null"],
 }
 # What the device machine lacks for --vs-trl (its image has torch, transformers, accelerate, pandas,
-# pyarrow, xxhash, huggingface-hub): TRL, datasets and theirs, and pydantic for beam_hpc.recipe.
+# pyarrow, xxhash, huggingface-hub): TRL, datasets and theirs, and pydantic for beam_hpc.config.recipe.
 DEVICE_WHEELS = ("trl", "datasets", "dill", "multiprocess", "pydantic", "pydantic-core", "annotated-types",
                  "typing-inspection")
 MEASURES = (  # (key, label); CPU-second rows only where the device is the CPU
@@ -95,8 +95,8 @@ CPU_MEASURES = (
 
 def prepare_assets(work: Path) -> tuple[Path, Path]:
     from beam_hpc.backends.reference import tiny_model
-    from beam_hpc.prepare import prepare
-    from beam_hpc.tiny_data import write_tiny_sources
+    from beam_hpc.data.prepare import prepare
+    from beam_hpc.data.tiny import write_tiny_sources
 
     data = work / "data"
     if not (data / "aime-2025.jsonl").is_file():
@@ -106,9 +106,9 @@ def prepare_assets(work: Path) -> tuple[Path, Path]:
 
 
 def run_mode(work: Path, mode: str, num_rollout: int, data: Path, model: Path, extra: list[str]) -> dict:
-    from beam_hpc.plan import make_plan
-    from beam_hpc.recipe import load_recipe
-    from beam_hpc.site import Site
+    from beam_hpc.plan.plan import make_plan
+    from beam_hpc.config.recipe import load_recipe
+    from beam_hpc.config.site import Site
 
     run_dir = work / f"run-{mode}"
     overrides = [f"output_dir={run_dir}", f"model.path={model}", f"data.dir={data}", f"num_rollout={num_rollout}",
@@ -290,8 +290,8 @@ def compare_cpu(args: argparse.Namespace, data: Path, model_path: Path) -> Compa
     from beam_hpc.backends.reference.prompt_source import encode_prompts, read_rows
     from beam_hpc.backends.reference.rollout_worker import RolloutWorker
     from beam_hpc.backends.reference.trainer import Trainer
-    from beam_hpc.recipe import load_recipe
-    from beam_hpc.reward import score_response
+    from beam_hpc.config.recipe import load_recipe
+    from beam_hpc.reward.scoring import score_response
 
     r = load_recipe(REPO / "recipes" / "tiny.yaml", [f"model.path={model_path}", f"data.dir={data}", *args.override])
     tok = load_tokenizer(str(model_path))
@@ -314,7 +314,7 @@ def compare_cpu(args: argparse.Namespace, data: Path, model_path: Path) -> Compa
         f"{min(map(len, w.prompt_ids))}-{max(map(len, w.prompt_ids))} tokens), {w.max_new}-token responses"
         + (" forced to full length" if w.force_length else "") + f"; one update on all {w.samples} samples at once",
         f"eps {w.eps_low}/{w.eps_high}, token-level, no KL; AdamW lr {w.lr}, betas {w.betas}, weight decay {w.weight_decay}, "
-        f"grad clip {w.grad_clip}; reward: beam_hpc.reward's boxed score with the overlong penalty on both sides",
+        f"grad clip {w.grad_clip}; reward: beam_hpc.reward.scoring's boxed score with the overlong penalty on both sides",
         [("Reference side: the backend's own RolloutWorker and Trainer classes in one process (no Ray), in turn. Its "
          "optimizer state goes through the recipe's CPU offload path (a no-op on CPU)."),
          (f"Threads: {torch.get_num_threads()} intra-op thread(s) for both sides (the recipe's backend_options.threads), "

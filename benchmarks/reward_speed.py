@@ -16,7 +16,7 @@ import time
 
 os.environ.setdefault("BEAM_HPC_REWARD_WORKERS", "1")
 
-from beam_hpc.reward import is_equivalent, score_response
+from beam_hpc.reward.scoring import is_equivalent, score_response
 
 KINDS: dict[str, list[tuple[str, str]]] = {
     "integer": [("588", "588"), ("1,000", "1000"), ("12", "21"), ("016", "16"), ("70.0", "70")],

@@ -124,7 +124,7 @@ class Settings:
 
 
 def settings_from(args: argparse.Namespace, shape: str) -> Settings:
-    from beam_hpc.recipe import load_recipe
+    from beam_hpc.config.recipe import load_recipe
 
     r = load_recipe(SEED_RECIPE)
     t, o = r.training, r.training.optimizer
@@ -415,7 +415,7 @@ class Pair:
         import ray
 
         from beam_hpc.backends.reference.weight_sync import Rendezvous, backend_for
-        from beam_hpc.plan import GROUP_RESOURCE_PREFIX
+        from beam_hpc.plan.plan import GROUP_RESOURCE_PREFIX
 
         gpus = {"dedicated": 1.0, "shared": 0.5, "cpu": 0.0}[placement]
         device = "cpu" if placement == "cpu" else "cuda"
@@ -904,7 +904,7 @@ def prepare_wheels(dest: Path) -> list[Path]:
 def start_ray(args: argparse.Namespace, gpus: int) -> None:
     import ray
 
-    from beam_hpc.plan import GROUP_RESOURCE_PREFIX
+    from beam_hpc.plan.plan import GROUP_RESOURCE_PREFIX
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private cluster, or the caller's
     if args.ray_address:

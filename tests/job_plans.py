@@ -10,9 +10,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from beam_hpc.plan import Plan, make_plan
-from beam_hpc.recipe import load_yaml, recipe_from_dict
-from beam_hpc.site import site_from_dict
+from beam_hpc.plan.plan import Plan, make_plan
+from beam_hpc.config.recipe import load_yaml, recipe_from_dict
+from beam_hpc.config.site import site_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 HOLD_DRIVER = Path(__file__).with_name("ray_hold_driver.py")
@@ -53,8 +53,8 @@ def hold_driver(marker: Path, release: Path) -> list[str]:
 
 
 def batch_script(plan: Plan, *job_args: str) -> Path:
-    """The heterogeneous sbatch script: the lead's #SBATCH flags (beam_hpc.render), then the job."""
-    from beam_hpc.render import component_flags, job_flags
+    """The heterogeneous sbatch script: the lead's #SBATCH flags (beam_hpc.slurm.script), then the job."""
+    from beam_hpc.slurm.script import component_flags, job_flags
 
     lines = ["#!/bin/bash"]
     for i, g in enumerate(plan.groups):
@@ -62,7 +62,7 @@ def batch_script(plan: Plan, *job_args: str) -> Path:
             lines.append("#SBATCH hetjob")
         lines += [f"#SBATCH {f}" for f in (job_flags(plan) if i == 0 else []) + component_flags(plan, g)]
     lines.append(f"cd {ROOT}")
-    lines.append(f"exec {sys.executable} -m beam_hpc.job --plan {plan.paths.plan} {' '.join(job_args)}")
+    lines.append(f"exec {sys.executable} -m beam_hpc.job.runner --plan {plan.paths.plan} {' '.join(job_args)}")
     path = Path(plan.output_dir, "job.sbatch")
     path.write_text("\n".join(lines) + "\n")
     return path

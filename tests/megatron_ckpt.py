@@ -1,6 +1,6 @@
 """Small, real Megatron ``torch_dist`` checkpoints in Miles's layout, written by megatron-core on the CPU.
 
-Why this exists: the checkpoint check (``beam_hpc.backends.miles_checkpoint``) and the Miles stand-in
+Why this exists: the checkpoint check (``beam_hpc.backends.miles.checkpoint``) and the Miles stand-in
 driver need checkpoints that are what Miles saves on a cluster, not a look-alike; megatron-core's own
 ``dist_checkpointing.save`` writes them here (a one-process gloo group, a few ``ShardedTensor`` s and a
 ``ShardedObject``, a common state shaped like Megatron's: ``iteration``, ``args``,
@@ -55,7 +55,7 @@ def write_torch_dist_checkpoints(
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    from beam_hpc.checkpoint_layout import iteration_dir
+    from beam_hpc.run.checkpoint_layout import iteration_dir
 
     return [iteration_dir(save_dir, it) for it in iterations]
 
@@ -131,7 +131,7 @@ def _save_in_process(save_dir: Path, iterations: list[int], seed: int, dataset_s
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
-    from beam_hpc.checkpoint_layout import dataset_state_path, iteration_dir, mark_latest
+    from beam_hpc.run.checkpoint_layout import dataset_state_path, iteration_dir, mark_latest
 
     # The CPU shims described in the module docstring; this process only.
     torch.cuda.synchronize = lambda *a, **k: None

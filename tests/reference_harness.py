@@ -29,15 +29,15 @@ class TinyAssets:
 
 def _source_key() -> str:
     h = hashlib.sha256()
-    for mod in ("beam_hpc/backends/reference/tiny_model.py", "beam_hpc/tiny_data.py", "beam_hpc/prepare.py"):
+    for mod in ("beam_hpc/backends/reference/tiny_model.py", "beam_hpc/data/tiny.py", "beam_hpc/data/prepare.py"):
         h.update((REPO / mod).read_bytes())
     return h.hexdigest()[:12]
 
 
 def build_tiny_assets() -> TinyAssets:
     from beam_hpc.backends.reference import tiny_model
-    from beam_hpc.prepare import prepare
-    from beam_hpc.tiny_data import write_tiny_sources
+    from beam_hpc.data.prepare import prepare
+    from beam_hpc.data.tiny import write_tiny_sources
 
     root = Path(os.environ.get("BEAM_TINY_CACHE", Path.home() / ".cache" / "beam-hpc")) / f"tiny-{_source_key()}"
     data_dir = root / "data"
@@ -60,9 +60,9 @@ SMALL = [
 
 
 def make_plan(run_dir: Path, assets: TinyAssets, overrides: list[str]) -> Path:
-    from beam_hpc.plan import make_plan as plan_of
-    from beam_hpc.recipe import load_recipe
-    from beam_hpc.site import Site
+    from beam_hpc.plan.plan import make_plan as plan_of
+    from beam_hpc.config.recipe import load_recipe
+    from beam_hpc.config.site import Site
 
     recipe = load_recipe(
         TINY_RECIPE,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc import ledger
+from beam_hpc.run import ledger
 
 
 def poll_until(predicate: Callable[[], object], timeout: float, poll_s: float) -> object:

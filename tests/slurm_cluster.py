@@ -230,7 +230,7 @@ class LocalSlurmCluster:
             "SelectTypeParameters=CR_Core",
             "SchedulerType=sched/backfill",
             "SchedulerParameters=sched_interval=2,bf_interval=1,sched_min_interval=100000",
-            # no slurmdbd: job states come from squeue (beam_hpc.submitit_het)
+            # no slurmdbd: job states come from squeue (beam_hpc.slurm.submitit_het)
             "AccountingStorageType=accounting_storage/none",
             "JobAcctGatherType=jobacct_gather/none",
             "JobCompType=jobcomp/none",

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from beam_hpc import __version__
-from beam_hpc.image import (
+from beam_hpc.node.image import (
     REQUIRED_STACK,
     TAG_ARG,
     ImageError,
@@ -121,11 +121,11 @@ def test_environment_labels_and_no_containall():
 
 @pytest.mark.slow
 def test_test_section_version_checks_the_stack_and_fails_without_it():
-    assert SECTIONS["test"] == ["python3 -m beam_hpc.cli image verify"]
+    assert SECTIONS["test"] == ["python3 -m beam_hpc.cli.app image verify"]
     assert [(m, v) for m, _d, v in REQUIRED_STACK] == [
         ("torch", None), ("megatron.core", None), ("sglang", None), ("ray", "2.52"), ("deepspeed", None)]
     # The same command here, where only part of the stack exists: it must fail and name what is missing.
-    res = subprocess.run([sys.executable, "-m", "beam_hpc.cli", "image", "verify"], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "beam_hpc.cli.app", "image", "verify"], capture_output=True,
                          text=True, cwd=ROOT, timeout=300, check=False)
     checks = {c.module: c for c in verify_stack()}
     assert res.returncode == (0 if all(c.ok for c in checks.values()) else 1)

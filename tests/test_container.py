@@ -1,4 +1,4 @@
-"""beam_hpc.container against a written contract of Apptainer's command line.
+"""beam_hpc.node.container against a written contract of Apptainer's command line.
 
 The Apptainer binary cannot be installed on the machines these tests run on, so the contract
 below is taken from Apptainer's documentation (apptainer-userdocs: bind_paths_and_mounts.rst,
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.container import container_command
-from beam_hpc.site import Site
+from beam_hpc.node.container import container_command
+from beam_hpc.config.site import Site
 from fake_apptainer import install_fake_apptainer
 
 FORBIDDEN = {"--contain", "--containall", "-C", "-c", "--compat", "--cleanenv", "-e"}

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc import checkpoint_layout
-from beam_hpc.cli import main
-from beam_hpc.ledger import read_ledger
+from beam_hpc.run import checkpoint_layout
+from beam_hpc.cli.app import main
+from beam_hpc.run.ledger import read_ledger
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -2,8 +2,8 @@
 
 The slow test starts a real standalone token-auth Ray cluster, the way a site would run one: a head
 labelled ``trainer`` and a worker labelled ``rollout`` on their own loopback addresses, each with one
-fake GPU, through beam-hpc's own `ray start` command lines (beam_hpc.ray_node) under a tag of the
-test's own. The job (beam_hpc.job.run_local, the same JobRunner as inside Slurm) must start no Ray,
+fake GPU, through beam-hpc's own `ray start` command lines (beam_hpc.node.ray_node) under a tag of the
+test's own. The job (beam_hpc.job.runner.run_local, the same JobRunner as inside Slurm) must start no Ray,
 name the lacking group while the worker is not there yet, place the smoke tasks on the right nodes
 once it is, and leave the cluster as it found it: same node ids, same raylet PIDs, token file in
 place. The fast tests cover the site's rules for the two fields and the CLI flags.
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc import cli
-from beam_hpc.job import run_local, smoke_driver_argv
-from beam_hpc.ray_node import (
+from beam_hpc.cli import app as cli
+from beam_hpc.job.runner import run_local, smoke_driver_argv
+from beam_hpc.node.ray_node import (
     LOOPBACK_MAX_NODES,
     MIN_OBJECT_STORE_BYTES,
     RayNode,
@@ -39,8 +39,8 @@ from beam_hpc.ray_node import (
     temp_dir_for,
     write_token,
 )
-from beam_hpc.recipe import RecipeError
-from beam_hpc.site import RayPortSpec, site_from_dict, with_existing_ray
+from beam_hpc.errors import InputError
+from beam_hpc.config.site import RayPortSpec, site_from_dict, with_existing_ray
 from job_plans import make_test_plan
 
 # Ports below the ephemeral range and above the bands of env/local.yaml (21000-28999) and its
@@ -169,15 +169,15 @@ LOCAL = {"name": "t", "container": {"runtime": "host"}}
 
 
 def test_site_names_an_address_only_with_a_token_file():
-    with pytest.raises(RecipeError, match=r"ray_token_file: the site names an existing Ray cluster \(ray_address "
+    with pytest.raises(InputError, match=r"ray_token_file: the site names an existing Ray cluster \(ray_address "
                                           r"10\.0\.0\.1:6379\) but no token file; set ray_token_file"):
         site_from_dict({**LOCAL, "ray_address": "10.0.0.1:6379"}, "s.yaml")
-    with pytest.raises(RecipeError, match="ray_address: ray_token_file is set"):
+    with pytest.raises(InputError, match="ray_address: ray_token_file is set"):
         site_from_dict({**LOCAL, "ray_token_file": "/etc/ray/token"}, "s.yaml")
     for bad in ("ray://10.0.0.1:10001", "auto", "10.0.0.1", "10.0.0.1:99999"):
-        with pytest.raises(RecipeError, match=f"ray_address: '{bad}' is not the existing cluster's GCS address"):
+        with pytest.raises(InputError, match=f"ray_address: '{bad}' is not the existing cluster's GCS address"):
             site_from_dict({**LOCAL, "ray_address": bad, "ray_token_file": "/t"}, "s.yaml")
-    with pytest.raises(RecipeError, match="ray_token_file: 'token' is relative"):
+    with pytest.raises(InputError, match="ray_token_file: 'token' is relative"):
         site_from_dict({**LOCAL, "ray_address": "h:6379", "ray_token_file": "token"}, "s.yaml")
     site = with_existing_ray(site_from_dict(LOCAL), "h:6379", "/etc/ray/token")
     assert (site.ray_address, site.ray_token_file) == ("h:6379", "/etc/ray/token")

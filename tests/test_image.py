@@ -1,4 +1,4 @@
-"""beam_hpc.image staging: a real copy to a node-local directory, sha256-checked, once per node."""
+"""beam_hpc.node.image staging: a real copy to a node-local directory, sha256-checked, once per node."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from beam_hpc.image import ImageError, recorded_checksum, sha256_file, stage, write_checksum
+from beam_hpc.node.image import ImageError, recorded_checksum, sha256_file, stage, write_checksum
 
 
 def _image(path, payload: bytes):

@@ -1,4 +1,4 @@
-"""beam_hpc.job.run_local: the same job code with no Slurm (what `beam-hpc execute` runs), on the
+"""beam_hpc.job.runner.run_local: the same job code with no Slurm (what `beam-hpc execute` runs), on the
 host and through the Apptainer seam (the stand-in binary of tests/fake_apptainer.py, whose image
 sets RAY_AUTH_MODE=disabled: only the job's forced environment can turn token auth back on), and
 the readiness deadline with one node whose `ray start` hangs."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.job import run_local, smoke_driver_argv
-from beam_hpc.ray_node import TEST_HANG_RAY_START_VAR, tagged_pids
+from beam_hpc.job.runner import run_local, smoke_driver_argv
+from beam_hpc.node.ray_node import TEST_HANG_RAY_START_VAR, tagged_pids
 from fake_apptainer import install_fake_apptainer
 from job_plans import make_test_plan
 

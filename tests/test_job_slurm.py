@@ -1,4 +1,4 @@
-"""beam_hpc.job on the real local Slurm cluster: heterogeneous jobs, real Ray, host runtime.
+"""beam_hpc.job.runner on the real local Slurm cluster: heterogeneous jobs, real Ray, host runtime.
 
 - a hetjob of 2 trainer + 1 rollout nodes (2 fake GPUs each) comes up with the right labels and
   GPU counts; the smoke driver's tasks land on their group's Slurm nodes; nothing of the job is
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.plan import Plan
-from beam_hpc.ray_node import tagged_pids
+from beam_hpc.plan.plan import Plan
+from beam_hpc.node.ray_node import tagged_pids
 from job_plans import batch_script, hold_driver, make_test_plan
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.slow]

@@ -1,9 +1,9 @@
 """The lifecycle end to end: the real local Slurm cluster, the real reference backend, the tiny recipe.
 
-Every run here is submitted the way a user does it (``beam_hpc.submit.submit(via="sbatch")``: plan,
+Every run here is submitted the way a user does it (``beam_hpc.submission.submit.submit(via="sbatch")``: plan,
 rendered script, login-node checks, sbatch), and everything after that is the product's own doing:
-the batch script execs ``beam_hpc.segment``, which takes the run lock, writes the ledger, brings Ray
-up through ``beam_hpc.job``, runs the backend, and resubmits or requeues itself. The tests only
+the batch script execs ``beam_hpc.job.segment``, which takes the run lock, writes the ledger, brings Ray
+up through ``beam_hpc.job.runner``, runs the backend, and resubmits or requeues itself. The tests only
 wait, interfere the way Slurm or a user would (a preempting job, ``scontrol requeue``, SIGKILL,
 a second submission, ``beam-hpc cancel``) and read the run directory.
 
@@ -41,8 +41,10 @@ from reference_harness import make_plan as reference_plan
 from run_watch import chain_finished, diagnostics, segments
 from run_watch import read_text as _read
 
-from beam_hpc import checkpoint_layout, metric_names
-from beam_hpc.plan import Plan
+from beam_hpc.run import checkpoint_layout
+
+from beam_hpc.run import metric_names
+from beam_hpc.plan.plan import Plan
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e, pytest.mark.slow]
 
@@ -65,7 +67,7 @@ def runs() -> Iterator[Path]:
 def submit_run(run_dir: Path, assets: TinyAssets, *, num_rollout: int, interval: int, walltime: str = "00:10:00",
                lead_s: int = 60, resume: bool = False, extra: tuple[str, ...] = ()) -> tuple[Plan, str]:
     """The user's path: recipe + overrides -> plan, script, login-node checks, sbatch."""
-    from beam_hpc.submit import submit
+    from beam_hpc.submission.submit import submit
 
     overrides = [f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *SMALL,
                  f"checkpoint.interval={interval}", f"lifecycle.walltime={walltime}", f"lifecycle.lead_s={lead_s}",
@@ -139,7 +141,7 @@ def nothing_queued(plan: Plan) -> bool:
 
 # -- walltime ---------------------------------------------------------------------------------------------
 def lower_num_rollout_for_the_next_segment(plan: Plan, run_dir: Path, more: int) -> int:
-    """What ``sbatch job.sbatch --resume --num-rollout N`` does (beam_hpc.segment), done while the
+    """What ``sbatch job.sbatch --resume --num-rollout N`` does (beam_hpc.job.segment), done while the
     first segment saves: N = rollouts trained so far + ``more``. The running segment keeps its own
     (huge) target and resubmits; the next one finishes the run. This makes the chain exactly two
     segments long whatever the machine's speed, instead of a number that depends on when in its
@@ -375,13 +377,13 @@ def test_second_submission_is_refused_and_cancel_stops_the_chain(slurm_cluster, 
     `sbatch job.sbatch --resume` that gets past it is refused by the run lock in the job (no ledger
     line). Then `beam-hpc cancel` stops the chain: the running job ends as cancelled, nothing else
     is queued, and a later segment of the chain would not start."""
-    from beam_hpc.cli import main
-    from beam_hpc.recipe import RecipeError
+    from beam_hpc.cli.app import main
+    from beam_hpc.errors import InputError
 
     run = runs / "locked"
     plan, job = submit_run(run, tiny_assets, num_rollout=100_000, interval=2)  # runs until cancelled
     wait_for("the segment to hold the lock", lambda: (run / "run.lock").exists() and segments(run), run)
-    with pytest.raises(RecipeError, match=f"in use by job {job}"):
+    with pytest.raises(InputError, match=f"in use by job {job}"):
         submit_run(run, tiny_assets, num_rollout=100_000, interval=2, resume=True)
     intruder = slurm_cluster.run("sbatch", "--parsable", str(run / "job.sbatch"), "--resume").stdout.strip()
     wait_for("the intruder to be refused", lambda: job_state(intruder) in ("FAILED", "COMPLETED", "GONE"), run,

@@ -19,8 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc import checkpoint_layout, ledger, metric_names
-from beam_hpc.lifecycle import (
+from beam_hpc.run import checkpoint_layout
+
+from beam_hpc.run import ledger
+
+from beam_hpc.run import metric_names
+from beam_hpc.lifecycle.lifecycle import (
     JobInfo,
     Outcome,
     SlurmUnavailable,
@@ -32,8 +36,8 @@ from beam_hpc.lifecycle import (
     segment_metrics,
     slurm_env_free,
 )
-from beam_hpc.plan import RunPaths
-from beam_hpc.run_lock import Holder, RunLockError, acquire, read_holder, release
+from beam_hpc.plan.plan import RunPaths
+from beam_hpc.run.lock import Holder, RunLockError, acquire, read_holder, release
 
 # -- ledger -------------------------------------------------------------------------------------------
 
@@ -383,8 +387,8 @@ def test_decide_retries_a_failure_once_but_not_twice_in_a_row() -> None:
 
 @pytest.fixture
 def tiny_plan(tmp_path: Path):
-    from beam_hpc.plan import make_plan
-    from beam_hpc.submit import build_recipe, build_site
+    from beam_hpc.plan.plan import make_plan
+    from beam_hpc.submission.submit import build_recipe, build_site
 
     root = Path(__file__).resolve().parents[1]
 
@@ -406,7 +410,7 @@ def _checkpoint(paths: RunPaths, iteration: int, *, dataset_state: bool = True) 
 
 
 def _run_segment(plan, env: dict[str, str] | None = None, **kw) -> tuple[int, dict]:
-    from beam_hpc.segment import Segment
+    from beam_hpc.job.segment import Segment
 
     code = Segment(plan.paths.plan, env=env or {}, **kw).run()
     segs, _ = ledger.read_ledger(plan.paths.ledger)
@@ -445,23 +449,23 @@ def test_segment_honours_the_cancel_flag_and_max_segments(tiny_plan) -> None:
 
 
 def test_login_node_refuses_a_resume_with_another_model_but_allows_num_rollout(tiny_plan) -> None:
-    from beam_hpc.recipe import RecipeError
-    from beam_hpc.run_guard import check_before_submit
+    from beam_hpc.errors import InputError
+    from beam_hpc.submission.run_guard import check_before_submit
 
     plan, recipe = tiny_plan("num_rollout=10")
     _checkpoint(plan.paths, 4)
     check_before_submit(recipe.model_copy(update={"num_rollout": 50}), resume=True)
     other = recipe.model_copy(update={"model": recipe.model.model_copy(update={"path": "/elsewhere/model"})})
-    with pytest.raises(RecipeError, match="used a different model"):
+    with pytest.raises(InputError, match="used a different model"):
         check_before_submit(other, resume=True)
-    with pytest.raises(RecipeError, match="5 are already done"):
+    with pytest.raises(InputError, match="5 are already done"):
         check_before_submit(recipe.model_copy(update={"num_rollout": 5}), resume=True)
 
 
 def test_a_submission_after_the_cancel_flag_clears_it(tiny_plan) -> None:
     """`beam-hpc cancel` then a deliberate `submit --resume`: the new job was submitted after the
     flag, so the flag no longer applies (a job of the old chain, submitted before it, stops)."""
-    from beam_hpc.segment import Segment
+    from beam_hpc.job.segment import Segment
 
     plan, _ = tiny_plan()
     flag = Path(plan.paths.cancel_flag)
@@ -483,7 +487,7 @@ def test_a_segment_refuses_checkpoints_made_with_another_model_or_topology(tiny_
     """The submit-time check compares with plan.json; a segment that Slurm requeues (or that a
     hand-edited script starts) after plan.json was rewritten for another model or topology must
     compare with what the checkpoints were made with, refuse before the driver, and end the chain."""
-    from beam_hpc.segment import identity_path, identity_problem, record_identity
+    from beam_hpc.job.segment import identity_path, identity_problem, record_identity
 
     plan, recipe = tiny_plan("num_rollout=10")
     _checkpoint(plan.paths, 4)
@@ -519,7 +523,7 @@ def test_without_save_on_request_the_lead_is_ignored_and_the_time_limit_is_recor
     walltime USR1 starts no save; SIGTERM at the job's end time is recorded as a walltime stop, and
     the segment resubmits from the last periodic checkpoint. The real signal handlers; Slurm's
     answers come through ``query`` (the run on the real cluster: benchmarks/interruptions.py)."""
-    from beam_hpc.segment import Segment
+    from beam_hpc.job.segment import Segment
 
     plan, _ = tiny_plan("num_rollout=40", "lifecycle.save_on_request=false")
     _checkpoint(plan.paths, 4)

@@ -4,22 +4,24 @@ Miles cannot be installed here (GPU image only), so the contract is written down
 ``tests/data/miles-megatron-flags.txt`` lists every flag name the real argparse parser of Miles's
 entry points accepts (radixark/miles@31f1ca961 + its Megatron fork; see the file's header). Every
 flag beam-hpc emits, for every recipe and mode, must be in it; the values must be the recipe's;
-and the cross-flag rules Miles asserts at start-up (quoted in ``beam_hpc.backends.miles_checks``)
+and the cross-flag rules Miles asserts at start-up (quoted in ``beam_hpc.backends.miles.checks``)
 must hold on the emitted argv.
 """
 
 from __future__ import annotations
+
+from beam_hpc.errors import InputError
 
 import re
 from pathlib import Path
 
 import pytest
 
-from beam_hpc.backends import miles_args
-from beam_hpc.backends.miles_args import ENTRY_ASYNC, ENTRY_SYNC, build_driver, entry_point, managed_flags
-from beam_hpc.plan import PLACEHOLDERS, RunPaths, fill, make_plan
-from beam_hpc.recipe import Recipe, RecipeError, load_recipe
-from beam_hpc.site import Site
+from beam_hpc.backends.miles import args as miles_args
+from beam_hpc.backends.miles.args import ENTRY_ASYNC, ENTRY_SYNC, build_driver, entry_point, managed_flags
+from beam_hpc.plan.plan import PLACEHOLDERS, RunPaths, fill, make_plan
+from beam_hpc.config.recipe import Recipe, load_recipe
+from beam_hpc.config.site import Site
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS_FILE = Path(__file__).parent / "data" / "miles-megatron-flags.txt"
@@ -286,7 +288,7 @@ def test_driver_command_shape_and_placeholders() -> None:
     argv, env = build_driver(r, SITE, PLAN_PATH)
     cut = argv.index("--")
     launcher = parse_flags(argv[3:cut])
-    assert argv[:3] == [SITE.python, "-m", "beam_hpc.backends.miles_launch"]
+    assert argv[:3] == [SITE.python, "-m", "beam_hpc.backends.miles.launch"]
     assert launcher["--plan"] == [PLAN_PATH] and launcher["--ray-address"] == ["{ray_address}"]
     assert launcher["--head-ip"] == ["{head_ip}"] and launcher["--ifname"] == ["ib0"]
     assert launcher["--group-label"] == ["beam-group"]
@@ -350,12 +352,12 @@ BAD = [
 @pytest.mark.parametrize(("spec", "message"), BAD, ids=[b[1][:40] for b in BAD])
 def test_checks_raise_clear_errors(spec: tuple[str, ...], message: str) -> None:
     r = recipe(*spec)
-    with pytest.raises(RecipeError, match=re.escape(message)):
+    with pytest.raises(InputError, match=re.escape(message)):
         build_driver(r, SITE, PLAN_PATH)
 
 
 def test_bad_parallelism_fails_in_make_plan_before_any_allocation() -> None:
-    with pytest.raises(RecipeError, match="choose sizes whose product divides it"):
+    with pytest.raises(InputError, match="choose sizes whose product divides it"):
         make_plan(recipe("lora", "model.pipeline_parallel=3"), SITE)
 
 
@@ -366,7 +368,7 @@ def test_dry_run_matches_golden(name: str, capsys: pytest.CaptureFixture[str]) -
     """`beam-hpc submit RECIPE --dry-run` prints the full Miles command; tests/golden/ holds the
     three seed configurations' (regenerate: `beam-hpc submit recipes/X.yaml --site
     env/example-site.yaml --dry-run --via sbatch > tests/golden/X.dryrun.txt`)."""
-    from beam_hpc.cli import main as cli_main
+    from beam_hpc.cli.app import main as cli_main
 
     root = Path(__file__).resolve().parents[1]
     assert cli_main(["submit", str(root / "recipes" / f"{name}.yaml"), "--site",

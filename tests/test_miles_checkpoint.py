@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.backends import miles_checkpoint as mc
-from beam_hpc.backends import miles_launch
-from beam_hpc.backends.miles_args import build_driver
-from beam_hpc.checkpoint_layout import dataset_state_path, iteration_dir, latest_iteration, saved_iterations
-from beam_hpc.recipe import load_recipe
-from beam_hpc.site import Site
+from beam_hpc.backends.miles import checkpoint as mc
+from beam_hpc.backends.miles import launch as miles_launch
+from beam_hpc.backends.miles.args import build_driver
+from beam_hpc.run.checkpoint_layout import dataset_state_path, iteration_dir, latest_iteration, saved_iterations
+from beam_hpc.config.recipe import load_recipe
+from beam_hpc.config.site import Site
 
 sys.path.insert(0, str(Path(__file__).parent))
 from megatron_ckpt import write_torch_dist_checkpoints

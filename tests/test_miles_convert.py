@@ -1,4 +1,4 @@
-"""HF -> torch_dist conversion as a Slurm job of its own (beam_hpc.backends.miles_convert).
+"""HF -> torch_dist conversion as a Slurm job of its own (beam_hpc.backends.miles.convert).
 
 Fast tests: the pure parts (spec, sbatch script, converter command, the done/partial/foreign rules)
 against the facts of Miles's converter (radixark/miles@31f1ca961 ``tools/convert_hf_to_torch_dist.py``
@@ -15,6 +15,8 @@ docstring). A second ``prepare --convert`` must submit nothing.
 
 from __future__ import annotations
 
+from beam_hpc.errors import InputError
+
 import json
 import shutil
 import socket
@@ -27,10 +29,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from beam_hpc import run_lock
-from beam_hpc.backends import miles_convert as mc
-from beam_hpc.recipe import RecipeError, load_yaml, recipe_from_dict
-from beam_hpc.site import site_from_dict
+from beam_hpc.run import lock as run_lock
+from beam_hpc.backends.miles import convert as mc
+from beam_hpc.config.recipe import load_yaml, recipe_from_dict
+from beam_hpc.config.site import site_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "miles_standin"
@@ -66,7 +68,7 @@ def test_script_asks_for_one_trainer_node_with_its_gpus(tmp_path: Path) -> None:
                       "--mem=0", "--constraint=h200&nvme", "--exclusive"]
     assert "export NCCL_SOCKET_IFNAME=ib0" in text
     assert text.rstrip().endswith(
-        f"exec /shared/software/beam-hpc/venv/bin/python -m beam_hpc.backends.miles_convert run "
+        f"exec /shared/software/beam-hpc/venv/bin/python -m beam_hpc.backends.miles.convert run "
         f"--spec {tmp_path}/run/convert/convert.json")
 
 
@@ -90,7 +92,7 @@ def test_the_converter_runs_inside_the_sites_container(tmp_path: Path) -> None:
     assert cmd.argv[:3] == ["apptainer", "exec", "--nv"] and "--containall" not in cmd.argv
     for needed in (tmp_path / "hf", tmp_path / "torch_dist", tmp_path / "run" / "convert"):  # all visible inside
         assert any(str(needed) == b or str(needed).startswith(b + "/") for b in binds), (needed, binds)
-    assert cmd.argv[-7:] == ["/shared/images/beam.sif", "python3", "-m", "beam_hpc.backends.miles_convert",
+    assert cmd.argv[-7:] == ["/shared/images/beam.sif", "python3", "-m", "beam_hpc.backends.miles.convert",
                              "exec", "--spec", str(spec.spec_path)]
 
 
@@ -106,12 +108,12 @@ def test_the_converter_runs_inside_the_sites_container(tmp_path: Path) -> None:
     ],
 )
 def test_recipes_that_cannot_be_converted_name_the_field(tmp_path: Path, change: dict, message: str) -> None:
-    with pytest.raises(RecipeError, match=message.replace("(", r"\(")):
+    with pytest.raises(InputError, match=message.replace("(", r"\(")):
         spec_for(tmp_path, **change)
 
 
 def test_cli_refuses_mixed_options(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from beam_hpc.cli import main
+    from beam_hpc.cli.app import main
 
     assert main(["prepare", "--convert", "r.yaml", "--tiny"]) == 2
     assert main(["prepare", "--site", "local"]) == 2
@@ -120,9 +122,9 @@ def test_cli_refuses_mixed_options(tmp_path: Path, capsys) -> None:  # type: ign
 
 def test_bad_walltime_and_too_many_gpus(tmp_path: Path) -> None:
     recipe = recipe_from_dict(recipe_dict(tmp_path), "t")
-    with pytest.raises(RecipeError, match="--walltime: 'soon'"):
+    with pytest.raises(InputError, match="--walltime: 'soon'"):
         mc.convert_spec(recipe, site_from_dict(example_site(), "s"), walltime="soon")
-    with pytest.raises(RecipeError, match="topology.trainer.gpus_per_node: 8 GPUs, but site"):
+    with pytest.raises(InputError, match="topology.trainer.gpus_per_node: 8 GPUs, but site"):
         mc.convert_spec(recipe, site_from_dict({**example_site(), "gpus_per_node": 4}, "s"))
 
 
@@ -142,7 +144,7 @@ def test_done_partial_and_outputs_that_must_not_be_touched(tmp_path: Path) -> No
     assert mc.clear_partial(out) == [str(out / "iter_0000001")]
     assert (out / "README").exists() and mc.conversion_state(spec) == "missing"
     _complete(out)  # complete, but beam-hpc did not record it: never overwritten
-    with pytest.raises(RecipeError, match="model.ref_load: .* beam-hpc did not make"):
+    with pytest.raises(InputError, match="model.ref_load: .* beam-hpc did not make"):
         mc.conversion_state(spec)
     (out / mc.MARKER).write_text(json.dumps({"key": spec.key()}))
     assert mc.conversion_state(spec) == "done"
@@ -150,7 +152,7 @@ def test_done_partial_and_outputs_that_must_not_be_touched(tmp_path: Path) -> No
     assert mc.conversion_state(spec) == "partial"
     (out / "latest_checkpointed_iteration.txt").write_text("release")
     other = spec_for(tmp_path, model={**recipe_dict(tmp_path)["model"], "miles_model_args": ["--num-layers", "4"]})
-    with pytest.raises(RecipeError, match="holds a conversion of"):
+    with pytest.raises(InputError, match="holds a conversion of"):
         mc.conversion_state(other)
 
 
@@ -167,7 +169,7 @@ def conv_dir() -> Iterator[Path]:
 @pytest.mark.slurm
 @pytest.mark.e2e
 def test_prepare_convert_runs_the_job_once_then_skips(slurm_cluster, conv_dir: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from beam_hpc.cli import main
+    from beam_hpc.cli.app import main
 
     (conv_dir / "hf").mkdir()
     (conv_dir / "hf" / "config.json").write_text("{}")

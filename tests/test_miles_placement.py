@@ -29,8 +29,8 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from beam_hpc.backends import miles_launch
-from beam_hpc.backends.miles_placement import (
+from beam_hpc.backends.miles import launch as miles_launch
+from beam_hpc.backends.miles.placement import (
     PlacementError,
     PlacementLayout,
     apply_placement_patch,
@@ -420,12 +420,12 @@ def test_busy_gpus_raise_after_the_timeout_not_never(miles_pg: ModuleType) -> No
 @pytest.mark.slow
 @pytest.mark.ray
 def test_launcher_runs_the_entry_point_with_the_patch(ray_cluster: LoopbackRay, tmp_path: Path) -> None:
-    """``python -m beam_hpc.backends.miles_launch ... -- train_async.py <flags>`` end to end, with the
+    """``python -m beam_hpc.backends.miles.launch ... -- train_async.py <flags>`` end to end, with the
     Miles double's entry point: placement proof written, trainer bundles on trainer nodes, the
     driver and worker environments as documented."""
     dumps = tmp_path / "dumps"
     env = {**ray_cluster.env, "TENSORBOARD_DIR": str(tmp_path / "tb"), "BEAM_REWARD_OVERLONG_BUFFER": "1024"}
-    cmd = [sys.executable, "-m", "beam_hpc.backends.miles_launch", "--plan", str(tmp_path / "plan.json"),
+    cmd = [sys.executable, "-m", "beam_hpc.backends.miles.launch", "--plan", str(tmp_path / "plan.json"),
            "--ray-address", ray_cluster.address, "--head-ip", HEAD, "--miles-dir", str(STANDIN),
            "--placement-timeout", "30", "--", "train_async.py", "--actor-num-nodes", "2",
            "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "1", "--dump-details", str(dumps),

@@ -1,4 +1,4 @@
-"""Miles's custom reward adapter scores exactly as ``beam_hpc.reward`` does.
+"""Miles's custom reward adapter scores exactly as ``beam_hpc.reward.scoring`` does.
 
 Miles cannot be installed here; the contract (read in radixark/miles@31f1ca961, see the
 adapter's docstring) is: Miles loads ``--custom-rm-path`` as ``module.attr``, awaits
@@ -17,8 +17,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from beam_hpc.backends import miles_args, miles_reward
-from beam_hpc.reward import score_response
+from beam_hpc.backends.miles import args as miles_args
+
+from beam_hpc.backends.miles import reward as miles_reward
+from beam_hpc.reward.scoring import score_response
 
 
 @dataclass
@@ -91,5 +93,5 @@ def test_clear_errors(monkeypatch: pytest.MonkeyPatch, reward_env: None) -> None
     with pytest.raises(ValueError, match="--label-key"):
         asyncio.run(miles_reward.reward(ARGS, Sample("\\boxed{7}", None, 3)))
     monkeypatch.delenv(miles_args.ENV_OVERLONG_BUFFER)
-    with pytest.raises(RuntimeError, match="miles_launch"):
+    with pytest.raises(RuntimeError, match="backends.miles.launch"):
         asyncio.run(miles_reward.reward(ARGS, Sample("\\boxed{7}", "7", 3)))

@@ -1,8 +1,8 @@
 """The Miles launch path end to end on the local Slurm cluster, with a contract double of Miles.
 
-Real parts: the user's submission (``beam_hpc.submit.submit(via="sbatch")``: plan, rendered
+Real parts: the user's submission (``beam_hpc.submission.submit.submit(via="sbatch")``: plan, rendered
 heterogeneous script, login-node checks, sbatch), Slurm, the segment and its lifecycle watchdog,
-Ray on both groups, beam-hpc's Miles launcher (``beam_hpc.backends.miles_launch``) with its
+Ray on both groups, beam-hpc's Miles launcher (``beam_hpc.backends.miles.launch``) with its
 placement patch, the resubmission with ``--resume``.
 
 The seam: Miles itself cannot run here (GPU image), so the site points the Miles directory at
@@ -33,10 +33,10 @@ import pytest
 import run_watch
 from run_watch import chain_finished, diagnostics, segments
 
-from beam_hpc import checkpoint_layout
-from beam_hpc.backends import miles_args
-from beam_hpc.recipe import load_yaml, recipe_from_dict
-from beam_hpc.site import site_from_dict
+from beam_hpc.run import checkpoint_layout
+from beam_hpc.backends.miles import args as miles_args
+from beam_hpc.config.recipe import load_yaml, recipe_from_dict
+from beam_hpc.config.site import site_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "miles_standin"
@@ -103,7 +103,7 @@ def test_walltime_save_at_sentinel_then_resume_with_exact_miles_flags(slurm_clus
     removes the file -> the segment stops and resubmits itself with --resume. Segment 2: the
     double loads that checkpoint from --load and finishes. Both launches got exactly the flags
     miles_args builds for the plan, and the address variables of the job's head node."""
-    from beam_hpc.submit import submit
+    from beam_hpc.submission.submit import submit
 
     recipe = recipe_from_dict(miles_recipe(run_dir.parent), "miles test recipe")
     site = site_from_dict(local_site(), "local site, Miles double")
@@ -165,7 +165,7 @@ def test_walltime_save_at_sentinel_then_resume_with_exact_miles_flags(slurm_clus
     for record, job in ((one, first), (two, second)):  # last: the one known gap (see the message)
         rt = _json(run_dir / "logs" / f"{job}-0" / "runtime.json")
         assert record["environ"]["RAY_ADDRESS"] == f"{rt['head_ip']}:{rt['gcs_port']}", (
-            "RAY_ADDRESS reached the driver as the Plan's placeholder: beam_hpc.job must fill the "
+            "RAY_ADDRESS reached the driver as the Plan's placeholder: beam_hpc.job.runner must fill the "
             "placeholders of plan.driver_env as it fills those of plan.driver_argv")
 
 

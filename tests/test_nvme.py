@@ -1,4 +1,4 @@
-"""beam_hpc.nvme on real filesystems, and the node step's NVMe cleanup on SIGTERM and after SIGKILL."""
+"""beam_hpc.node.nvme on real filesystems, and the node step's NVMe cleanup on SIGTERM and after SIGKILL."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc import nvme
-from beam_hpc.ray_node import ClusterRuntime, loopback_ip
+from beam_hpc.node import nvme
+from beam_hpc.node.ray_node import ClusterRuntime, loopback_ip
 from job_plans import make_test_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def _runtime(plan, job_id: str, seg_dir: Path, port: int) -> ClusterRuntime:
 
 def _start_worker(plan, rt: ClusterRuntime) -> subprocess.Popen:
     """Trainer node 1 (a worker): it stages NVMe, then waits for a head that never comes."""
-    argv = [sys.executable, "-m", "beam_hpc.node_step", "--plan", plan.paths.plan, "--group", "trainer",
+    argv = [sys.executable, "-m", "beam_hpc.node.step", "--plan", plan.paths.plan, "--group", "trainer",
             "--runtime", str(rt.path), "--nonce", rt.nonce, "--node-index", "1",
             "--node-ip", loopback_ip(1), "--gpus", "2", "--cpus", "1"]
     return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

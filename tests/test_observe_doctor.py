@@ -1,7 +1,7 @@
 """`beam-hpc doctor`: passes on the local Slurm cluster, and fails with the fix when one thing is
 broken on purpose (a partition that does not exist, scratch on the tmpfs /dev/shm).
 
-The --in-job half runs for real: srun starts `python -m beam_hpc.doctor --node` on two nodes of
+The --in-job half runs for real: srun starts `python -m beam_hpc.observe.doctor --node` on two nodes of
 the local cluster, which read the login side's canary and answer with their checks.
 """
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from beam_hpc import doctor
-from beam_hpc.cli import main
-from beam_hpc.submit import build_site
+from beam_hpc.observe import doctor
+from beam_hpc.cli.app import main
+from beam_hpc.submission.submit import build_site
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_SITE = ROOT / "env" / "local.yaml"
@@ -100,7 +100,7 @@ def test_doctor_without_slurm_on_path_fails_with_the_fix(tmp_path: Path, monkeyp
 def test_ports_check_names_a_port_that_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
 
-    from beam_hpc.ray_node import LOOPBACK_MAX_NODES, ray_ports
+    from beam_hpc.node.ray_node import LOOPBACK_MAX_NODES, ray_ports
 
     for var in ("SLURM_JOB_ID", "SLURM_NODEID"):
         monkeypatch.delenv(var, raising=False)

@@ -3,10 +3,10 @@
 Two run directories:
 - a REAL one (test_status_and_plot_of_a_real_two_segment_run, slow): the reference backend run
   twice through its real entry point, the first segment stopping after a checkpoint and the second
-  resuming from it; the ledger lines around them written with beam_hpc.ledger as the job does.
+  resuming from it; the ledger lines around them written with beam_hpc.run.ledger as the job does.
   status and plot read exactly what the backend wrote (torch's SummaryWriter, metrics.jsonl).
 - a hand-made one (``build_run``, fast), in the documented formats and with the project's own
-  writers (make_plan, beam_hpc.ledger, checkpoint_layout, tensorboard's EventFileWriter, the
+  writers (make_plan, beam_hpc.run.ledger, checkpoint_layout, tensorboard's EventFileWriter, the
   metrics.jsonl lines of metric_names), for what a real run cannot produce on demand: a segment
   killed hard (start line, no end line) and a rollout re-done after it, with known times, so that
   goodput, durations and ETA are checked against hand-computed numbers.
@@ -30,13 +30,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from beam_hpc import checkpoint_layout, ledger, metric_names, run_logs
-from beam_hpc.cli import main
-from beam_hpc.plan import make_plan
+from beam_hpc.run import checkpoint_layout
+
+from beam_hpc.run import ledger
+
+from beam_hpc.run import metric_names
+
+from beam_hpc.observe import logs as run_logs
+from beam_hpc.cli.app import main
+from beam_hpc.plan.plan import make_plan
 from beam_hpc.progress import Progress
-from beam_hpc.run_plot import CHARTS, plot_run
-from beam_hpc.run_status import format_status, gather, read_scalars
-from beam_hpc.submit import build_recipe, build_site
+from beam_hpc.observe.plot import CHARTS, plot_run
+from beam_hpc.observe.status import format_status, gather, read_scalars
+from beam_hpc.submission.submit import build_recipe, build_site
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_700_000_000.0
@@ -206,7 +212,7 @@ def test_status_shows_the_live_slurm_job(slurm_cluster, tmp_path: Path) -> None:
 def test_status_and_plot_of_a_real_two_segment_run(tiny_assets, reference_ray, tmp_path: Path) -> None:
     """The real reference backend, twice: the first segment stops after its checkpoint of rollout 1
     (backend_options.stop_after_rollout), the second resumes from it and completes 4 rollouts.
-    The ledger lines around each are written with beam_hpc.ledger, as the job does; the driver's
+    The ledger lines around each are written with beam_hpc.run.ledger, as the job does; the driver's
     output goes to the segment's driver.log. What is read back is what the backend wrote."""
     import socket
 
@@ -305,7 +311,7 @@ def test_logs_finds_the_right_file(run_dir: Path, capsys: pytest.CaptureFixture)
 
 
 def test_log_names_are_the_ones_the_job_writes() -> None:
-    from beam_hpc.ray_node import ClusterRuntime
+    from beam_hpc.node.ray_node import ClusterRuntime
 
     rt = ClusterRuntime(job_id="5", job_num=5, restart=0, job_tag="t", head_ip="127.0.0.10", gcs_port=1,
                         host_stride=1, token_path="", segment_dir="/r/logs/5-0", nonce="", deadline=0.0,

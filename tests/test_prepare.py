@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc import prepare as prep
-from beam_hpc.prepare import (
+from beam_hpc.data import prepare as prep
+from beam_hpc.data.prepare import (
     EVAL_FILE,
     MANIFEST_FILE,
     TRAIN_FILE,
@@ -24,8 +24,8 @@ from beam_hpc.prepare import (
     clean_aime_answer,
     prepare,
 )
-from beam_hpc.reward import score_response
-from beam_hpc.tiny_data import write_tiny_sources
+from beam_hpc.reward.scoring import score_response
+from beam_hpc.data.tiny import write_tiny_sources
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DAPO_PARQUET = FIXTURES / "dapo-math-17k-sample.parquet"
@@ -202,7 +202,7 @@ def test_tiny_sources_are_deterministic_and_prepare_like_real_data(tmp_path: Pat
 
 
 def _cli(argv: list[str]) -> int:
-    from beam_hpc import cli_prepare
+    from beam_hpc.cli import prepare as cli_prepare
 
     parser = argparse.ArgumentParser(prog="beam-hpc")
     cli_prepare.add_parser(parser.add_subparsers(dest="command", required=True))
@@ -283,7 +283,7 @@ def test_model_download_recorded_and_skipped(tmp_path: Path, monkeypatch: pytest
 def test_offline_download_fails_with_advice(tmp_path: Path) -> None:
     """The real `datasets` in offline mode: the error must point at --from-local."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    code = f"from beam_hpc.prepare import prepare; prepare({str(tmp_path / 'data')!r}, progress=False)"
+    code = f"from beam_hpc.data.prepare import prepare; prepare({str(tmp_path / 'data')!r}, progress=False)"
     result = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "PrepareError: could not download BytedTsinghua-SIA/DAPO-Math-17k:train" in result.stderr

@@ -1,4 +1,4 @@
-"""beam_hpc.ray_node: ports, addresses, `ray start` command lines, environment, token, stragglers."""
+"""beam_hpc.node.ray_node: ports, addresses, `ray start` command lines, environment, token, stragglers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.ray_node import (
+from beam_hpc.node.ray_node import (
     LOOPBACK_MAX_NODES,
     PORT_KINDS,
     ClusterRuntime,
@@ -32,7 +32,7 @@ from beam_hpc.ray_node import (
     temp_dir_for,
     write_token,
 )
-from beam_hpc.site import NetworkSpec, RayPortSpec, load_site
+from beam_hpc.config.site import NetworkSpec, RayPortSpec, load_site
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_SITE = load_site(ROOT / "env" / "local.yaml")

@@ -1,12 +1,12 @@
-"""beam_hpc.readiness: the readiness rule on node lists shaped like ray.nodes(), and the naming of
+"""beam_hpc.job.readiness: the readiness rule on node lists shaped like ray.nodes(), and the naming of
 nodes that never joined (from the node steps' real report files)."""
 
 from __future__ import annotations
 
 import time
 
-from beam_hpc.ray_node import ClusterRuntime, write_json_atomic
-from beam_hpc.readiness import Expected, evaluate, lacking_in_existing, missing_nodes
+from beam_hpc.node.ray_node import ClusterRuntime, write_json_atomic
+from beam_hpc.job.readiness import Expected, evaluate, lacking_in_existing, missing_nodes
 from job_plans import make_test_plan
 
 EXPECTED = [Expected("trainer", 2, 4), Expected("rollout", 1, 2)]

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.cli import main
-from beam_hpc.plan import Plan, fill, make_plan
-from beam_hpc.recipe import load_recipe
-from beam_hpc.render import render_script
-from beam_hpc.submit import build_recipe, build_site
+from beam_hpc.cli.app import main
+from beam_hpc.plan.plan import Plan, fill, make_plan
+from beam_hpc.config.recipe import load_recipe
+from beam_hpc.slurm.script import render_script
+from beam_hpc.submission.submit import build_recipe, build_site
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ("dedicated", "colocated", "lora")
@@ -87,7 +87,7 @@ def test_render_hetjob_script_shape() -> None:
     assert "#SBATCH --gres=gpu:8" in first and "#SBATCH --gres=gpu:8" in second
     assert "#SBATCH --tmp=2000G" in first and not any("--tmp" in s for s in second)
     assert "#SBATCH --constraint=h200&nvme" in first and "#SBATCH --constraint=h200" in second
-    assert text.rstrip().endswith('-m beam_hpc.segment --plan /shared/runs/beam-dedicated/plan.json "$@"')
+    assert text.rstrip().endswith('-m beam_hpc.job.segment --plan /shared/runs/beam-dedicated/plan.json "$@"')
     colocated = render_script(make_plan(load_recipe(recipe_path("colocated")), build_site(site_path("example-site"))))
     assert "#SBATCH hetjob" not in colocated
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc import metric_names as names
+from beam_hpc.run import metric_names as names
 from reference_harness import SMALL, assert_bitwise_equal, load_checkpoint, make_plan, metrics, run_backend
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.e2e]
@@ -97,8 +97,8 @@ def test_sync_resume_is_bitwise_equal_and_the_sentinel_saves(tmp_path, tiny_asse
     """The save sentinel both ways: as the lifecycle writes it ("then": "stop": save at the next
     boundary and exit, so nothing is trained that nobody keeps) and as a user's ``touch`` (Miles's
     semantics: save and go on). Three processes, one run, bitwise equal to an uninterrupted one."""
-    from beam_hpc import lifecycle
-    from beam_hpc.plan import Plan
+    from beam_hpc.lifecycle import lifecycle
+    from beam_hpc.plan.plan import Plan
 
     base = ["num_rollout=4", "checkpoint.interval=3", "training.async_training=false"]
     whole, _ = _run(tmp_path, "whole", tiny_assets, reference_ray, base)
@@ -201,7 +201,7 @@ def test_tiny_recipe_learns(tmp_path, tiny_assets, reference_ray, mode) -> None:
 def test_truncated_checkpoint_is_skipped_for_the_previous_complete_one(tmp_path, tiny_assets, reference_ray) -> None:
     """Checkpoints at rollouts 1 and 3; model.pt of 3 is cut in half on purpose. The resumed run
     warns, starts from checkpoint 1 (so rollouts 2-3 are trained again) and reaches the total."""
-    from beam_hpc import checkpoint_layout as layout
+    from beam_hpc.run import checkpoint_layout as layout
 
     run = tmp_path / "run"
     plan = make_plan(run, tiny_assets, SMALL + ["checkpoint.interval=2", "num_rollout=4"])

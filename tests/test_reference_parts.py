@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from beam_hpc import checkpoint_layout as layout  # noqa: E402
+from beam_hpc.run import checkpoint_layout as layout  # noqa: E402
 from beam_hpc.backends.reference import checkpoint  # noqa: E402
 from beam_hpc.backends.reference.offload import NVME_ENV, OffloadError, OptimizerOffload  # noqa: E402
 from beam_hpc.backends.reference.prompt_source import Prompt, PromptOrder  # noqa: E402

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def _recipe(tmp_path: Path, tiny_assets, extra: list[str]) -> dict:
-    from beam_hpc.recipe import load_recipe
+    from beam_hpc.config.recipe import load_recipe
 
     r = load_recipe(TINY_RECIPE, [f"output_dir={tmp_path}", f"model.path={tiny_assets.model_dir}", *extra])
     return r.model_dump(mode="json")

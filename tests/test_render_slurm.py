@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.plan import make_plan
-from beam_hpc.render import render_script
-from beam_hpc.submit import build_recipe, build_site
+from beam_hpc.plan.plan import make_plan
+from beam_hpc.slurm.script import render_script
+from beam_hpc.submission.submit import build_recipe, build_site
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from beam_hpc.reward import (
+from beam_hpc.reward.scoring import (
     CORRECT_REWARD,
     DEFAULT_BUFFER_TOKENS,
     WRONG_REWARD,
@@ -217,7 +217,7 @@ def test_same_verdicts_from_eight_threads() -> None:
 
 
 def test_pathological_input_is_bounded_and_checker_recovers() -> None:
-    from beam_hpc.reward_worker import SymbolicChecker
+    from beam_hpc.reward.worker import SymbolicChecker
 
     tower = "10^{10^{10^{10}}}"  # math-verify without a timeout never returns on this
     checker = SymbolicChecker(max_workers=1)
@@ -257,7 +257,7 @@ def test_ray_actor_agrees_with_main_thread_while_threads_run(monkeypatch: pytest
     @ray.remote(num_cpus=0)
     class Scorer:
         def check(self, pairs: list[tuple[str, str]]) -> list[bool]:
-            from beam_hpc.reward import is_equivalent
+            from beam_hpc.reward.scoring import is_equivalent
 
             return [is_equivalent(a, b) for a, b in pairs]
 

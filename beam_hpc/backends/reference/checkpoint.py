@@ -1,6 +1,6 @@
 """Publishing and reading the reference backend's checkpoints, in the shared layout.
 
-The layout is :mod:`beam_hpc.checkpoint_layout` (Miles's): the iteration directory is filled
+The layout is :mod:`beam_hpc.run.checkpoint_layout` (Miles's): the iteration directory is filled
 under a temporary name and renamed, then the dataset cursor is written, then the pointer file
 ``latest_checkpointed_iteration.txt`` (last). A kill at any instant leaves the previous checkpoint
 named and intact. What goes into the iteration directory:
@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from beam_hpc import checkpoint_layout as layout
+from beam_hpc.run import checkpoint_layout as layout
 
 DRIVER_FILE = "driver.pt"
 META_FILE = "meta.json"

@@ -29,6 +29,8 @@ trainer group when colocated), ``tiny_model`` (build the embedded model into ``m
 
 from __future__ import annotations
 
+from beam_hpc.errors import RuntimeFailure
+
 import logging
 import os
 import time
@@ -36,16 +38,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from beam_hpc import checkpoint_layout
-from beam_hpc import metric_names as names
+from beam_hpc.run import checkpoint_layout
+from beam_hpc.run import metric_names as names
 from beam_hpc.backends.reference import checkpoint
 from beam_hpc.backends.reference import metrics_log as mlog
 from beam_hpc.backends.reference.policy import device_of, load_tokenizer, setup_process, threads_of
 from beam_hpc.backends.reference.prompt_source import DataError, Prompt, PromptOrder, encode_prompts, read_rows
 from beam_hpc.backends.reference.weight_sync import TRANSPORTS
-from beam_hpc.checkpoint_layout import write_atomic
-from beam_hpc.plan import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX, Plan
-from beam_hpc.recipe import Recipe
+from beam_hpc.run.checkpoint_layout import write_atomic
+from beam_hpc.plan.plan import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX, Plan
+from beam_hpc.config.recipe import Recipe
 
 log = logging.getLogger("beam_hpc.reference")
 
@@ -54,7 +56,7 @@ LOCAL_RESOURCES = {f"{GROUP_RESOURCE_PREFIX}trainer": 1000, f"{GROUP_RESOURCE_PR
 PLACEMENT_FILE = "placement.json"
 
 
-class ReferenceError(RuntimeError):
+class ReferenceError(RuntimeFailure):
     """The run cannot proceed; the message says why and what to change."""
 
 

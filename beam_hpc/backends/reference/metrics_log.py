@@ -1,7 +1,7 @@
 """Scalars to TensorBoard and to ``dumps/metrics.jsonl``, and the per-rollout dump files.
 
 Tag names shared with the readers (`beam-hpc status`, plots) come from
-:mod:`beam_hpc.metric_names`; the extra diagnostics below are the reference backend's own.
+:mod:`beam_hpc.run.metric_names`; the extra diagnostics below are the reference backend's own.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from beam_hpc import metric_names as names
-from beam_hpc.checkpoint_layout import write_atomic
+from beam_hpc.run import metric_names as names
+from beam_hpc.run.checkpoint_layout import write_atomic
 
 # Diagnostics the reference backend adds (the issue's list: clip fraction, entropy, tokens/s).
 TRAIN_LOSS = "train/loss"

@@ -20,6 +20,8 @@ and are removed by :meth:`OptimizerOffload.close` (the runtime also wipes the jo
 
 from __future__ import annotations
 
+from beam_hpc.errors import RuntimeFailure
+
 import os
 import shutil
 from pathlib import Path
@@ -32,7 +34,7 @@ NVME_ENV = "BEAM_NVME_DIR"
 SWAP_SUBDIR = "reference-optimizer-state"
 
 
-class OffloadError(RuntimeError):
+class OffloadError(RuntimeFailure):
     """The offload target cannot be used (e.g. NVMe requested but no staged directory)."""
 
 

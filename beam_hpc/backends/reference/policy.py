@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from beam_hpc.recipe import Recipe
+    from beam_hpc.config.recipe import Recipe
 
 
 def derive_seed(*parts: object) -> int:

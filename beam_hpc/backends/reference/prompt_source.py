@@ -9,6 +9,8 @@ Miles's field names (``sample_offset``, ``epoch_id``).
 
 from __future__ import annotations
 
+from beam_hpc.errors import InputError
+
 import json
 import random
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from typing import Any
 from beam_hpc.backends.reference.policy import derive_seed
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """A data file is missing or malformed; the message names the file and the fix."""
 
 

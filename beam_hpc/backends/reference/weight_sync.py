@@ -41,6 +41,8 @@ driver before it decides what it needs).
 
 from __future__ import annotations
 
+from beam_hpc.errors import RuntimeFailure
+
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -50,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from beam_hpc.site import RayPortSpec
+    from beam_hpc.config.site import RayPortSpec
 
 TRANSPORTS = ("object_store", "nccl")
 DEFAULT_BUCKET_BYTES = 256 * 2**20  # few enough collectives to amortise launch, small enough to pipeline
@@ -60,7 +62,7 @@ ALIGN_BYTES = 64  # every tensor starts at a multiple of this in its bucket, so 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(RuntimeFailure):
     """A transport was misused or misconfigured; the message says what to change."""
 
 
@@ -234,7 +236,7 @@ def weight_sync_port(spec: "RayPortSpec", job_num: int) -> int:
     """The rendezvous port of a job: the band after Ray's own bands in the site's port plan
     (ray_node.ray_ports), slot ``job_num % port_span``, so concurrent jobs on shared nodes never
     clash with each other or with Ray."""
-    from beam_hpc.ray_node import PORT_KINDS
+    from beam_hpc.node.ray_node import PORT_KINDS
 
     port = spec.gcs_port_base + len(PORT_KINDS) * spec.port_span + job_num % spec.port_span
     if port > 65535:

@@ -1,0 +1,2 @@
+"""The Miles backend: flags, argument builder, checks, launch, placement, checkpoint, convert, reward.
+"""

@@ -1,0 +1,364 @@
+"""Recipe + site -> the Miles driver command: ``train_async.py`` / ``train.py`` and every flag.
+
+Why a pure builder: Miles cannot run outside its GPU image, so this path must be right by
+construction. Every flag here is checked by the tests against the names Miles's own argparse
+parser accepts (``tests/data/miles-megatron-flags.txt``, dumped from radixark/miles@31f1ca961 with
+its Megatron fork) and every value against the recipe. The Plan stores the result; ``beam-hpc
+submit --dry-run`` prints it.
+
+The mapping, recipe field -> Miles flag, is the table ``_SOURCES``; the rules that shape it (from
+Miles's source, read for facts only):
+
+- entry point: ``train_async.py`` for dedicated pools trained asynchronously (the seed's
+  dedicated and LoRA configurations), ``train.py`` for colocated runs and ``async_training: false``
+  (Miles's ``train_async.py`` asserts ``not args.colocate``);
+- checkpoints: ``--save`` and ``--load`` are both pinned to ``<output>/checkpoints``. Miles's
+  launch scripts default to a timestamped run id, which would start every resumed segment from
+  scratch; with a fixed ``--load`` Miles resumes from ``latest_checkpointed_iteration.txt`` and the
+  saved data cursor, and on the first segment (no checkpoint yet) falls back to ``--ref-load``;
+- ``--save-trigger-sentinel <output>/SAVE_NOW``: the lifecycle creates the file, Miles saves at the
+  next rollout boundary and deletes it;
+- optimizer state on node-local NVMe (the seed's ``--optimizer-disk-dir``):
+  ``--stream-optimizer-state-to-disk --offload-train-disk-dir <staged dir>``, plus
+  ``--offload-train-target disk`` when the trainer is offloaded between steps (colocated runs:
+  ``--colocate`` turns ``--offload-train`` on). Miles asserts "--offload-train-target=disk requires
+  --offload-train", so dedicated pools, which never offload the trainer, must not pass it.
+  Streaming also needs the distributed optimizer and Adam and excludes the CPU-offload flags;
+- optimizer state in host RAM (``offload.target: cpu``): Megatron's ``--optimizer-cpu-offload
+  --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer``;
+- LoRA: ``--lora-rank/--lora-alpha/--lora-dropout/--target-modules`` through Megatron-Bridge
+  (``--megatron-to-hf-mode bridge``, which loads the HF checkpoint itself, so no ``--ref-load``);
+- reward: ``--custom-rm-path beam_hpc.backends.miles.reward.reward`` returns a dict; training reads
+  ``--reward-key reward`` (correctness + overlong penalty), evaluation ``--eval-reward-key acc``
+  (1/0 correctness, so the logged mean is accuracy without the penalty, as the seed reports it);
+- tensorboard: ``--use-tensorboard`` with ``TENSORBOARD_DIR=<output>/tensorboard`` in the
+  environment (Miles reads the directory only from there).
+
+Pure: no Miles, Ray or Slurm import; values that exist only inside the allocation are Plan
+placeholders (``{nvme_dir}``, ``{head_ip}``, ``{ray_address}``) that the job fills.
+"""
+
+from __future__ import annotations
+
+from beam_hpc.backends.miles.checks import OPTION_EXTRA_ARGS, MilesLayout, check
+from beam_hpc.plan.plan import GROUP_LABEL_KEY, RunPaths
+from beam_hpc.config.recipe import Recipe
+from beam_hpc.config.site import Site
+
+ENTRY_ASYNC = "train_async.py"
+ENTRY_SYNC = "train.py"
+LAUNCHER_MODULE = "beam_hpc.backends.miles.launch"
+REWARD_FUNCTION = "beam_hpc.backends.miles.reward.reward"
+TRAIN_REWARD_KEY = "reward"
+EVAL_REWARD_KEY = "acc"
+# The reward adapter reads the penalty window from these (the Miles args carry only the length).
+ENV_OVERLONG_BUFFER = "BEAM_REWARD_OVERLONG_BUFFER"
+ENV_OVERLONG_FACTOR = "BEAM_REWARD_OVERLONG_FACTOR"
+# Driver environment that every Ray worker of the job also needs (the launcher forwards these
+# through the job's runtime_env). Per-node values (MILES_HOST_IP) are not here: each node step
+# sets its own before `ray start`, and Ray workers inherit the raylet's environment.
+WORKER_ENV = (
+    "TENSORBOARD_DIR",
+    "PYTHONUNBUFFERED",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",
+    ENV_OVERLONG_BUFFER,
+    ENV_OVERLONG_FACTOR,
+)
+
+# Every flag the builder may emit -> the recipe/site field it comes from. The builder refuses a
+# flag missing here, the checks refuse pass-through flags that repeat one, and the tests check
+# each name against Miles's parser.
+_SOURCES: dict[str, str] = {
+    # topology
+    "--actor-num-nodes": "topology.trainer.nodes",
+    "--actor-num-gpus-per-node": "topology.trainer.gpus_per_node",
+    "--rollout-num-gpus": "topology.rollout.nodes x gpus_per_node",
+    "--rollout-num-gpus-per-engine": "topology.rollout.gpus_per_engine",
+    "--num-gpus-per-node": "topology.<rollout or trainer>.gpus_per_node",
+    "--colocate": "training.colocated",
+    # model and starting weights
+    "--hf-checkpoint": "model.path",
+    "--ref-load": "model.ref_load",
+    "--tensor-model-parallel-size": "model.tensor_parallel",
+    "--pipeline-model-parallel-size": "model.pipeline_parallel",
+    "--context-parallel-size": "model.context_parallel",
+    "--expert-model-parallel-size": "model.expert_parallel",
+    "--expert-tensor-parallel-size": "model.expert_tensor_parallel",
+    "--sequence-parallel": "model.tensor_parallel > 1 (Megatron: EP with TP needs it)",
+    "--seed": "seed",
+    "--rollout-seed": "seed",
+    # data
+    "--prompt-data": "data.dir + data.train",
+    "--input-key": "(Miles JSONL written by beam-hpc prepare)",
+    "--label-key": "(Miles JSONL written by beam-hpc prepare)",
+    "--apply-chat-template": "(chat-message prompts)",
+    "--rollout-shuffle": "data.shuffle",
+    # batch and lengths
+    "--num-rollout": "num_rollout",
+    "--rollout-batch-size": "batch.prompts",
+    "--n-samples-per-prompt": "batch.responses_per_prompt",
+    "--global-batch-size": "batch (prompts x responses / updates_per_rollout)",
+    "--rollout-max-prompt-len": "tokens.max_prompt",
+    "--rollout-max-response-len": "tokens.max_response",
+    "--rollout-temperature": "training.temperature",
+    # reward
+    "--custom-rm-path": "reward (beam_hpc.reward.scoring)",
+    "--reward-key": "reward",
+    "--eval-reward-key": "reward / eval",
+    # evaluation
+    "--eval-interval": "eval.interval",
+    "--eval-prompt-data": "data.eval_name + data.eval",
+    "--n-samples-per-eval-prompt": "eval.samples_per_prompt",
+    "--eval-max-prompt-len": "tokens.max_prompt",
+    "--eval-max-response-len": "eval.max_response (default tokens.max_response)",
+    "--eval-temperature": "eval.temperature",
+    "--eval-top-p": "eval.top_p",
+    # loss
+    "--advantage-estimator": "training.advantage_estimator",
+    "--eps-clip": "training.eps_clip",
+    "--eps-clip-high": "training.eps_clip_high",
+    "--calculate-per-token-loss": "training.per_token_loss",
+    "--use-kl-loss": "training.kl_coef",
+    "--kl-loss-coef": "training.kl_coef",
+    "--kl-loss-type": "training.kl_coef",
+    # optimizer
+    "--optimizer": "(Adam, as the seed)",
+    "--use-distributed-optimizer": "(needed by NVMe streaming)",
+    "--lr": "training.optimizer.lr",
+    "--lr-decay-style": "(constant, as DAPO)",
+    "--lr-warmup-iters": "training.optimizer.warmup_rollouts",
+    "--weight-decay": "training.optimizer.weight_decay",
+    "--adam-beta1": "training.optimizer.adam_beta1",
+    "--adam-beta2": "training.optimizer.adam_beta2",
+    "--clip-grad": "training.optimizer.grad_clip",
+    # optimizer state placement
+    "--offload-train-target": "training.offload.target",
+    "--stream-optimizer-state-to-disk": "training.offload.target",
+    "--offload-train-disk-dir": "training.offload.nvme_dir (staged per job)",
+    "--optimizer-cpu-offload": "training.offload.target",
+    "--overlap-cpu-optimizer-d2h-h2d": "training.offload.target",
+    "--use-precision-aware-optimizer": "training.offload.target",
+    # LoRA
+    "--lora-rank": "training.lora.rank",
+    "--lora-alpha": "training.lora.alpha",
+    "--lora-dropout": "training.lora.dropout",
+    "--target-modules": "training.lora.target_modules",
+    "--megatron-to-hf-mode": "training.mode",
+    # checkpoints, dumps, logs
+    "--save": "output_dir (pinned: <output>/checkpoints)",
+    "--load": "output_dir (pinned: <output>/checkpoints)",
+    "--save-interval": "checkpoint.interval",
+    "--save-trigger-sentinel": "output_dir (<output>/SAVE_NOW)",
+    "--dump-details": "output_dir (<output>/dumps)",
+    "--use-tensorboard": "output_dir (<output>/tensorboard)",
+    "--use-fault-tolerance": "(rollout engine health checks)",
+}
+
+
+def managed_flags() -> dict[str, str]:
+    """Flags beam-hpc sets from the recipe -> the field to change instead."""
+    return dict(_SOURCES)
+
+
+def entry_point(recipe: Recipe) -> str:
+    """``train_async.py`` for dedicated asynchronous runs, ``train.py`` otherwise."""
+    t = recipe.training
+    return ENTRY_ASYNC if t.async_training and not t.colocated else ENTRY_SYNC
+
+
+def miles_args(recipe: Recipe, site: Site) -> list[str]:
+    """The Miles flags (without the entry point) for this recipe; checks run first."""
+    layout = check(recipe, site)
+    out = _Argv()
+    _topology(out, recipe, layout)
+    _model(out, recipe)
+    _data(out, recipe)
+    _batch(out, recipe, layout)
+    _reward(out)
+    _eval(out, recipe)
+    _loss(out, recipe)
+    _optimizer(out, recipe)
+    _offload(out, recipe)
+    _lora(out, recipe)
+    _outputs(out, recipe)
+    return out.argv + list(recipe.model.miles_model_args) + list(recipe.backend_options.get(OPTION_EXTRA_ARGS, []))
+
+
+def driver_env(recipe: Recipe) -> dict[str, str]:
+    """The driver's environment (the launcher adds the address and interface variables)."""
+    return {
+        "TENSORBOARD_DIR": RunPaths(recipe.output_dir).tensorboard,
+        "PYTHONUNBUFFERED": "1",
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",  # what Miles's own launcher sets for Megatron
+        "RAY_ADDRESS": "{ray_address}",
+        ENV_OVERLONG_BUFFER: str(recipe.reward.overlong_buffer),
+        ENV_OVERLONG_FACTOR: _num(recipe.reward.overlong_factor),
+    }
+
+
+def build_driver(recipe: Recipe, site: Site, plan_path: str) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of the driver process on the head node (Plan placeholders unfilled).
+
+    ``python -m beam_hpc.backends.miles.launch [launcher options] -- <entry> <Miles flags>``:
+    the launcher pins trainer bundles to trainer nodes and then runs Miles's entry point in
+    its own process (it never stops Ray or kills anything). ``plan_path`` is passed so the
+    launcher can name the run in its errors.
+    """
+    py = site.container.python if site.container.runtime == "apptainer" else site.python
+    launcher = [py, "-m", LAUNCHER_MODULE, "--plan", plan_path, "--ray-address", "{ray_address}",
+                "--head-ip", "{head_ip}", "--group-label", GROUP_LABEL_KEY]
+    if site.network.interface:
+        launcher += ["--ifname", site.network.interface]
+    return [*launcher, "--", entry_point(recipe), *miles_args(recipe, site)], driver_env(recipe)
+
+
+class _Argv:
+    """An argv under construction; only flags listed in ``_SOURCES`` may be added."""
+
+    def __init__(self) -> None:
+        self.argv: list[str] = []
+
+    def add(self, flag: str, *values: object) -> None:
+        if flag not in _SOURCES:
+            raise KeyError(f"{flag} is not in miles_args._SOURCES; add it with the recipe field it maps")
+        self.argv += [flag, *(v if isinstance(v, str) else _num(v) for v in values)]
+
+    def switch(self, flag: str, on: bool) -> None:
+        if on:
+            self.add(flag)
+
+
+def _num(value: object) -> str:
+    """Numbers as Python writes them (``1e-06``, ``0.28``, ``8``), which argparse reads back exactly."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"not a number: {value!r}")
+    return repr(value)
+
+
+def _topology(out: _Argv, recipe: Recipe, layout: MilesLayout) -> None:
+    out.add("--actor-num-nodes", layout.trainer_nodes)
+    out.add("--actor-num-gpus-per-node", layout.trainer_gpus_per_node)
+    out.add("--num-gpus-per-node", layout.num_gpus_per_node)
+    if recipe.training.colocated:
+        out.add("--colocate")
+    else:
+        out.add("--rollout-num-gpus", layout.rollout_gpus)
+    out.add("--rollout-num-gpus-per-engine", layout.gpus_per_engine)
+
+
+def _model(out: _Argv, recipe: Recipe) -> None:
+    m = recipe.model
+    out.add("--hf-checkpoint", m.path)
+    if recipe.training.mode == "full":
+        out.add("--ref-load", m.ref_load)  # presence checked in miles_checks
+    out.add("--tensor-model-parallel-size", m.tensor_parallel)
+    # Megatron warns "When using expert parallelism and tensor parallelism for training, sequence
+    # parallelism must be used", and turns it off by itself at TP 1.
+    out.switch("--sequence-parallel", m.tensor_parallel > 1)
+    out.add("--pipeline-model-parallel-size", m.pipeline_parallel)
+    out.add("--context-parallel-size", m.context_parallel)
+    out.add("--expert-model-parallel-size", m.expert_parallel)
+    out.add("--expert-tensor-parallel-size", m.expert_tensor_parallel)
+    out.add("--seed", recipe.seed)
+    out.add("--rollout-seed", recipe.seed)
+
+
+def _data(out: _Argv, recipe: Recipe) -> None:
+    out.add("--prompt-data", recipe.data.train_path())
+    out.add("--input-key", "prompt")
+    out.add("--label-key", "label")
+    out.add("--apply-chat-template")
+    out.switch("--rollout-shuffle", recipe.data.shuffle)
+
+
+def _batch(out: _Argv, recipe: Recipe, layout: MilesLayout) -> None:
+    out.add("--num-rollout", recipe.num_rollout)
+    out.add("--rollout-batch-size", recipe.batch.prompts)
+    out.add("--n-samples-per-prompt", recipe.batch.responses_per_prompt)
+    out.add("--global-batch-size", layout.global_batch)
+    out.add("--rollout-max-prompt-len", recipe.tokens.max_prompt)
+    out.add("--rollout-max-response-len", recipe.tokens.max_response)
+    out.add("--rollout-temperature", recipe.training.temperature)
+
+
+def _reward(out: _Argv) -> None:
+    out.add("--custom-rm-path", REWARD_FUNCTION)
+    out.add("--reward-key", TRAIN_REWARD_KEY)
+    out.add("--eval-reward-key", EVAL_REWARD_KEY)
+
+
+def _eval(out: _Argv, recipe: Recipe) -> None:
+    e = recipe.eval
+    if e.interval == 0:
+        return
+    out.add("--eval-interval", e.interval)
+    out.add("--eval-prompt-data", recipe.data.eval_name, recipe.data.eval_path())
+    out.add("--n-samples-per-eval-prompt", e.samples_per_prompt)
+    out.add("--eval-max-prompt-len", recipe.tokens.max_prompt)
+    out.add("--eval-max-response-len", recipe.eval_max_response)
+    out.add("--eval-temperature", e.temperature)
+    out.add("--eval-top-p", e.top_p)
+
+
+def _loss(out: _Argv, recipe: Recipe) -> None:
+    t = recipe.training
+    out.add("--advantage-estimator", t.advantage_estimator)
+    out.add("--eps-clip", t.eps_clip)
+    out.add("--eps-clip-high", t.eps_clip_high)
+    out.switch("--calculate-per-token-loss", t.per_token_loss)
+    if t.kl_coef > 0:  # DAPO drops the KL term; the seed keeps it at 0
+        out.add("--use-kl-loss")
+        out.add("--kl-loss-coef", t.kl_coef)
+        out.add("--kl-loss-type", "low_var_kl")
+
+
+def _optimizer(out: _Argv, recipe: Recipe) -> None:
+    o = recipe.training.optimizer
+    out.add("--optimizer", "adam")
+    out.add("--use-distributed-optimizer")
+    out.add("--lr", o.lr)
+    out.add("--lr-decay-style", "constant")
+    if o.warmup_rollouts:
+        out.add("--lr-warmup-iters", o.warmup_rollouts * recipe.batch.updates_per_rollout)
+    out.add("--weight-decay", o.weight_decay)
+    out.add("--adam-beta1", o.adam_beta1)
+    out.add("--adam-beta2", o.adam_beta2)
+    out.add("--clip-grad", o.grad_clip)
+
+
+def _offload(out: _Argv, recipe: Recipe) -> None:
+    target = recipe.training.offload.target
+    if target == "nvme":
+        if recipe.training.colocated:  # --colocate turns --offload-train on; park it on NVMe too
+            out.add("--offload-train-target", "disk")
+        out.add("--stream-optimizer-state-to-disk")
+        out.add("--offload-train-disk-dir", "{nvme_dir}")
+    elif target == "cpu":
+        out.add("--optimizer-cpu-offload")
+        out.add("--overlap-cpu-optimizer-d2h-h2d")
+        out.add("--use-precision-aware-optimizer")
+
+
+def _lora(out: _Argv, recipe: Recipe) -> None:
+    lora = recipe.training.lora
+    if recipe.training.mode != "lora" or lora is None:
+        return
+    out.add("--lora-rank", lora.rank)
+    out.add("--lora-alpha", lora.alpha)
+    out.add("--lora-dropout", lora.dropout)
+    out.add("--target-modules", ",".join(lora.target_modules))
+    out.add("--megatron-to-hf-mode", "bridge")
+
+
+def _outputs(out: _Argv, recipe: Recipe) -> None:
+    paths = RunPaths(recipe.output_dir)
+    out.add("--save", paths.checkpoints)
+    out.add("--load", paths.checkpoints)
+    out.add("--save-interval", recipe.checkpoint.interval)
+    out.add("--save-trigger-sentinel", paths.sentinel)
+    out.add("--dump-details", paths.dumps)
+    out.add("--use-tensorboard")
+    out.add("--use-fault-tolerance")

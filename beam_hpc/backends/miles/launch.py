@@ -1,0 +1,188 @@
+"""The Miles driver on the head node: patch placement, then run Miles's own entry point in-process.
+
+``python -m beam_hpc.backends.miles.launch --plan P --ray-address A --head-ip IP [--ifname IF]
+[--group-label K] [--miles-dir D] [--placement-timeout S] -- train_async.py <Miles flags>``
+
+Why a launcher of our own instead of Miles's ``scripts/run_*.py``: those begin with
+``pkill -9 sglang; ray stop --force; pkill -9 ray`` and start their own Ray head, which on a shared
+Slurm node would kill other jobs' processes; here the allocation's Ray cluster is already up
+(started by the node steps, checked ready by the head), so this process only connects to it,
+and it stops nothing. And Miles's placement must be patched in the very process that creates
+the placement group (``beam_hpc.backends.miles.placement``), so the entry point runs here through
+``runpy``, exactly as ``python train_async.py ...`` would run it.
+
+Environment it sets for itself (the values come from the Plan, filled by the job):
+``MASTER_ADDR`` and ``MILES_HOST_IP`` = the head's address (Miles's HTTP servers and router
+advertise ``MILES_HOST_IP`` instead of guessing an interface), and with a site network interface
+``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``, ``NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME`` (what slime's
+Slurm notes list). The job-wide part of its environment (``miles_args.WORKER_ENV``) is passed to
+every Ray worker of the job through ``ray.init(runtime_env=...)``; per-node values such as each
+node's own ``MILES_HOST_IP`` belong to the node step's ``ray start`` environment.
+
+The placement proof (Miles's sorted bundle order, with each bundle's node and group) is written
+to ``<run dir>/placement.json`` as soon as Miles has sorted its bundles.
+
+Before anything else touches the cluster, a segment that resumes (``--load`` names a directory with
+``latest_checkpointed_iteration.txt``) has its checkpoint checked with megatron-core
+(``beam_hpc.backends.miles.checkpoint``): a broken newest iteration is replaced, in the pointer, by
+the previous complete one; no complete one stops the launch here, with the reasons, instead of after
+Miles has brought up every engine.
+"""
+
+from __future__ import annotations
+
+from beam_hpc.errors import RuntimeFailure
+
+import argparse
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import runpy
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from beam_hpc.backends.miles.args import ENTRY_ASYNC, ENTRY_SYNC, WORKER_ENV
+from beam_hpc.backends.miles.checkpoint import (
+    FULL_READ_MAX_BYTES,
+    SHARDED_BACKEND,
+    IterationCheck,
+    ResumeChoice,
+    check_pinned,
+    prepare_resume,
+)
+from beam_hpc.backends.miles.placement import DEFAULT_TIMEOUT_S, PlacementLayout, apply_placement_patch
+from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
+from beam_hpc.plan.plan import GROUP_LABEL_KEY
+
+logger = logging.getLogger(__name__)
+
+PLACEMENT_MODULE = "miles.ray.placement_group"
+PLACEMENT_RECORD = "placement.json"
+
+
+class LaunchError(RuntimeFailure):
+    """The driver cannot start Miles (bad invocation, Miles not importable)."""
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Launcher options before ``--``; after it, the entry point and Miles's flags, untouched."""
+    if "--" not in argv:
+        raise LaunchError("usage: python -m beam_hpc.backends.miles.launch [options] -- train_async.py|train.py <Miles flags>")
+    cut = argv.index("--")
+    p = argparse.ArgumentParser(prog="python -m beam_hpc.backends.miles.launch")
+    p.add_argument("--plan", required=True, help="the run's plan.json; its directory is the run directory")
+    p.add_argument("--ray-address", required=True, help="the allocation's Ray cluster (host:port)")
+    p.add_argument("--head-ip", required=True, help="this node's address on the cluster network")
+    p.add_argument("--ifname", default=None, help="network interface for NCCL/Gloo (site network.interface)")
+    p.add_argument("--group-label", default=GROUP_LABEL_KEY, help="Ray node label that names a node's group")
+    p.add_argument("--miles-dir", default=None, help="Miles checkout (default: where `import miles` resolves)")
+    p.add_argument("--placement-timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    p.add_argument("--checkpoint-full-read-max-bytes", type=int, default=FULL_READ_MAX_BYTES,
+                   help="resume check: fully load checkpoints up to this size, check metadata and sizes above (0: never)")
+    opts = p.parse_args(argv[:cut])
+    rest = argv[cut + 1:]
+    if not rest or rest[0] not in (ENTRY_ASYNC, ENTRY_SYNC):
+        raise LaunchError(f"after --: the Miles entry point ({ENTRY_ASYNC} or {ENTRY_SYNC}), then its flags")
+    return opts, rest
+
+
+def driver_environment(head_ip: str, ifname: str | None) -> dict[str, str]:
+    """What this process exports before Miles starts."""
+    env = {"MASTER_ADDR": head_ip, "MILES_HOST_IP": head_ip}
+    if ifname:
+        env.update({"NCCL_SOCKET_IFNAME": ifname, "GLOO_SOCKET_IFNAME": ifname,
+                    "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": ifname})
+    return env
+
+
+def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The job-wide variables every Ray worker of this job gets (see ``miles_args.WORKER_ENV``)."""
+    return {k: environ[k] for k in WORKER_ENV if k in environ}
+
+
+def find_entry(entry: str, miles_dir: str | None) -> Path:
+    """``train.py`` / ``train_async.py`` at the root of the Miles checkout."""
+    if miles_dir is None:
+        spec = importlib.util.find_spec("miles")
+        if spec is None or not spec.submodule_search_locations:
+            raise LaunchError("`import miles` fails here: run inside the Miles image, or pass --miles-dir")
+        root = Path(next(iter(spec.submodule_search_locations))).parent
+    else:
+        root = Path(miles_dir)
+    path = root / entry
+    if not path.is_file():
+        raise LaunchError(f"{path}: no such Miles entry point; pass --miles-dir <checkout with {entry}>")
+    return path
+
+
+def _miles_checkpoint_flags(miles_argv: list[str]) -> argparse.Namespace:
+    """The three Miles/Megatron flags the resume check reads (``--flag V`` or ``--flag=V``); the rest
+    is Miles's business. No abbreviations, so ``--load-debug-rollout-data`` is not ``--load``."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--load")
+    p.add_argument("--ckpt-format")
+    p.add_argument("--ckpt-step", type=int)
+    known, _ = p.parse_known_args(miles_argv)
+    return known
+
+
+def check_resume(miles_argv: list[str], *, full_read_max_bytes: int = FULL_READ_MAX_BYTES,
+                 ) -> ResumeChoice | IterationCheck | None:
+    """Check the checkpoint this segment resumes from, falling back in the pointer when it is broken.
+
+    Runs only when the argv resumes: ``--load`` names a directory with a checkpoint pointer (without
+    one Miles starts from ``--ref-load``, and there is nothing to check) and the format is
+    ``torch_dist`` (Megatron's default). ``--ckpt-step N`` is checked as given, never replaced.
+    Raises ``CheckpointCheckError`` when nothing can be resumed from.
+    """
+    flags = _miles_checkpoint_flags(miles_argv)
+    if flags.load is None:
+        return None
+    if flags.ckpt_format not in (None, SHARDED_BACKEND):
+        logger.info("--ckpt-format %s: the resume check knows only %s; not checked", flags.ckpt_format, SHARDED_BACKEND)
+        return None
+    if not (Path(flags.load) / LATEST_FILE).is_file():
+        logger.info("no %s under --load %s: Miles starts from --ref-load", LATEST_FILE, flags.load)
+        return None
+    if flags.ckpt_step is not None:
+        return check_pinned(flags.load, flags.ckpt_step, full_read_max_bytes=full_read_max_bytes)
+    return prepare_resume(flags.load, full_read_max_bytes=full_read_max_bytes)
+
+
+def record_placement(run_dir: Path, layout: PlacementLayout) -> None:
+    write_atomic(run_dir / PLACEMENT_RECORD, json.dumps(layout.as_dict(), indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Connect to the allocation's Ray cluster, patch Miles's placement, run its entry point."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    opts, rest = parse_args(sys.argv[1:] if argv is None else argv)
+    entry = find_entry(rest[0], opts.miles_dir)
+    run_dir = Path(opts.plan).resolve().parent
+    check_resume(rest[1:], full_read_max_bytes=opts.checkpoint_full_read_max_bytes)  # before Ray: fail fast
+    os.environ.update(driver_environment(opts.head_ip, opts.ifname))
+
+    import ray
+
+    ray.init(address=opts.ray_address, runtime_env={"env_vars": worker_environment(os.environ)})
+    if opts.miles_dir is not None:
+        sys.path.insert(0, str(Path(opts.miles_dir).resolve()))
+    module = importlib.import_module(PLACEMENT_MODULE)
+    apply_placement_patch(
+        module,
+        label_key=opts.group_label,
+        timeout_s=opts.placement_timeout,
+        on_layout=lambda layout: record_placement(run_dir, layout),
+    )
+    logger.info("running %s with %d Miles arguments against Ray at %s", entry, len(rest) - 1, opts.ray_address)
+    # What `python train_async.py ...` would see: its directory first on sys.path, its argv.
+    sys.path.insert(0, str(entry.parent))
+    sys.argv = [str(entry), *rest[1:]]
+    runpy.run_path(str(entry), run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""`beam-hpc`: the command line. The only layer that prints for people and picks exit codes.
+
+Exit codes: 0 success, 1 a run or tool failed, 2 invalid input (recipe, site, override, flag): one
+line naming the field, the value and the fix, before anything is submitted, never a traceback.
+Subcommands of other modules register through their ``add_parser(subparsers)``; heavy imports
+happen inside handlers so that ``beam-hpc render`` starts fast on a login node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+from beam_hpc import __version__
+from beam_hpc.errors import EXIT_FAILURE, BeamError, InputError, shorten
+
+# Modules that contribute subcommands with add_parser(subparsers); missing ones are skipped so a
+# partial install (no torch, no ray) still renders and submits.
+PLUGIN_MODULES = (
+    "beam_hpc.cli.prepare",
+    "beam_hpc.cli.image",
+    "beam_hpc.cli.run",
+    "beam_hpc.cli.observe",
+    "beam_hpc.cli.execute",
+)
+
+
+def _common_recipe_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", help="recipe file, e.g. recipes/dedicated.yaml")
+    p.add_argument("--site", default=None, help="site profile: a path or a name under env/ (default: local)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe field, e.g. --set num_rollout=200 (repeatable)")
+    p.add_argument("--output-dir", default=None, help="run directory on shared storage (overrides output_dir)")
+    p.add_argument("--num-rollout", type=int, default=None, help="total rollouts, including those already done")
+    p.add_argument("--no-async-training", action="store_true", help="generation and training take turns")
+    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                   help="use the site's running Ray cluster (its GCS address): start no Ray, leave it running")
+    p.add_argument("--ray-token-file", default=None, help="that cluster's auth token file (required with --ray-address)")
+
+
+def _site_from_args(args: argparse.Namespace):
+    from beam_hpc.config.site import with_existing_ray
+    from beam_hpc.submission.submit import build_site
+
+    return with_existing_ray(build_site(args.site), args.ray_address, args.ray_token_file)
+
+
+def _recipe_from_args(args: argparse.Namespace):
+    from beam_hpc.submission.submit import build_recipe
+
+    return build_recipe(
+        args.recipe, overrides=args.overrides, output_dir=args.output_dir,
+        num_rollout=args.num_rollout, no_async_training=args.no_async_training,
+    )
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from beam_hpc.plan.plan import make_plan
+    from beam_hpc.slurm.script import render_script
+
+    plan = make_plan(_recipe_from_args(args), _site_from_args(args))
+    text = render_script(plan, source=f"{args.recipe} + site {plan.site['name']}")
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text)
+        Path(args.output).chmod(0o755)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    if args.plan_json:
+        Path(args.plan_json).write_text(plan.to_json())
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from beam_hpc.submission.submit import describe, submit
+
+    sub = submit(
+        args.recipe, _site_from_args(args), overrides=args.overrides, output_dir=args.output_dir,
+        resume=args.resume, num_rollout=args.num_rollout, no_async_training=args.no_async_training,
+        via=args.via, dry_run=args.dry_run, smoke=args.smoke,
+    )
+    if args.dry_run:
+        print(describe(sub))
+        print("dry run: nothing submitted")
+        return 0
+    print(f"submitted job {sub.job_id} ({sub.plan.job_name}); run directory {sub.plan.output_dir}")
+    print(f"watch it: beam-hpc status {sub.plan.output_dir}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="beam-hpc", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"beam-hpc {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("render", help="write the heterogeneous sbatch script of a recipe")
+    _common_recipe_args(p)
+    p.add_argument("--output", "-o", default=None, help="write the script here (default: stdout)")
+    p.add_argument("--plan-json", default=None, help="also write the plan as JSON here")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("submit", help="submit a recipe to Slurm (submitit or sbatch)")
+    _common_recipe_args(p)
+    p.add_argument("--resume", action="store_true", help="continue the run in the output directory")
+    p.add_argument("--via", choices=["submitit", "sbatch"], default="submitit")
+    p.add_argument("--dry-run", action="store_true", help="print what would be submitted; submit nothing")
+    p.add_argument("--smoke", action="store_true",
+                   help="the same job, but only bring Ray up, run one task per GPU bundle, write smoke.json")
+    p.set_defaults(func=cmd_submit)
+
+    for name in PLUGIN_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as err:
+            if err.name != name:  # the module exists but something it needs is missing: say so
+                raise
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; the only place where errors become exit codes (beam_hpc.errors)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return int(handler(args) or 0)
+    except BeamError as err:
+        prefix = "beam-hpc: error: " if isinstance(err, InputError) else "beam-hpc: "
+        print(f"{prefix}{err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("beam-hpc: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # a bug: one line for the user, the traceback in a log
+        log_path = _write_crash_log(argv)
+        print(f"beam-hpc: internal error ({type(err).__name__}: {shorten(str(err), 160)}); "
+              f"the traceback is in {log_path}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _write_crash_log(argv: list[str] | None) -> str:
+    """Write the current exception's traceback to a private file and return its path."""
+    import tempfile
+    import time
+    import traceback
+
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "beam-hpc"
+    try:
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        base = Path(tempfile.gettempdir())
+    fd, path = tempfile.mkstemp(prefix=time.strftime("crash-%Y%m%d-%H%M%S-"), suffix=".log", dir=base)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"beam-hpc {__version__}; argv: {sys.argv if argv is None else argv}\n")
+        traceback.print_exc(file=out)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

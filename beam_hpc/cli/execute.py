@@ -1,0 +1,116 @@
+"""`beam-hpc execute RECIPE`: the whole run on this machine, no Slurm and no GPU needed.
+
+The embedded default (`recipes/tiny.yaml`) runs the same code path as a Slurm segment: the Plan,
+the run lock and ledger, one node step per group started as local processes (loopback addresses,
+token-authenticated Ray), the reference backend's RL loop, checkpoints, teardown. Only the
+launcher differs (``beam_hpc.job.runner.LocalLauncher`` instead of ``srun``), and the site is the
+built-in laptop profile below unless ``--site`` names another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+LAPTOP_SITE = {
+    "name": "laptop",
+    "gpus_per_node": 0,
+    "mem": None,
+    "container": {"runtime": "host"},
+    "network": {"ip_source": "loopback"},
+    "ray": {"gcs_port_base": 41000, "port_span": 500, "object_store_gb": 0.3},
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from beam_hpc.cli.app import _common_recipe_args
+
+    p = subparsers.add_parser("execute", help="run a recipe on this machine (no Slurm), e.g. recipes/tiny.yaml")
+    _common_recipe_args(p)
+    p.add_argument("--resume", action="store_true", help="continue the run in the output directory")
+    p.add_argument("--quiet", action="store_true", help="no live per-rollout lines")
+    p.set_defaults(func=cmd_execute)
+
+
+def laptop_site():  # type: ignore[no-untyped-def]
+    from beam_hpc.config.site import site_from_dict
+
+    return site_from_dict({**LAPTOP_SITE, "python": sys.executable}, "<built-in laptop site>")
+
+
+def ensure_tiny_data(recipe) -> bool:  # type: ignore[no-untyped-def]
+    """The tiny recipe's data is generated, in the upstream schemas, and goes through `prepare`
+    like real data; done once (prepare skips verified files)."""
+    if not recipe.backend_options.get("tiny_data"):
+        return False
+    if Path(recipe.data.train_path()).is_file() and Path(recipe.data.eval_path()).is_file():
+        return False
+    from beam_hpc.data.prepare import prepare
+    from beam_hpc.data.tiny import write_tiny_sources
+
+    with tempfile.TemporaryDirectory(prefix="beam-tiny-src-") as tmp:
+        # seed 0: the data set the shipped tiny model was built against (its eval problems excluded)
+        sources = write_tiny_sources(Path(tmp), seed=0)
+        prepare(Path(recipe.data.dir), from_local=sources, progress=True)
+    return True
+
+
+def _follow_driver_log(logs_dir: Path, since: float, stop: threading.Event) -> None:
+    """Print the driver's per-rollout lines as they are written (the live view of `execute`);
+    the tailing itself is beam_hpc.observe.logs.follow, the same code as `beam-hpc logs --follow`."""
+    from beam_hpc.observe.logs import follow
+
+    current: Path | None = None
+    while current is None and not stop.is_set():
+        found = [p for p in logs_dir.glob("*/driver.log") if p.stat().st_mtime >= since - 1]
+        current = max(found, key=lambda p: p.stat().st_mtime) if found else None
+        if current is None:
+            stop.wait(0.5)
+    if current is None:
+        return
+    for line in follow(logs_dir.parent, current, switch_segments=False, stop=stop.is_set, start_at_end=False):
+        if "rollout" in line or "eval" in line or "checkpoint" in line:
+            print(line, end="", flush=True)
+
+
+def cmd_execute(args: argparse.Namespace) -> int:
+    from beam_hpc.job import segment
+    from beam_hpc.plan.plan import make_plan
+    from beam_hpc.submission.run_guard import check_before_submit
+    from beam_hpc.submission.submit import build_recipe, build_site
+
+    recipe = build_recipe(
+        args.recipe, overrides=args.overrides, output_dir=args.output_dir, num_rollout=args.num_rollout,
+        no_async_training=args.no_async_training, base_dir=Path.cwd(),
+    )
+    from beam_hpc.config.site import with_existing_ray
+
+    site = with_existing_ray(build_site(args.site) if args.site else laptop_site(), args.ray_address, args.ray_token_file)
+    plan = make_plan(recipe, site)
+    check_before_submit(recipe, resume=args.resume)
+    if ensure_tiny_data(recipe):
+        print(f"prepared the tiny data set in {recipe.data.dir}")
+    if recipe.backend_options.get("smollm2_model"):  # here, once, so a missing wheel is one line, not an actor's traceback
+        from beam_hpc.backends.reference.smollm2_model import materialise
+
+        print(f"SmolLM2-135M-Instruct: {materialise(recipe.model.path)}")
+    plan.write()
+    print(f"run {plan.run_id}: {recipe.name} on this machine -> {plan.output_dir}")
+    stop = threading.Event()
+    follower = None
+    if not args.quiet:
+        Path(plan.paths.logs).mkdir(parents=True, exist_ok=True)
+        follower = threading.Thread(target=_follow_driver_log, args=(Path(plan.paths.logs), time.time(), stop), daemon=True)
+        follower.start()
+    try:
+        code = segment.main(["--plan", plan.paths.plan] + (["--resume"] if args.resume else []))
+    finally:
+        stop.set()
+        if follower is not None:
+            follower.join(timeout=2)
+    print(f"{'done' if code == 0 else 'failed'}: see `beam-hpc status {plan.output_dir}` and `beam-hpc plot {plan.output_dir}`")
+    return code

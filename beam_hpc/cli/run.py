@@ -1,0 +1,37 @@
+"""``beam-hpc cancel RUN_DIR``: the CLI face of a run's lifecycle.
+
+Registered by beam_hpc/cli/app.py (PLUGIN_MODULES); prints for people and picks exit codes, while
+:func:`beam_hpc.lifecycle.lifecycle.cancel_run` does the work. Exit codes: 0 cancelled, 1 a scancel failed,
+2 not a run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "cancel", help="stop a run's chain: no further resubmission or requeue, and its running job is cancelled")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run's output directory")
+    p.set_defaults(func=cmd_cancel)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from beam_hpc.lifecycle.lifecycle import cancel_run
+
+    try:
+        res = cancel_run(args.run_dir)
+    except FileNotFoundError as err:
+        print(f"beam-hpc: error: {err}", file=sys.stderr)
+        return 2
+    print(f"cancel flag written: {res.flag} (no segment of this run resubmits, requeues or starts after it)")
+    if res.job_ids:
+        print(f"scancel sent to job(s) {', '.join(res.job_ids)}" + (f" and jobs named {res.job_name}" if res.job_name else ""))
+    elif res.job_name:
+        print(f"scancel sent to jobs named {res.job_name} (no running job recorded)")
+    for err in res.errors:
+        print(f"beam-hpc: {err}", file=sys.stderr)
+    print(f"to continue later: beam-hpc submit RECIPE --output-dir {args.run_dir} --resume")
+    return 1 if res.errors else 0

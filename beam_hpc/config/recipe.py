@@ -1,0 +1,383 @@
+"""The recipe schema: every knob the Beam recipe names, with the seed's defaults.
+
+A recipe says *what* to train and with what topology; a site profile (``beam_hpc.config.site``) says what
+the cluster needs. Both are validated here, before any node is allocated, so that a typo costs a
+second on the login node instead of an hour in the queue. Errors name the field (dotted path) and
+the fix.
+
+This module imports no Slurm, Ray, submitit or torch code (DESIGN.md: dependencies point one way).
+"""
+
+from __future__ import annotations
+
+from beam_hpc.errors import InputError
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Backend = Literal["miles", "reference"]
+OffloadTarget = Literal["nvme", "cpu", "none"]
+TrainMode = Literal["full", "lora"]
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a misspelt knob must not silently fall back to a default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """The policy model. ``path`` is an HF checkpoint directory on shared storage (or a Hub id for
+    ``beam-hpc prepare``); ``ref_load`` is Miles's torch_dist copy used as the starting point."""
+
+    path: str = "/shared/models/Beam-1.0-501B-A23B"
+    ref_load: str | None = None
+    # Megatron model parallelism (Miles backend only). The product with data parallelism must
+    # equal the trainer GPU count; checked in beam_hpc.backends.miles.args.
+    tensor_parallel: int = Field(1, ge=1)
+    pipeline_parallel: int = Field(1, ge=1)
+    expert_parallel: int = Field(1, ge=1)
+    context_parallel: int = Field(1, ge=1)
+    expert_tensor_parallel: int = Field(1, ge=1)
+    # Extra architecture flags for Miles (e.g. the model's own `scripts/models/<type>.py` args).
+    miles_model_args: list[str] = Field(default_factory=list)
+
+
+class DataSpec(_Strict):
+    """Training and evaluation data, in Miles JSONL format, as ``beam-hpc prepare`` writes it."""
+
+    dir: str = "/shared/data/beam"
+    train: str = "dapo-math-17k.jsonl"
+    eval: str = "aime-2025.jsonl"
+    eval_name: str = "aime25"
+    shuffle: bool = True
+
+    def train_path(self) -> str:
+        return _under(self.dir, self.train)
+
+    def eval_path(self) -> str:
+        return _under(self.dir, self.eval)
+
+
+class BatchSpec(_Strict):
+    """One rollout = ``prompts`` x ``responses_per_prompt`` samples, then ``updates_per_rollout``
+    optimizer steps (the seed: 32 x 8, one update)."""
+
+    prompts: int = Field(32, ge=1)
+    responses_per_prompt: int = Field(8, ge=2)
+    updates_per_rollout: int = Field(1, ge=1)
+
+    @property
+    def samples(self) -> int:
+        return self.prompts * self.responses_per_prompt
+
+
+class TokenSpec(_Strict):
+    max_prompt: int = Field(1024, ge=8)
+    max_response: int = Field(4096, ge=8)
+
+
+class RewardSpec(_Strict):
+    """Boxed-answer correctness (+1 / -1, as in DAPO) plus DAPO's soft overlong punishment: zero up
+    to ``max_response - overlong_buffer`` tokens, then linear down to ``-overlong_factor`` at the
+    limit. The seed gives no window; we take 1,024 of 4,096 tokens (DAPO used 4,096 of 20,480)."""
+
+    type: Literal["boxed"] = "boxed"
+    overlong_buffer: int = Field(1024, ge=0)
+    overlong_factor: float = Field(1.0, ge=0)
+
+
+class EvalSpec(_Strict):
+    """AIME2025 every ``interval`` rollouts, ``samples_per_prompt`` responses per problem, reported
+    without the length penalty."""
+
+    interval: int = Field(5, ge=0)  # 0 disables evaluation
+    samples_per_prompt: int = Field(8, ge=1)
+    max_response: int | None = None  # defaults to tokens.max_response
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+
+
+class OptimizerSpec(_Strict):
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    warmup_rollouts: int = Field(0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+
+
+class OffloadSpec(_Strict):
+    """Where optimizer state lives while training. ``nvme``: node-local disk (seed default
+    ``/scratch/beam-optimizer``, the seed's ``--optimizer-disk-dir``), staged per job by the node
+    step; ``cpu``: host RAM; ``none``: stays on the accelerator (LoRA)."""
+
+    target: OffloadTarget = "nvme"
+    nvme_dir: str = "/scratch/beam-optimizer"
+    min_free_gb: float = Field(0, ge=0)  # per trainer node; dedicated full-parameter: 2,000
+
+
+class LoraSpec(_Strict):
+    rank: int = Field(32, ge=1)
+    alpha: int = Field(64, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["all-linear"])
+
+
+class TrainingSpec(_Strict):
+    """The algorithm: GRPO with DAPO's asymmetric clip and token-level loss, no KL by default."""
+
+    mode: TrainMode = "full"
+    async_training: bool = True  # --no-async-training makes generation and training take turns
+    colocated: bool = False
+    advantage_estimator: Literal["grpo"] = "grpo"
+    eps_clip: float = Field(0.2, gt=0)
+    eps_clip_high: float = Field(0.28, gt=0)
+    per_token_loss: bool = True
+    kl_coef: float = Field(0.0, ge=0)
+    temperature: float = Field(1.0, gt=0)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    offload: OffloadSpec = Field(default_factory=OffloadSpec)
+    lora: LoraSpec | None = None
+
+
+class GroupSpec(_Strict):
+    """One node group of the heterogeneous job."""
+
+    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(8, ge=0)
+    cpus_per_node: int | None = Field(None, ge=1)
+
+
+class RolloutGroupSpec(GroupSpec):
+    gpus_per_engine: int = Field(8, ge=1)  # Miles --rollout-num-gpus-per-engine (SGLang TP)
+
+
+class TopologySpec(_Strict):
+    """Node groups. Colocated recipes have a trainer group only: it generates and trains in turn."""
+
+    trainer: GroupSpec
+    rollout: RolloutGroupSpec | None = None
+
+
+class CheckpointSpec(_Strict):
+    interval: int = Field(20, ge=1)
+    keep_last: int | None = Field(None, ge=1)
+
+
+class LifecycleSpec(_Strict):
+    """Walltime handling. ``lead_s`` is how long before the walltime the job starts its final save;
+    ``None`` lets beam-hpc compute it from measured rollout and save times (with a floor)."""
+
+    walltime: str = "24:00:00"
+    lead_s: int | None = Field(None, ge=30)
+    lead_floor_s: int = Field(300, ge=30)
+    max_segments: int = Field(100, ge=1)
+    requeue_on_preemption: bool = True
+    save_timeout_s: int = Field(1800, ge=10)
+    # false: no save-now sentinel on the walltime lead or a preemption; the job runs until Slurm
+    # stops it and resumes from the last periodic checkpoint (Miles without --save-trigger-sentinel)
+    save_on_request: bool = True
+
+
+class Recipe(_Strict):
+    """A whole recipe. Load with :func:`load_recipe`; override with :func:`apply_overrides`."""
+
+    name: str
+    backend: Backend = "miles"
+    seed: int = 1234
+    output_dir: str
+    num_rollout: int = Field(ge=1)  # total, including rollouts already done (the seed's semantics)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    batch: BatchSpec = Field(default_factory=BatchSpec)
+    tokens: TokenSpec = Field(default_factory=TokenSpec)
+    reward: RewardSpec = Field(default_factory=RewardSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    topology: TopologySpec
+    lifecycle: LifecycleSpec = Field(default_factory=LifecycleSpec)
+    # Free-form knobs a backend understands (e.g. the reference backend's tiny-model size).
+    backend_options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Recipe":
+        t, topo = self.training, self.topology
+        if t.colocated:
+            if topo.rollout is not None:
+                raise ValueError(
+                    "topology.rollout: a colocated recipe has one group (got a rollout group); remove topology.rollout "
+                    "or set training.colocated: false"
+                )
+            if t.async_training:
+                raise ValueError(
+                    "training.async_training: true is impossible when colocated (generation and training take turns); "
+                    "set training.async_training: false (Miles's train_async.py refuses colocation)"
+                )
+        elif topo.rollout is None:
+            raise ValueError(
+                "topology.rollout: dedicated (non-colocated) recipes need a rollout group; add "
+                "topology.rollout or set training.colocated: true"
+            )
+        if t.mode == "lora" and t.lora is None:
+            raise ValueError("training.lora: missing while training.mode is 'lora'; add training.lora: {rank: 32}")
+        if t.mode == "full" and t.lora is not None:
+            raise ValueError(f"training.lora: {t.lora.model_dump()} is only valid with training.mode: lora; remove it or set the mode")
+        if t.mode == "lora" and t.offload.target == "nvme":
+            raise ValueError(
+                "training.offload.target: nvme is impossible with LoRA: its optimizer state stays on the GPUs (and Miles refuses "
+                "NVMe streaming with LoRA); set training.offload.target: none"
+            )
+        if t.eps_clip_high < t.eps_clip:
+            raise ValueError(f"training.eps_clip_high: {t.eps_clip_high} is below training.eps_clip {t.eps_clip}; raise it (DAPO: 0.28 >= 0.2)")
+        if self.reward.overlong_buffer >= self.tokens.max_response:
+            raise ValueError(
+                f"reward.overlong_buffer: {self.reward.overlong_buffer} must be smaller than tokens.max_response "
+                f"({self.tokens.max_response}); lower it (the seed's recipes use 1024)"
+            )
+        if self.batch.samples % self.batch.updates_per_rollout:
+            raise ValueError(
+                f"batch.updates_per_rollout: {self.batch.updates_per_rollout} does not divide prompts x responses_per_prompt "
+                f"({self.batch.samples}); pick a divisor"
+            )
+        if topo.rollout is not None and topo.rollout.gpus_per_node:
+            total = topo.rollout.nodes * topo.rollout.gpus_per_node
+            if total % topo.rollout.gpus_per_engine:
+                raise ValueError(
+                    f"topology.rollout.gpus_per_engine: {topo.rollout.gpus_per_engine} does not divide "
+                    f"the rollout group's {total} GPUs; pick a divisor of {total}"
+                )
+        parse_walltime(self.lifecycle.walltime)  # raises a clear error
+        return self
+
+    @property
+    def eval_max_response(self) -> int:
+        return self.eval.max_response or self.tokens.max_response
+
+    @property
+    def group_names(self) -> list[str]:
+        return ["trainer"] if self.topology.rollout is None else ["trainer", "rollout"]
+
+    def identity(self) -> dict[str, Any]:
+        """What must not change when a run resumes: model, data and topology (the seed: "Keep the
+        same model, data, output directory, and topology"). num_rollout, walltime and partitions may."""
+        return {
+            "backend": self.backend,
+            "model": self.model.model_dump(),
+            "data": {"dir": self.data.dir, "train": self.data.train, "eval": self.data.eval},
+            "topology": self.topology.model_dump(),
+            "training": {
+                "mode": self.training.mode,
+                "colocated": self.training.colocated,
+                "lora": self.training.lora.model_dump() if self.training.lora else None,
+            },
+            "batch": self.batch.model_dump(),
+            "seed": self.seed,
+        }
+
+
+def _under(base: str, name: str) -> str:
+    return name if name.startswith("/") else f"{base.rstrip('/')}/{name}"
+
+
+def parse_walltime(text: str) -> int:
+    """Slurm time string (``MM``, ``HH:MM:SS``, ``D-HH:MM:SS``, ``D-HH``) -> seconds."""
+    try:
+        days, rest = (text.split("-", 1) if "-" in text else ("0", text))
+        parts = [int(p) for p in rest.split(":")]
+        if "-" in text:
+            parts += [0] * (3 - len(parts))
+            h, m, s = parts
+        elif len(parts) == 1:
+            h, m, s = 0, parts[0], 0
+        elif len(parts) == 2:
+            h, m, s = 0, parts[0], parts[1]
+        elif len(parts) == 3:
+            h, m, s = parts
+        else:
+            raise ValueError
+        total = int(days) * 86400 + h * 3600 + m * 60 + s
+    except ValueError:
+        raise ValueError(
+            f"lifecycle.walltime: {text!r} is not a Slurm time; use HH:MM:SS or D-HH:MM:SS"
+        ) from None
+    if total <= 0:
+        raise ValueError(f"lifecycle.walltime: {text!r} must be positive")
+    return total
+
+
+def format_walltime(seconds: int) -> str:
+    d, rem = divmod(int(seconds), 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def _format_errors(source: str, err: ValidationError, kind: str = "recipe") -> str:
+    """One line per problem: ``<file>: <field>: <what is wrong> (got <value>); <fix>``."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
+        if e["type"] == "extra_forbidden":
+            msg, got = f"unknown field{got}; remove it or fix its spelling (see recipes/dedicated.yaml or env/example-site.yaml)", ""
+        elif e["type"] == "missing":
+            msg, got = f"required field is missing; add {loc}: <value> to the {kind}", ""
+        elif e["type"].startswith(("greater_than", "less_than")):
+            msg = msg.replace("Input should be", "must be")
+        if not loc:  # model-level checks already start with the field path and carry the fix
+            lines.append(f"{source}: {msg}")
+        else:
+            lines.append(f"{source}: {loc}: {msg}{got}")
+    return "\n".join(lines)
+
+
+def recipe_from_dict(data: dict[str, Any], source: str = "<recipe>") -> Recipe:
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as err:
+        raise InputError(_format_errors(source, err)) from None
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: no such recipe file; see recipes/ for the shipped ones")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise InputError(f"{p}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{p}: a recipe is a YAML mapping (key: value), got {type(data).__name__}")
+    return data
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Load a recipe file and apply ``key.path=value`` overrides (values parsed as YAML)."""
+    data = load_yaml(path)
+    apply_overrides(data, overrides or [])
+    return recipe_from_dict(data, str(path))
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
+    """``training.async_training=false`` style overrides, applied in place before validation."""
+    for item in overrides:
+        if "=" not in item:
+            raise InputError(f"override {item!r}: use key.path=value, e.g. num_rollout=200")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw else ""
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise InputError(f"override {item!r}: {part} is not a section")
+            node = nxt
+        node[parts[-1]] = value

@@ -1,0 +1,166 @@
+"""Site profiles: what one cluster needs (partitions, account, GPUs, container, paths, network).
+
+Kept apart from the recipe so that one recipe runs on many clusters, and so that what may change
+between segments of a run (partitions, account) is clearly not part of the run's identity.
+Imports no Slurm, Ray or torch code.
+"""
+
+from __future__ import annotations
+
+from beam_hpc.errors import InputError
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from beam_hpc.config.recipe import _format_errors, _Strict, load_yaml
+
+Runtime = Literal["apptainer", "host"]
+IpSource = Literal["interface", "hostname", "loopback"]
+
+
+class ContainerSpec(_Strict):
+    """``apptainer``: every node step runs inside the image (``exec --nv``, never ``--containall``,
+    which breaks Ray's /tmp and /dev/shm). ``host``: no container (laptops, tests)."""
+
+    runtime: Runtime = "apptainer"
+    image: str | None = None  # .sif on shared storage
+    binds: list[str] = Field(default_factory=list)  # extra "src[:dst[:opts]]"
+    stage_to_local: bool = False  # copy the .sif to node-local disk once per node
+    python: str = "python3"  # interpreter inside the container (or on the host)
+
+
+class NetworkSpec(_Strict):
+    """How a node finds the address Ray and NCCL bind to. ``interface``: the IPv4 address of
+    ``interface`` (e.g. ib0); ``hostname``: what the node's hostname resolves to; ``loopback``:
+    127.0.0.(10 + node index), for a multi-node cluster simulated on one host (tests)."""
+
+    ip_source: IpSource = "hostname"
+    interface: str | None = None
+
+
+class RayPortSpec(_Strict):
+    """One port set per job: the GCS port is ``gcs_port_base + job_id % port_span``, the node
+    manager and object manager ports follow it, so concurrent jobs on shared nodes never clash."""
+
+    gcs_port_base: int = Field(20000, ge=1024, le=60000)
+    port_span: int = Field(2000, ge=1)
+    object_store_gb: float = Field(2.0, gt=0)
+
+
+class PerGroup(_Strict):
+    """A value per node group; ``rollout`` falls back to ``trainer`` when unset."""
+
+    trainer: str | None = None
+    rollout: str | None = None
+
+    def for_group(self, group: str) -> str | None:
+        return self.rollout if group == "rollout" and self.rollout is not None else self.trainer
+
+
+PartitionSpec = PerGroup
+
+
+class Site(_Strict):
+    name: str
+    partitions: PerGroup = Field(default_factory=PerGroup)
+    constraints: PerGroup = Field(default_factory=PerGroup)  # --constraint per group
+    account: str | None = None
+    qos: str | None = None
+    exclusive: bool = False  # --exclusive on every component
+    tmp: str | None = None  # --tmp: node-local disk each node must have (e.g. "2000G")
+    gres: str = "gpu"  # GRES name for GPUs; requests become --gres=<gres>:<n>
+    gpus_per_node: int = Field(8, ge=0)  # what one node of the partition has
+    cpus_per_node: int | None = Field(None, ge=1)
+    mem: str | None = "0"  # --mem per node; "0" = all of it
+    container: ContainerSpec = Field(default_factory=ContainerSpec)
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    ray: RayPortSpec = Field(default_factory=RayPortSpec)
+    shared_paths: list[str] = Field(default_factory=list)  # must be the same on every node
+    scratch: str | None = None  # node-local disk root; None -> the recipe's nvme_dir as given
+    module_loads: list[str] = Field(default_factory=list)
+    setup: list[str] = Field(default_factory=list)  # shell lines run before the job's python
+    env: dict[str, str] = Field(default_factory=dict)  # exported in the job (e.g. NCCL settings)
+    sbatch_extra: list[str] = Field(default_factory=list)  # extra "#SBATCH" flags, e.g. "--exclusive"
+    # Interpreter on the batch host with beam-hpc installed; "auto" = the one that ran `submit`.
+    python: str = "python3"
+    # A Ray cluster the site already runs (its GCS as host:port): the job then starts no Ray, checks
+    # readiness against that cluster and leaves it running. Its nodes must carry the group label and
+    # resources (beam-group=<group>, beam_<group>). The token file is required: beam-hpc talks to a
+    # long-lived shared cluster only with Ray's token authentication.
+    ray_address: str | None = None
+    ray_token_file: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Site":
+        if self.container.runtime == "apptainer" and not self.container.image:
+            raise ValueError(
+                "container.image: the apptainer runtime needs the .sif path; build it with "
+                "`beam-hpc image build` or set container.runtime: host"
+            )
+        if self.network.ip_source == "interface" and not self.network.interface:
+            raise ValueError("network.interface: ip_source is 'interface' but no interface is named (e.g. ib0)")
+        _check_existing_ray(self.ray_address, self.ray_token_file)
+        return self
+
+
+def _check_existing_ray(address: str | None, token_file: str | None) -> None:
+    """An existing cluster is named by its GCS address and always comes with its token file."""
+    if address is None:
+        if token_file is not None:
+            raise ValueError(
+                f"ray_address: ray_token_file is set ({token_file}) but no ray_address; name the existing "
+                "Ray cluster's GCS address (host:port, --ray-address) or remove ray_token_file"
+            )
+        return
+    host, _, port = address.rpartition(":")
+    if not host or "/" in address or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"ray_address: {address!r} is not the existing cluster's GCS address as host:port "
+            "(e.g. 10.0.0.1:6379); Ray Client (ray://) and 'auto' addresses are not supported"
+        )
+    if token_file is None:
+        raise ValueError(
+            f"ray_token_file: the site names an existing Ray cluster (ray_address {address}) but no token "
+            "file; set ray_token_file (or --ray-token-file) to the file that holds that cluster's auth token "
+            "(the cluster must run with RAY_AUTH_MODE=token): beam-hpc does not talk to a cluster without it"
+        )
+    if not token_file.startswith("/"):
+        raise ValueError(f"ray_token_file: {token_file!r} is relative; give an absolute path that the batch host can read")
+
+
+def with_existing_ray(site: Site, address: str | None, token_file: str | None) -> Site:
+    """The site with ``--ray-address`` / ``--ray-token-file`` applied (each only when given)."""
+    if address is None and token_file is None:
+        return site
+    data = site.model_dump(mode="json")
+    if address is not None:
+        data["ray_address"] = address
+    if token_file is not None:
+        data["ray_token_file"] = token_file
+    return site_from_dict(data, f"site {site.name} with --ray-address/--ray-token-file")
+
+
+def site_from_dict(data: dict, source: str = "<site>") -> Site:
+    try:
+        return Site.model_validate(data)
+    except ValidationError as err:
+        raise InputError(_format_errors(source, err, kind="site profile")) from None
+
+
+def load_site(path: str | Path) -> Site:
+    return site_from_dict(load_yaml(path), str(path))
+
+
+def find_site(name_or_path: str, search_dir: Path | None = None) -> Path:
+    """A site is a path or a name of a file under env/ (``local`` -> env/local.yaml)."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return p
+    base = search_dir or Path.cwd() / "env"
+    cand = base / f"{name_or_path}.yaml"
+    if not cand.exists():
+        have = sorted(x.stem for x in base.glob("*.yaml")) if base.is_dir() else []
+        raise InputError(f"site {name_or_path!r}: no {cand}; known sites: {', '.join(have) or 'none'}")
+    return cand

@@ -1,0 +1,676 @@
+"""The job inside the allocation: node steps up, readiness, the driver, teardown.
+
+``python -m beam_hpc.job.runner --plan RUN_DIR/plan.json`` runs in the batch script, on the first node of
+het group 0 (which is also where the Ray head runs). It
+
+1. writes the segment's runtime.json (head address, GCS port, token path, shared-FS nonce) and a
+   fresh per-job Ray token (0600) on the run directory;
+2. starts one node step per group (``srun --het-group=i --ntasks-per-node=1``, in the
+   background, one process per group), each of which brings up Ray on its nodes
+   (:mod:`beam_hpc.node.step`);
+3. waits for readiness by polling Ray (:mod:`beam_hpc.job.readiness`) until every node and GPU of
+   every group has joined, within a deadline, while failing fast if any node step exits;
+4. runs the driver (``plan.driver_argv`` with its placeholders filled) with the job's Ray
+   environment, still failing fast on a dead node step;
+5. tears down: driver, then node steps (SIGTERM through Slurm, then kill), then stragglers of
+   this job on this host by PID, the Ray temp dirs and the token. Never ``ray stop`` or
+   ``pkill``: other jobs may share the nodes.
+
+Where the site already runs a Ray cluster (site ``ray_address`` + ``ray_token_file``, or
+``--ray-address``), step 1 takes that cluster's address and token instead, step 2 starts nothing,
+readiness checks that cluster (every group's nodes and GPUs present, more is fine), and teardown
+stops only this job's own processes: the cluster and its token file stay as they were.
+
+How node steps are started is a strategy (:class:`SrunLauncher` inside Slurm, :class:`LocalLauncher`
+for ``beam-hpc execute`` with no Slurm at all: subprocesses on this machine with loopback
+addresses); everything else is the same code. Lifecycle code (ledger, lock, walltime, requeue)
+wraps :class:`JobRunner`: ``start()``, ``run_driver(on_tick=...)``, ``request_stop(reason)``,
+``stop()``, or :func:`run_job`, which returns a :class:`JobOutcome` and never raises for job
+failures.
+"""
+
+from __future__ import annotations
+
+from beam_hpc.errors import RuntimeFailure
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from glob import glob
+from pathlib import Path
+from typing import IO, Protocol
+
+from beam_hpc.node.container import container_command
+from beam_hpc.plan.plan import GroupPlan, Plan, fill
+from beam_hpc.node.ray_node import (
+    LOOPBACK_MAX_NODES,
+    ClusterRuntime,
+    clean_env,
+    loopback_ip,
+    node_ip,
+    ray_env,
+    ray_ports,
+    set_parent_death_signal,
+    sweep,
+    temp_dir_prefix,
+    write_json_atomic,
+    write_token,
+)
+from beam_hpc.job.readiness import EXIT_READY
+
+log = logging.getLogger("beam_hpc.job.runner")
+
+DEFAULT_READY_TIMEOUT_S = 600.0
+DEFAULT_STOP_GRACE_S = 20.0
+POLL_S = 0.2
+NODE_FAILURE_GRACE_S = 1.5  # after a driver failure, look this long for the dead node behind it
+
+STATUSES = ("completed", "driver-failed", "node-failure", "not-ready", "stopped", "error")
+
+
+class JobError(RuntimeFailure):
+    """The job cannot go on; ``status`` is one of STATUSES, ``node``/``log`` name the culprit."""
+
+    status = "error"
+
+    def __init__(self, message: str, *, node: str | None = None, log_path: str | None = None) -> None:
+        super().__init__(message)
+        self.node, self.log_path = node, log_path
+
+
+class NodeStepFailed(JobError):
+    status = "node-failure"
+
+
+class NotReady(JobError):
+    status = "not-ready"
+
+
+class StopRequested(JobError):
+    status = "stopped"
+
+
+# -- where we are ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobContext:
+    """The Slurm facts of this segment (or stand-ins for a local run)."""
+
+    job_id: str  # het group 0's job id (the leader), or "l<pid>" for a local run
+    job_num: int  # an integer that picks this job's ports
+    restart: int  # SLURM_RESTART_COUNT
+    component_ids: dict[str, str]  # group -> job id of its het component (steps are addressed by it)
+    nodelists: dict[str, list[str]]  # group -> node names
+
+    @property
+    def segment(self) -> str:
+        return f"{self.job_id}-{self.restart}"
+
+    @classmethod
+    def from_slurm(cls, plan: Plan, env: Mapping[str, str] | None = None) -> "JobContext":
+        env = os.environ if env is None else env
+        job_id = env.get("SLURM_JOB_ID")
+        if not job_id:
+            raise JobError("SLURM_JOB_ID is not set: run this inside a Slurm allocation "
+                           "(or use `beam-hpc execute` for a local run)")
+        het_size = int(env.get("SLURM_HET_SIZE", "1"))
+        if het_size != len(plan.groups):
+            raise JobError(f"the allocation has {het_size} het component(s) but the plan has "
+                           f"{len(plan.groups)} group(s); submit the script rendered for this plan")
+        comps, lists = {}, {}
+        for g in plan.groups:
+            suffix = f"_HET_GROUP_{g.het_index}" if het_size > 1 else ""
+            comps[g.name] = env.get(f"SLURM_JOB_ID{suffix}", job_id)
+            names = expand_nodelist(env.get(f"SLURM_JOB_NODELIST{suffix}", ""))
+            if len(names) != g.nodes:
+                raise JobError(f"het group {g.het_index} ({g.name}) has nodes {names}, but the plan "
+                               f"expects {g.nodes}; submit the script rendered for this plan")
+            lists[g.name] = names
+        return cls(job_id, int(job_id), int(env.get("SLURM_RESTART_COUNT", "0") or 0), comps, lists)
+
+    @classmethod
+    def local(cls, plan: Plan) -> "JobContext":
+        pid = os.getpid()
+        return cls(f"l{pid}", pid, 0, {g.name: "" for g in plan.groups},
+                   {g.name: [f"local-{g.name}-{i}" for i in range(g.nodes)] for g in plan.groups})
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """``n[1-2],n4`` -> [n1, n2, n4], through Slurm's own parser."""
+    if not text:
+        return []
+    res = subprocess.run(["scontrol", "show", "hostnames", text], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise JobError(f"scontrol show hostnames {text!r} failed: {res.stderr.strip()}")
+    return res.stdout.split()
+
+
+# -- launchers --------------------------------------------------------------------------------------
+@dataclass
+class StepHandle:
+    """One launched process: a whole group's srun, or one local node."""
+
+    group: GroupPlan
+    proc: subprocess.Popen
+    local_index: int | None  # None: one srun process covers every node of the group
+    output: Path
+
+
+class Launcher(Protocol):
+    """How node steps are started and stopped; the rest of the job does not care."""
+
+    loopback: bool  # nodes share this host (distinct loopback addresses, per-node ports)
+
+    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime) -> list[StepHandle]: ...
+
+    def ask_to_stop(self, handles: list[StepHandle], rt: ClusterRuntime) -> None: ...
+
+    def force_stop(self, handles: list[StepHandle]) -> None: ...
+
+    def launcher_errors(self, handle: StepHandle) -> list[tuple[str, int, str]]:
+        """(node, task index, what) for each task the launcher itself saw fail."""
+        ...
+
+
+_SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)[^:]*: (.+)")
+
+
+class SrunLauncher:
+    """Inside a Slurm allocation: ``srun --het-group=i`` per group, one task per node.
+
+    ``--kill-on-bad-exit`` turns one dead node step into the end of its group's srun, which the job
+    sees at once. Stopping goes through ``scancel --signal=TERM <component>.<step>``: that delivers
+    SIGTERM to the tasks (graceful), whereas SIGTERM to srun itself makes Slurm SIGKILL the step
+    (measured on the local cluster), which would skip the node steps' cleanup.
+    """
+
+    def __init__(self, ctx: JobContext, *, loopback: bool) -> None:
+        self.ctx, self.loopback = ctx, loopback
+
+    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime) -> list[StepHandle]:
+        cmd = ["srun"]
+        if len(self.ctx.nodelists) > 1:
+            cmd.append(f"--het-group={group.het_index}")
+        cmd += [
+            f"--nodes={group.nodes}", f"--ntasks={group.nodes}", "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1", "--overlap", "--mpi=none", f"--job-name=beam-{group.name}",
+            f"--output={rt.segment_dir}/node-{group.name}-%t.log",
+        ]
+        out = Path(rt.segment_dir, f"srun-{group.name}.log")
+        with open(out, "ab") as fh:
+            proc = subprocess.Popen(cmd + argv, env=env, stdin=subprocess.DEVNULL, stdout=fh,
+                                    stderr=subprocess.STDOUT)
+        return [StepHandle(group, proc, None, out)]
+
+    def ask_to_stop(self, handles: list[StepHandle], rt: ClusterRuntime) -> None:
+        for h in handles:
+            if h.proc.poll() is not None:
+                continue
+            steps = {r["slurm_step_id"] for r in _reports(rt, h.group) if r.get("slurm_step_id")}
+            comp = self.ctx.component_ids[h.group.name]
+            if not steps:  # no task reported yet: only srun knows the step; it kills it
+                h.proc.terminate()
+            for step in steps:
+                subprocess.run(["scancel", "--signal=TERM", f"{comp}.{step}"], capture_output=True,
+                               check=False, timeout=30)
+
+    def force_stop(self, handles: list[StepHandle]) -> None:
+        for h in handles:
+            if h.proc.poll() is None:
+                h.proc.terminate()  # srun then has Slurm SIGKILL the step
+
+    def launcher_errors(self, handle: StepHandle) -> list[tuple[str, int, str]]:
+        try:
+            text = handle.output.read_text(errors="replace")
+        except OSError:
+            return []
+        return [(m[1], int(m[2]), m[3].strip()) for m in _SRUN_TASK_ERROR.finditer(text)]
+
+
+class LocalLauncher:
+    """No Slurm: every node step is a subprocess of this machine with its own loopback address
+    (127.0.0.10+i), GPU count from the plan (fake GPUs for Ray), CPUs from the plan or this host."""
+
+    loopback = True
+
+    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime) -> list[StepHandle]:
+        handles = []
+        first = rt_first_index(rt, group)
+        for i in range(group.nodes):
+            out = rt.node_log(group.name, i)
+            extra = ["--node-index", str(i), "--node-ip", loopback_ip(first + i),
+                     "--gpus", str(group.gpus_per_node),
+                     "--cpus", str(group.cpus_per_node or os.cpu_count() or 1)]
+            with open(out, "ab") as fh:
+                proc = subprocess.Popen(argv + extra, env=env, stdin=subprocess.DEVNULL, stdout=fh,
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=set_parent_death_signal)
+            handles.append(StepHandle(group, proc, i, out))
+        return handles
+
+    def ask_to_stop(self, handles: list[StepHandle], rt: ClusterRuntime) -> None:
+        for h in handles:
+            if h.proc.poll() is None:
+                h.proc.terminate()
+
+    def force_stop(self, handles: list[StepHandle]) -> None:
+        for h in handles:
+            if h.proc.poll() is None:
+                h.proc.kill()
+
+    def launcher_errors(self, handle: StepHandle) -> list[tuple[str, int, str]]:
+        return []
+
+
+def rt_first_index(rt: ClusterRuntime, group: GroupPlan) -> int:
+    """Global index of the group's first node (groups in het order): from the node lists."""
+    order = list(rt.nodelists)
+    return sum(len(rt.nodelists[g]) for g in order[: order.index(group.name)])
+
+
+def _reports(rt: ClusterRuntime, group: GroupPlan) -> list[dict]:
+    out = []
+    for i in range(group.nodes):
+        with contextlib.suppress(OSError, ValueError):
+            out.append(json.loads(rt.node_report(group.name, i).read_text()))
+    return out
+
+
+# -- the outcome ------------------------------------------------------------------------------------
+@dataclass
+class JobOutcome:
+    """How the segment ended. Written to ``<segment dir>/outcome.json``; lifecycle code reads it."""
+
+    status: str  # one of STATUSES
+    returncode: int
+    message: str
+    node: str | None = None
+    log: str | None = None
+    ready_s: float | None = None  # job start -> every node and GPU joined
+    teardown_s: float | None = None
+    segment_dir: str = ""
+
+    def write(self) -> Path:
+        path = Path(self.segment_dir, "outcome.json")
+        write_json_atomic(path, asdict(self))
+        return path
+
+
+# -- the runner -------------------------------------------------------------------------------------
+class JobRunner:
+    """One segment's Ray cluster and driver. Use :func:`run_job`, or the phases directly:
+
+    ``start()`` (raises NodeStepFailed / NotReady / StopRequested), ``run_driver(on_tick)``
+    (returns the driver's exit code; raises on node failure or stop), ``stop()`` (idempotent;
+    returns the teardown seconds). ``request_stop(reason)`` is safe to call from a signal handler
+    or from ``on_tick``; the running phase then raises StopRequested after stopping the driver.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        launcher: Launcher,
+        ctx: JobContext,
+        *,
+        driver_argv: Sequence[str] | None = None,
+        ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+        stop_grace_s: float = DEFAULT_STOP_GRACE_S,
+        driver_stdout: IO[bytes] | None = None,
+        t0: float | None = None,
+    ) -> None:
+        self.plan, self.launcher, self.ctx = plan, launcher, ctx
+        self.site = plan.site_obj()
+        self.driver_template = list(driver_argv if driver_argv is not None else plan.driver_argv)
+        self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
+        self.driver_stdout = driver_stdout
+        self.t0 = time.time() if t0 is None else t0
+        self.segment_dir = Path(plan.paths.segment_logs(ctx.job_id, ctx.restart))
+        self.rt: ClusterRuntime | None = None
+        self.steps: list[StepHandle] = []
+        self.readiness: subprocess.Popen | None = None
+        self.driver: subprocess.Popen | None = None
+        self.ready: dict | None = None
+        self.ready_s: float | None = None
+        self.stop_reason: str | None = None
+        self._torn_down: float | None = None
+
+    # -- shared ------------------------------------------------------------------------------
+    @property
+    def job_tag(self) -> str:
+        return f"{self.plan.run_id}.{self.ctx.job_id}.{self.ctx.restart}"
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = self.stop_reason or reason
+
+    def _container_python(self) -> str:
+        return self.site.container.python if self.site.container.runtime == "apptainer" else sys.executable
+
+    def _ray_process(self, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+        """argv + env of a process that talks to the job's Ray (readiness, driver)."""
+        assert self.rt is not None
+        env = ray_env(token_path=self.rt.token_path, job_tag=self.job_tag)
+        # driver_env holds plan placeholders ({ray_address}, ...) like the driver's argv: fill them.
+        env.update({k: fill(v, **self._placeholder_values()) for k, v in self.plan.driver_env.items()})
+        env.update(BEAM_RAY_ADDRESS=self.rt.address, BEAM_SEGMENT_DIR=str(self.segment_dir),
+                   BEAM_JOB_ID=self.ctx.job_id, BEAM_RUN_DIR=self.plan.output_dir)
+        binds = [self.plan.output_dir]
+        if self.rt.existing:  # the site's token file lives outside the run directory
+            binds.append(str(Path(self.rt.token_path).parent))
+        if self.plan.nvme.enabled:
+            binds.append(self.plan.nvme.root)
+        cmd = container_command(self.site, argv, env, binds, base=clean_env(os.environ))
+        return cmd.argv, cmd.env
+
+    # -- phases ------------------------------------------------------------------------------
+    def prepare(self) -> ClusterRuntime:
+        """Token, runtime.json and segment directory; no process started yet."""
+        plan, ctx, site = self.plan, self.ctx, self.site
+        self.segment_dir.mkdir(parents=True, exist_ok=True)
+        if not Path(plan.paths.plan).exists():
+            plan.write()
+        if site.ray_address:  # the site's own cluster: its address and token, nothing to create
+            host, _, port = site.ray_address.rpartition(":")
+            token, head_ip, gcs_port, stride = existing_token(site.ray_token_file or ""), host, int(port), 1
+        else:
+            token = write_token(Path(plan.output_dir, ".ray-auth", ctx.segment))
+            loopback = self.launcher.loopback
+            head_ip = loopback_ip(0) if loopback else node_ip(site.network, 0)
+            stride = LOOPBACK_MAX_NODES if loopback else 1
+            gcs_port = ray_ports(site.ray, ctx.job_num, 0, stride).gcs
+        self.rt = ClusterRuntime(
+            job_id=ctx.job_id, job_num=ctx.job_num, restart=ctx.restart, job_tag=self.job_tag,
+            head_ip=head_ip, gcs_port=gcs_port,
+            host_stride=stride, token_path=str(token), segment_dir=str(self.segment_dir),
+            nonce=secrets.token_hex(8), deadline=time.time() + self.ready_timeout_s,
+            nodelists=ctx.nodelists, existing=bool(site.ray_address),
+        )
+        shutil.rmtree(self.rt.node_dir, ignore_errors=True)  # reports of an earlier try
+        self.rt.write()
+        return self.rt
+
+    def start(self) -> dict:
+        """Launch every group's node steps and the readiness poller; return ready.json's report."""
+        rt = self.rt or self.prepare()
+        step_argv = [sys.executable, "-m", "beam_hpc.node.step", "--plan", self.plan.paths.plan,
+                     "--runtime", str(rt.path), "--nonce", rt.nonce]
+        step_env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if rt.existing:
+            log.info("using the site's Ray cluster at %s: no node step started", rt.address)
+        else:
+            for g in self.plan.groups:
+                log.info("starting node steps of group %s (%d nodes: %s)", g.name, g.nodes,
+                         ",".join(rt.nodelists.get(g.name, [])))
+                self.steps += self.launcher.launch(g, step_argv + ["--group", g.name], step_env, rt)
+        ready_json = self.segment_dir / "ready.json"
+        argv, env = self._ray_process([self._container_python(), "-m", "beam_hpc.job.readiness",
+                                       "--plan", self.plan.paths.plan, "--runtime", str(rt.path),
+                                       "--output", str(ready_json)])
+        with open(self.segment_dir / "readiness.log", "ab") as fh:
+            self.readiness = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=fh,
+                                              stderr=subprocess.STDOUT, preexec_fn=set_parent_death_signal)
+        while True:
+            self.check()
+            rc = self.readiness.poll()
+            if rc is not None:
+                report = _read_json(ready_json)
+                if rc == EXIT_READY and report.get("ready"):
+                    self.ready, self.ready_s = report, time.time() - self.t0
+                    report["ready_s"] = round(self.ready_s, 3)
+                    write_json_atomic(ready_json, report)
+                    log.info("Ray ready after %.1f s: %s", self.ready_s, report.get("summary"))
+                    return report
+                self.check()  # a node step that died explains it better
+                raise NotReady(report.get("summary") or
+                               f"readiness check failed (exit {rc}); see {self.segment_dir / 'readiness.log'}")
+            if time.time() > rt.deadline + 60:
+                raise NotReady(f"readiness check did not finish by its deadline; see {self.segment_dir / 'readiness.log'}")
+            time.sleep(POLL_S)
+
+    def check(self) -> None:
+        """Raise StopRequested when asked to stop, NodeStepFailed as soon as a node step ended."""
+        if self.stop_reason:
+            raise StopRequested(f"stop requested ({self.stop_reason})")
+        for h in self.steps:
+            if h.proc.poll() is not None:
+                raise self._node_failure(h)
+
+    def _node_failure(self, h: StepHandle) -> NodeStepFailed:
+        assert self.rt is not None
+        rt, g, rc = self.rt, h.group, h.proc.returncode
+        failed = [r for r in _reports(rt, g) if r.get("state") == "failed"]
+        if h.local_index is not None:
+            failed = [r for r in failed if r.get("local_index") == h.local_index] or failed
+        errors = self.launcher.launcher_errors(h)
+        if failed:
+            r = failed[0]
+            i = int(r.get("local_index", 0))
+            node, detail = rt.node_name(g.name, i), r.get("error", "failed")
+        elif errors:
+            node, i, detail = errors[0]
+        else:
+            i = h.local_index or 0
+            node, detail = rt.node_name(g.name, i), f"exit code {rc}"
+        log_path = str(rt.node_log(g.name, i))
+        msg = f"node step of group {g.name} on node {node} ended: {detail}; log: {log_path}"
+        if h.local_index is None:
+            msg += f" (srun output: {h.output})"
+        return NodeStepFailed(msg, node=node, log_path=log_path)
+
+    def _placeholder_values(self) -> dict[str, str]:
+        """What the plan's placeholders stand for in this job (see plan.PLACEHOLDERS)."""
+        assert self.rt is not None
+        return dict(ray_address=self.rt.address, head_ip=self.rt.head_ip, job_id=self.ctx.job_id,
+                    run_dir=self.plan.output_dir, nvme_dir=fill(self.plan.nvme.job_dir, job_id=self.ctx.job_id))
+
+    def driver_argv(self) -> list[str]:
+        values = self._placeholder_values()
+        argv = [fill(a, **values) for a in self.driver_template]
+        if self.site.container.runtime == "host" and argv and argv[0] == self.site.python:
+            argv[0] = sys.executable  # the job runs under the site's python: use exactly it
+        return argv
+
+    def run_driver(self, on_tick: Callable[["JobRunner"], None] | None = None) -> int:
+        """Run the driver to its end; fail fast if a node step dies or a stop is requested."""
+        argv, env = self._ray_process(self.driver_argv())
+        log.info("driver: %s", " ".join(argv))
+        self.driver = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=self.driver_stdout,
+                                       start_new_session=True, preexec_fn=set_parent_death_signal)
+        while True:
+            rc = self.driver.poll()
+            if rc is not None:
+                if rc != 0:  # a dead node often kills the driver first: name the node instead
+                    deadline = time.monotonic() + NODE_FAILURE_GRACE_S
+                    while time.monotonic() < deadline:
+                        self.check()
+                        time.sleep(POLL_S)
+                return rc
+            self.check()
+            if on_tick is not None:
+                on_tick(self)
+            time.sleep(POLL_S)
+
+    def stop(self) -> float:
+        """Stop everything of this segment; returns the seconds it took (0 when already done)."""
+        if self._torn_down is not None:
+            return 0.0
+        t = time.monotonic()
+        _stop_group(self.driver, min(self.stop_grace_s, 10.0))
+        if self.readiness is not None and self.readiness.poll() is None:
+            self.readiness.kill()
+            self.readiness.wait()
+        rt = self.rt
+        if rt is not None:
+            self.launcher.ask_to_stop(self.steps, rt)
+            _wait_all([h.proc for h in self.steps], self.stop_grace_s)
+            if any(h.proc.poll() is None for h in self.steps):
+                log.warning("node steps still running %.0f s after SIGTERM: killing them", self.stop_grace_s)
+                self.launcher.force_stop(self.steps)
+                _wait_all([h.proc for h in self.steps], 10.0)
+                for h in self.steps:
+                    if h.proc.poll() is None:
+                        h.proc.kill()
+                        h.proc.wait()
+            left = sweep(self.job_tag, grace_s=2.0)  # only this job's tag: never the site's cluster
+            if left:
+                log.info("stopped %d leftover processes of this job by PID: %s", len(left), left)
+            if rt.existing:  # its temp dirs and its token file are the site's: left as they are
+                log.info("the site's Ray cluster at %s keeps running", rt.address)
+            else:
+                for d in glob(temp_dir_prefix(rt.job_id, rt.restart, rt.temp_root) + "*"):
+                    shutil.rmtree(d, ignore_errors=True)
+                token_dir = Path(rt.token_path).parent
+                shutil.rmtree(token_dir, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    token_dir.parent.rmdir()  # .ray-auth, when no other segment's token is left
+        self._torn_down = time.monotonic() - t
+        log.info("teardown took %.1f s", self._torn_down)
+        return self._torn_down
+
+
+def existing_token(path: str) -> Path:
+    """The site's token file for its own cluster: it must be there and readable by the job."""
+    p = Path(path)
+    try:
+        ok = p.is_file() and bool(p.read_text().strip())
+    except OSError as err:
+        raise JobError(f"ray_token_file: cannot read {p} ({err.strerror}); the job must be able to read the "
+                       "existing Ray cluster's token (set ray_token_file in the site or --ray-token-file)") from None
+    if not ok:
+        raise JobError(f"ray_token_file: {p} is missing or empty; point ray_token_file (or --ray-token-file) at "
+                       "the existing Ray cluster's token file")
+    if p.stat().st_mode & 0o077:
+        log.warning("ray_token_file %s is readable by others (mode %o); chmod 600 it", p, p.stat().st_mode & 0o777)
+    return p
+
+
+def _stop_group(proc: subprocess.Popen | None, grace_s: float) -> None:
+    """SIGTERM a process and its session (the driver's own children), then SIGKILL."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _wait_all(procs: list[subprocess.Popen], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+# -- entry points -------------------------------------------------------------------------------------
+def run_job(runner: JobRunner, on_tick: Callable[[JobRunner], None] | None = None) -> JobOutcome:
+    """All phases, teardown always; job failures come back as the outcome, never raised."""
+    try:
+        runner.start()
+        rc = runner.run_driver(on_tick)
+        status = "completed" if rc == 0 else "driver-failed"
+        outcome = JobOutcome(status, rc, f"driver exited with code {rc}")
+    except JobError as err:
+        outcome = JobOutcome(err.status, 1, str(err), node=err.node, log=err.log_path)
+    except KeyboardInterrupt:
+        outcome = JobOutcome("stopped", 130, "interrupted")
+    except Exception as err:  # noqa: BLE001 - teardown must still run; the outcome says what broke
+        log.exception("job failed")
+        outcome = JobOutcome("error", 1, f"{type(err).__name__}: {err}")
+    finally:
+        teardown_s = runner.stop()
+    outcome.ready_s = None if runner.ready_s is None else round(runner.ready_s, 3)
+    outcome.teardown_s = round(teardown_s, 3)
+    outcome.segment_dir = str(runner.segment_dir)
+    outcome.write()
+    (log.info if outcome.status == "completed" else log.error)("job %s: %s", outcome.status, outcome.message)
+    return outcome
+
+
+def smoke_driver_argv(plan: Plan) -> list[str]:
+    """The ``--smoke`` driver: one task per GPU bundle of each group, then smoke.json."""
+    python = plan.site["container"]["python"] if plan.site["container"]["runtime"] == "apptainer" else plan.site.get("python", "python3")
+    return [python, "-m", "beam_hpc.job.smoke", "--plan", plan.paths.plan, "--ray-address", "{ray_address}"]
+
+
+def run_local(plan: Plan, *, driver_argv: Sequence[str] | None = None,
+              ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+              on_tick: Callable[[JobRunner], None] | None = None) -> JobOutcome:
+    """The same job with no Slurm: node steps are subprocesses of this machine (for ``beam-hpc
+    execute``). Ctrl-C stops it cleanly."""
+    runner = JobRunner(plan, LocalLauncher(), JobContext.local(plan), driver_argv=driver_argv,
+                       ready_timeout_s=ready_timeout_s)
+    return run_job(runner, on_tick)
+
+
+def install_signal_handlers(runner: JobRunner, signals: Sequence[int] = (
+        signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)) -> None:
+    """Default: any of these stops the segment cleanly (lifecycle code replaces USR1/USR2)."""
+    def handler(signum: int, _frame: object) -> None:
+        runner.request_stop(signal.Signals(signum).name)
+
+    for s in signals:
+        signal.signal(s, handler)
+
+
+def _process_start_time() -> float:
+    """When this process started (the batch script execs into it): bring-up is timed from here."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m beam_hpc.job.runner", description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", required=True, help="RUN_DIR/plan.json")
+    parser.add_argument("--smoke", action="store_true", help="driver: place one task per GPU bundle, write smoke.json")
+    parser.add_argument("--launcher", choices=["auto", "srun", "local"], default="auto",
+                        help="how node steps start (auto: srun inside Slurm, else local)")
+    parser.add_argument("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S,
+                        help="seconds for every node and GPU to join (default %(default)s)")
+    parser.add_argument("--stop-grace", type=float, default=DEFAULT_STOP_GRACE_S,
+                        help="seconds node steps get to stop before they are killed")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    t0 = _process_start_time()
+    plan = Plan.load(args.plan)
+    use_srun = args.launcher == "srun" or (args.launcher == "auto" and "SLURM_JOB_ID" in os.environ)
+    try:
+        if use_srun:
+            ctx = JobContext.from_slurm(plan)
+            launcher: Launcher = SrunLauncher(ctx, loopback=plan.site["network"]["ip_source"] == "loopback")
+        else:
+            ctx, launcher = JobContext.local(plan), LocalLauncher()
+    except JobError as err:
+        log.error("%s", err)
+        return 2
+    runner = JobRunner(plan, launcher, ctx, driver_argv=smoke_driver_argv(plan) if args.smoke else None,
+                       ready_timeout_s=args.ready_timeout, stop_grace_s=args.stop_grace, t0=t0)
+    install_signal_handlers(runner)
+    return run_job(runner).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

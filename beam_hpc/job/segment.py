@@ -1,0 +1,508 @@
+"""``python -m beam_hpc.job.segment --plan RUN/plan.json [--resume] [--num-rollout N]``: one segment.
+
+The batch script execs into this (render.py), so this process is the batch shell: it receives the
+walltime warning (``--signal=B:USR1@lead``) and Slurm's SIGTERM. What it does, in order:
+
+1. takes the run lock (a second segment on the same output directory is refused; a lock of a
+   killed job is taken over, see :mod:`beam_hpc.run.lock`), and sets up ``logs/<job>-<restart>/``;
+2. writes the ledger's start line, then checks that the run may go on: the cancel flag,
+   ``max_segments``, and the seed's resume rules (:func:`beam_hpc.submission.run_guard.check_resume`:
+   checkpoint *and* dataset state, num_rollout counts all rollouts), and that the checkpoints were
+   made with this plan's model, data and topology (:func:`identity_problem`: plan.json or the
+   script may have changed since the submit-time check); a refusal is the segment's end line and
+   ends the chain. A requeued segment (SLURM_RESTART_COUNT > 0) resumes by itself;
+3. runs the job (:mod:`beam_hpc.job.runner`: Ray on every node, the driver) while the
+   :class:`beam_hpc.lifecycle.lifecycle.Watchdog` watches for the walltime lead (USR1 or its own deadline
+   from the job's EndTime), preemption (USR1 with a PreemptTime) and SIGTERM;
+4. on walltime or preemption, asks the backend to save now (sentinel), waits for that checkpoint,
+   stops the driver and tears down; on SIGTERM it has only Slurm's KillWait, so it writes the
+   ledger end line first and relies on the last complete checkpoint;
+5. decides (:func:`beam_hpc.lifecycle.lifecycle.decide`) and acts: resubmit itself with ``--resume``
+   (dependency afterany on itself), requeue (same job id), or stop; writes the ledger end line;
+   releases the lock.
+
+Messages go to the segment's log and to stderr (the batch log); the exit status is 0 when the
+segment ended as planned (completed, walltime, preempted, cancelled), 1 on an error, 2 when the
+run may not continue (bad resume, refused lock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from beam_hpc.run import checkpoint_layout
+
+from beam_hpc.run import ledger
+
+from beam_hpc.lifecycle import lifecycle
+from beam_hpc.lifecycle.lifecycle import (
+    Decision,
+    Interrupt,
+    JobInfo,
+    Outcome,
+    SlurmUnavailable,
+    Watchdog,
+)
+from beam_hpc.plan.plan import Plan, RunPaths, compute_lead_s
+from beam_hpc.errors import InputError
+from beam_hpc.run.lock import Holder, RunLockError, acquire, release
+
+log = logging.getLogger("beam_hpc.job.segment")
+
+SEGMENT_LOG = "segment.log"
+SCRIPT_NAME = "job.sbatch"  # written into the run directory by every beam-hpc submission
+IDENTITY_FILE = "run_identity.json"  # under checkpoints/: see identity_path
+EXIT_OK, EXIT_ERROR, EXIT_REFUSED = 0, 1, 2
+# The runtime's outcome statuses (beam_hpc.job.runner.STATUSES) as ledger reasons, when no interrupt explains them.
+_STATUS_REASON = {"node-failure": "node-failure", "not-ready": "node-failure", "driver-failed": "error", "error": "error"}
+_INTERRUPT_REASON = {"walltime": "walltime", "timelimit": "walltime", "preempted": "preempted",
+                     "requeued": "preempted", "cancelled": "cancelled"}
+
+
+class Segment:
+    """One segment of a run: lock, ledger, job, watchdog, decision."""
+
+    def __init__(
+        self,
+        plan_path: str,
+        *,
+        resume: bool = False,
+        num_rollout: int | None = None,
+        env: Mapping[str, str] | None = None,
+        query: Callable[[str], JobInfo | None] = lifecycle.job_info,
+    ) -> None:
+        self.env = dict(os.environ if env is None else env)
+        self.plan = Plan.load(plan_path)
+        self.paths = self.plan.paths
+        self.want_resume = resume
+        self.num_rollout_arg = num_rollout
+        self.query = query
+        self.job_id: str | None = self.env.get("SLURM_JOB_ID") or None
+        self.restart = int(self.env.get("SLURM_RESTART_COUNT", "0") or 0)
+        self.ledger_job_id = self.job_id or f"l{os.getpid()}"
+        self.me = Holder.me(self.job_id, self.restart)
+        self.watchdog = Watchdog(self.job_id, self.restart, self.plan.lead_s, query=query,
+                                 cancel_flag=self.paths.cancel_flag)
+        self.runner = None  # beam_hpc.job.runner.JobRunner once started
+        self.rollouts_at_start = 0
+        self.metrics_offset = 0
+        self.lead_s = self.plan.lead_s
+        self.history: list[dict] = []
+        self.interrupt: Interrupt | None = None
+        self.save_result: lifecycle.SaveResult | None = None
+        self.finished = False  # the end line is written
+        self._finishing = False
+        self._requeue_self = False
+        self.reason: str | None = None
+
+    # -- entry ------------------------------------------------------------------------------------
+    def run(self) -> int:
+        self.watchdog.install()  # first: a signal may come at any moment
+        _log_to(None)
+        handler: logging.Handler | None = None
+        try:
+            try:
+                previous = acquire(self.paths.lock, self.me, query=self.query)
+            except RunLockError as err:  # not a segment of this run: no log dir, no ledger line
+                log.error("refused: %s", err)
+                return EXIT_REFUSED
+            logs = Path(self.paths.segment_logs(self.ledger_job_id, self.restart))
+            logs.mkdir(parents=True, exist_ok=True)
+            handler = _log_to(logs / SEGMENT_LOG)
+            log.info("segment %s of run %s (%s) on %s", ledger.segment_id(self.ledger_job_id, self.restart),
+                     self.plan.run_id, self.plan.output_dir, socket.gethostname())
+            if previous is not None:
+                log.warning("took over the run lock of %s", previous.describe())
+            try:
+                return self._run_locked()
+            finally:
+                if self._requeue_self:  # after the lock is released: the requeued job takes it again
+                    self._do_requeue_self()
+        finally:
+            self.watchdog.uninstall()
+            if handler is not None:
+                logging.getLogger().removeHandler(handler)
+                handler.close()
+
+    def _run_locked(self) -> int:
+        try:
+            code = self._prepare()
+            if code is not None:
+                return code
+            return self._run_job()
+        finally:
+            lifecycle.clear_save_request(self.paths)
+            release(self.paths.lock, self.me)
+
+    # -- before the job ---------------------------------------------------------------------------
+    def _prepare(self) -> int | None:
+        """Checks and the start line; an exit code when the segment must not run the job."""
+        if self.num_rollout_arg is not None:
+            self._set_num_rollout(self.num_rollout_arg)
+        recipe = self.plan.recipe_obj()
+        ckpt = self.paths.checkpoints
+        self.rollouts_at_start = checkpoint_layout.rollouts_done(ckpt)
+        has_ckpt = checkpoint_layout.latest_iteration(ckpt) is not None
+        resume = self.want_resume or (self.restart > 0 and has_ckpt)
+        self.history, warnings = ledger.read_ledger(self.paths.ledger)
+        for w in warnings:
+            log.warning("%s", w)
+        self.lead_s = self._lead(recipe)
+        self.watchdog.lead_s = self.lead_s
+        self.watchdog.on_signal = self._on_signal
+        self.watchdog.refresh()
+        ledger.append(self.paths.ledger, ledger.start_record(
+            job_id=self.ledger_job_id, restart=self.restart, host=socket.gethostname(),
+            rollouts_at_start=self.rollouts_at_start, num_rollout=recipe.num_rollout, resume=resume,
+            walltime_s=self.plan.walltime_s, lead_s=self.lead_s))
+        lifecycle.clear_save_request(self.paths)  # left by a killed segment: it no longer applies
+        if self._cancelled():
+            return self._finish_now("cancelled", "the run was cancelled (beam-hpc cancel); not starting")
+        if self.rollouts_at_start >= recipe.num_rollout:
+            return self._finish_now("completed", f"{self.rollouts_at_start} rollouts already done of {recipe.num_rollout}")
+        if len(self.history) + 1 > recipe.lifecycle.max_segments:
+            return self._finish_now("error", f"lifecycle.max_segments ({recipe.lifecycle.max_segments}) reached "
+                                             "before this segment; raise it and resubmit with --resume")
+        try:
+            from beam_hpc.submission.run_guard import check_resume
+
+            check_resume(recipe, resume=resume)
+        except InputError as err:
+            self._finish_now("error", str(err))
+            return EXIT_REFUSED
+        problem = identity_problem(self.paths, recipe.identity()) if has_ckpt else None
+        if problem is not None:  # a changed plan.json or a hand-edited script: another run's checkpoints
+            self._finish_now("error", problem, retryable=False)
+            return EXIT_REFUSED
+        record_identity(self.paths, recipe.identity(), ledger.segment_id(self.ledger_job_id, self.restart),
+                        has_ckpt=has_ckpt)
+        if self.restart > 0 and not self.want_resume:
+            log.info("requeued segment (restart %d): %s", self.restart,
+                     f"resuming from checkpoint {checkpoint_layout.latest_iteration(ckpt)}" if has_ckpt
+                     else "no checkpoint yet, starting from the beginning")
+        return None
+
+    def _set_num_rollout(self, n: int) -> None:
+        """``--num-rollout N`` on a resubmission: the seed lets it change (total, done included)."""
+        if n < 1:
+            raise InputError(f"--num-rollout: {n} is not a positive number of rollouts")
+        if n != self.plan.recipe["num_rollout"]:
+            log.info("num_rollout %d -> %d (plan.json updated)", self.plan.recipe["num_rollout"], n)
+            self.plan = dataclasses.replace(self.plan, recipe={**self.plan.recipe, "num_rollout": n})
+            self.plan.write()
+
+    def _lead(self, recipe) -> int:
+        """The recipe's lead, or one computed from what earlier segments measured (with a floor),
+        never more than half the walltime (a lead that eats the segment leaves no progress)."""
+        if recipe.lifecycle.lead_s is not None:
+            return recipe.lifecycle.lead_s
+        lead = compute_lead_s(recipe, ledger.measured_timings(self.history))
+        return min(lead, self.plan.walltime_s // 2)
+
+    def _cancelled(self) -> bool:
+        """The cancel flag applies to jobs submitted before it; a later submission (the user
+        resumed the run on purpose) clears it."""
+        flag = Path(self.paths.cancel_flag)
+        try:
+            flagged_at = flag.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        info = self._job_info()
+        if info is not None and info.submit_time is not None and info.submit_time > flagged_at + 1:
+            log.info("cancel flag older than this submission: cleared (the run was resumed)")
+            flag.unlink(missing_ok=True)
+            return False
+        return True
+
+    def _job_info(self) -> JobInfo | None:
+        if self.job_id is None:
+            return None
+        try:
+            return self.query(self.job_id)
+        except SlurmUnavailable as err:
+            log.warning("%s", err)
+            return None
+
+    # -- the job ----------------------------------------------------------------------------------
+    def _run_job(self) -> int:
+        from beam_hpc.job import runner as runtime
+
+        self.metrics_offset = lifecycle.metrics_offset(self.paths)
+        try:
+            if self.job_id is not None:
+                ctx = runtime.JobContext.from_slurm(self.plan, self.env)
+                loopback = self.plan.site["network"]["ip_source"] == "loopback"
+                launcher = runtime.SrunLauncher(ctx, loopback=loopback)
+            else:
+                ctx, launcher = runtime.JobContext.local(self.plan), runtime.LocalLauncher()
+        except runtime.JobError as err:
+            return self._finish_now("error", str(err), retryable=False)
+        logs = Path(self.paths.segment_logs(self.ledger_job_id, self.restart))
+        with open(logs / "driver.log", "ab") as driver_out:
+            self.runner = runtime.JobRunner(self.plan, launcher, ctx, driver_stdout=driver_out)
+            self._tick(self.runner)  # a signal during the checks above
+            if self.interrupt is not None:
+                self.runner.request_stop(self.interrupt.kind)
+            outcome = runtime.run_job(self.runner, on_tick=self._tick)
+        if self.finished:
+            return self._exit_code()
+        return self._finish_after(outcome.status, outcome.message, outcome.returncode)
+
+    def _tick(self, _runner) -> None:
+        """Called by the runtime every poll while the driver runs."""
+        intr = self.watchdog.check()
+        if intr is not None:
+            self._on_interrupt(intr)
+
+    def _on_signal(self, name: str) -> None:
+        """From the signal handler: SIGTERM leaves KillWait seconds, so act here and now (the
+        ledger line first), whatever phase the runtime is in; other signals wait for a tick,
+        except during bring-up, when there is no rollout to save."""
+        if self._finishing or self.finished:
+            return
+        if name in ("SIGTERM", "SIGINT") or self.runner is None or self.runner.driver is None:
+            try:
+                intr = self.watchdog.check()
+                if intr is not None:
+                    self._on_interrupt(intr)
+            except Exception:  # never let a handler break the code it interrupted
+                log.exception("handling %s failed", name)
+
+    def _on_interrupt(self, intr: Interrupt | None) -> None:
+        if intr is None or self.finished or self._finishing:
+            return
+        if intr.kind in ("walltime", "preempted") and not self.plan.recipe["lifecycle"].get("save_on_request", True):
+            log.warning("%s: lifecycle.save_on_request is false, so no save now: running on until Slurm stops "
+                        "the job; the next segment resumes from the last periodic checkpoint", intr.kind)
+            return
+        self.interrupt = intr
+        if intr.kind in ("walltime", "preempted") and self.runner is not None and self.runner.driver is not None:
+            self._save_now(intr)
+        if intr.kind in ("requeued", "cancelled", "timelimit"):
+            # no time for a teardown first: record now, the runtime tears down afterwards
+            self._finish(_INTERRUPT_REASON[intr.kind], intr.detail)
+        if self.runner is not None:
+            self.runner.request_stop(intr.kind)
+            if self.save_result is not None and not self.finished:
+                # the checkpoint is in (or will not come): stop the driver now, before it trains
+                # rollouts that nobody will keep (the runtime's stop is idempotent)
+                self.runner.stop()
+
+    def _save_now(self, intr: Interrupt) -> None:
+        lc = self.plan.recipe_obj().lifecycle
+        now = time.time()
+        hard_end = intr.hard_end if intr.hard_end is not None else now + lc.save_timeout_s
+        deadline = min(now + lc.save_timeout_s, hard_end - lifecycle.TEARDOWN_RESERVE_S)
+        driver = self.runner.driver
+
+        def more_urgent() -> bool:
+            newer = self.watchdog.check()
+            if newer is None:
+                return self.finished
+            if newer.kind in ("requeued", "cancelled", "timelimit"):
+                self._on_interrupt(newer)  # records the end now; the save is abandoned
+                return True
+            self.interrupt = newer  # e.g. preempted during a walltime save: keep saving, requeue after
+            return self.finished
+
+        if deadline <= now:
+            self.save_result = lifecycle.SaveResult(False, checkpoint_layout.latest_iteration(self.paths.checkpoints), 0.0,
+                                                    "no time left to save; relying on the last checkpoint")
+            log.warning("%s", self.save_result.detail)
+            return
+        self.save_result = lifecycle.save_and_wait(
+            self.paths, deadline=deadline, driver_running=lambda: driver.poll() is None,
+            reason=intr.kind, interrupted=more_urgent)
+        (log.info if self.save_result.saved else log.warning)("%s (%.1f s)", self.save_result.detail,
+                                                              self.save_result.seconds)
+
+    # -- after the job ----------------------------------------------------------------------------
+    def _finish_after(self, status: str, message: str, returncode: int) -> int:
+        done = checkpoint_layout.rollouts_done(self.paths.checkpoints)
+        num_rollout = self.plan.recipe["num_rollout"]
+        if done >= num_rollout:
+            return self._finish("completed", f"{done} of {num_rollout} rollouts done")
+        if self.interrupt is not None:
+            detail = self.interrupt.detail
+            if self.save_result is not None:
+                detail += f"; {self.save_result.detail}"
+            return self._finish(_INTERRUPT_REASON[self.interrupt.kind], detail)
+        if status == "completed":  # driver exited 0 short of num_rollout (e.g. stop_after_rollout)
+            return self._finish("error", f"the driver exited normally with {done} of {num_rollout} rollouts done")
+        return self._finish(_STATUS_REASON.get(status, "error"), f"{message} (exit {returncode})")
+
+    def _finish_now(self, reason: str, detail: str, *, retryable: bool = False) -> int:
+        """End a segment that never ran the job."""
+        return self._finish(reason, detail, retryable=retryable)
+
+    def _finish(self, reason: str, detail: str, *, retryable: bool = True) -> int:
+        """Decide, act, and write the end line; once per segment."""
+        if self.finished or self._finishing:
+            return self._exit_code()
+        self._finishing = True
+        try:
+            recipe = self.plan.recipe_obj()
+            done = checkpoint_layout.rollouts_done(self.paths.checkpoints)
+            metrics = lifecycle.segment_metrics(self.paths, self.metrics_offset)
+            outcome = Outcome(reason=reason, rollouts_at_start=self.rollouts_at_start, rollouts_at_end=done,
+                              num_rollout=recipe.num_rollout, rollouts_run=metrics.rollouts_run, retryable=retryable)
+            decision = lifecycle.decide(outcome, history=self.history, max_segments=recipe.lifecycle.max_segments,
+                                        cancelled=lifecycle.cancel_requested(self.paths),
+                                        requeue_on_preemption=recipe.lifecycle.requeue_on_preemption)
+            decision, next_job = self._act(decision)
+            save_s = self.save_result.seconds if self.save_result and self.save_result.saved else metrics.save_s
+            ledger.append(self.paths.ledger, ledger.end_record(
+                job_id=self.ledger_job_id, restart=self.restart, rollouts_at_end=done, reason=reason,
+                detail=f"{detail} -> {decision.detail}", next_action=decision.action, next_job_id=next_job,
+                rollout_s=metrics.rollout_s, save_s=save_s))
+            self.reason = reason
+            self.finished = True
+            log.info("segment ended: %s (%s); rollouts %d -> %d of %d; next: %s %s", reason, detail,
+                     self.rollouts_at_start, done, recipe.num_rollout, decision.action, next_job or "")
+            return self._exit_code()
+        finally:
+            self._finishing = False
+
+    def _act(self, decision: Decision) -> tuple[Decision, str | None]:
+        if decision.action == "resubmit":
+            script = Path(self.plan.output_dir, SCRIPT_NAME)
+            if self.job_id is None:
+                return Decision("none", decision.detail + " (not in Slurm: nothing to resubmit)"), None
+            if not script.is_file():
+                return Decision("none", f"{decision.detail}, but {script} is missing; resubmit by hand"), None
+            has_ckpt = checkpoint_layout.latest_iteration(self.paths.checkpoints) is not None
+            try:
+                job = lifecycle.resubmit(str(script), lead_s=self.lead_s, resume=has_ckpt,
+                                         dependency=f"afterany:{self.job_id}")
+            except (RuntimeError, OSError) as err:
+                log.error("%s", err)
+                return Decision("none", f"{decision.detail}, but the resubmission failed: {err}"), None
+            if lifecycle.cancel_requested(self.paths):  # cancelled while we were submitting
+                lifecycle.withdraw(job)
+                return Decision("none", f"the run was cancelled; withdrew the resubmitted job {job}"), None
+            log.info("resubmitted as job %s (after this one, %s)", job, "--resume" if has_ckpt else "fresh")
+            return decision, job
+        if decision.action == "requeue":
+            if self.interrupt is not None and self.interrupt.kind == "preempted":
+                self._requeue_self = True  # we end inside the grace time: Slurm would not requeue
+            return decision, self.job_id
+        return decision, None
+
+    def _do_requeue_self(self) -> None:
+        try:
+            lifecycle.requeue_self(self.job_id or "")
+            log.info("requeued job %s", self.job_id)
+        except (RuntimeError, OSError) as err:
+            log.error("%s; Slurm requeues the job itself when the grace time ends", err)
+
+    def _exit_code(self) -> int:
+        if self.reason in ("completed", "walltime", "preempted", "cancelled"):
+            return EXIT_OK
+        return EXIT_ERROR
+
+
+# -- what the checkpoints were made with ---------------------------------------------------------------
+def identity_path(paths: RunPaths) -> Path:
+    """``checkpoints/run_identity.json``: the recipe identity (model, data, topology, ...) that the
+    checkpoints were made with. It lives beside them, not in plan.json, because plan.json is what a
+    segment is told to run and may have been changed since (by hand, or by another submission)."""
+    return Path(paths.checkpoints, IDENTITY_FILE)
+
+
+def _flatten(value: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict) and value:
+        out: dict[str, object] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def identity_problem(paths: RunPaths, identity: dict) -> str | None:
+    """Why a segment with ``identity`` must not resume from the run's checkpoints (None when it
+    may): the fields (dotted, e.g. ``model.path``, ``topology.trainer.nodes``) whose value differs
+    from the one the checkpoints were made with. Nothing recorded (checkpoints from before the
+    record existed) is nothing to compare with."""
+    p = identity_path(paths)
+    try:
+        recorded = json.loads(p.read_text())["identity"]
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as err:
+        return (f"identity: {p} is unreadable ({err}); it records what the checkpoints were made with: "
+                "restore it, or start a new --output-dir")
+    old, new = _flatten(recorded), _flatten(identity)
+    changed = [f"{k} (was {old.get(k)!r}, now {new.get(k)!r})" for k in sorted(old.keys() | new.keys())
+               if old.get(k) != new.get(k)]
+    if not changed:
+        return None
+    return (f"identity: the checkpoints in {paths.checkpoints} were made with another {'; '.join(changed)}. "
+            "A run keeps its model, data and topology (num_rollout, walltime and partitions may change): "
+            "restore plan.json (resubmit with the run's recipe and --resume), or run this configuration "
+            "in a new --output-dir")
+
+
+def record_identity(paths: RunPaths, identity: dict, segment: str, *, has_ckpt: bool) -> None:
+    """Record the identity the checkpoints are made with, before the driver starts: once per run (a
+    later segment only compares with it), or again while no checkpoint exists yet (nothing was
+    made with the old one). Written atomically: a torn record would refuse every later segment."""
+    p = identity_path(paths)
+    if has_ckpt and p.is_file():
+        return
+    if has_ckpt:
+        log.warning("%s is missing (checkpoints from an older beam-hpc?): recording this plan's identity", p)
+    checkpoint_layout.write_atomic(p, json.dumps({"identity": identity, "recorded_by": segment,
+                                                  "time": time.time()}, indent=1, sort_keys=True) + "\n")
+
+
+def _log_to(path: Path | None) -> logging.Handler | None:
+    """Log to stderr (the batch log) and, once the segment owns the run, to its segment.log
+    (returned, so that it can be removed again)."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    fmt = logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in root.handlers):
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setFormatter(fmt)
+        root.addHandler(sh)
+    if path is None:
+        return None
+    fh = logging.FileHandler(path)
+    fh.setFormatter(fmt)
+    root.addHandler(fh)
+    return fh
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m beam_hpc.job.segment", description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", required=True, help="RUN_DIR/plan.json")
+    parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    parser.add_argument("--smoke", action="store_true",
+                        help="bring the cluster up, run one task per GPU bundle of each group, write "
+                             "smoke.json, tear down (no lock, ledger or checkpoint is touched)")
+    parser.add_argument("--num-rollout", type=int, default=None,
+                        help="total rollouts, including those already done (the seed's semantics)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        from beam_hpc.job import runner as job
+
+        return job.main(["--plan", args.plan, "--smoke"])
+    try:
+        return Segment(args.plan, resume=args.resume, num_rollout=args.num_rollout).run()
+    except (InputError, OSError, ValueError) as err:  # no plan, a damaged plan, a bad --num-rollout
+        logging.basicConfig(level=logging.INFO)
+        log.error("cannot run a segment of %s: %s", args.plan, err)
+        return EXIT_REFUSED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

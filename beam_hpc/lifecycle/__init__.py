@@ -1,0 +1,2 @@
+"""A segment's life inside Slurm: watchdog, save sentinel, the pure decide rules, cancel.
+"""

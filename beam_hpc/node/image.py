@@ -1,0 +1,257 @@
+"""The Apptainer image: build it from apptainer.def, stage it onto node-local disk, verify its stack.
+
+- ``build``: ``apptainer build`` with the Miles tag as a build argument, its cache and temp dirs on
+  local disk (Apptainer defaults them to $HOME and /tmp; a home directory on a network filesystem
+  makes a multi-GB build crawl or fail), and a ``.sha256`` file beside the image.
+- ``stage``: copy the image once per node to node-local disk, checking the sha256 while copying, so
+  hundreds of ranks do not read one SIF from Lustre/GPFS at once; a copy that is already there and
+  valid is reused, older staged versions are removed. Concurrent stagers on one node serialise on a
+  lock file.
+- ``verify``: import and version-check the stack the recipe needs; the image's ``%test`` runs it.
+
+The Apptainer binary cannot be installed where this project is tested: ``build`` is tested up to
+the command line it runs and the clear error when the binary is missing (tests/test_apptainer_def.py).
+"""
+
+from __future__ import annotations
+
+from beam_hpc.errors import RuntimeFailure
+
+import contextlib
+import fcntl
+import hashlib
+import importlib
+import importlib.metadata
+import logging
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DEF = "apptainer.def"
+DEFAULT_OUTPUT = "beam.sif"
+TAG_ARG = "MILES_TAG"  # the def file's %arguments name for the Miles image tag
+CHUNK = 8 << 20
+# (module, distribution, minimum version): what the recipe's processes import inside the image
+REQUIRED_STACK: tuple[tuple[str, str, str | None], ...] = (
+    ("torch", "torch", None),
+    ("megatron.core", "megatron-core", None),
+    ("sglang", "sglang", None),
+    ("ray", "ray", "2.52"),  # token authentication
+    ("deepspeed", "deepspeed", None),
+)
+
+
+class ImageError(RuntimeFailure):
+    """The image cannot be built, staged or used; the message says what to do."""
+
+
+# -- build ------------------------------------------------------------------------------------------
+def apptainer_binary(name: str = "apptainer") -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise ImageError(
+            f"{name} not found on PATH: load it (e.g. `module load apptainer`) or install it "
+            "(https://apptainer.org/docs/admin/main/installation.html); images are built on a machine "
+            "that has Apptainer and the network, then copied to shared storage"
+        )
+    return path
+
+
+def build_command(def_file: str | Path, output: str | Path, *, apptainer: str = "apptainer",
+                  tag: str | None = None, force: bool = False) -> list[str]:
+    cmd = [apptainer, "build"]
+    if force:
+        cmd.append("--force")
+    if tag:
+        cmd += ["--build-arg", f"{TAG_ARG}={tag}"]
+    return cmd + [str(output), str(def_file)]
+
+
+def build_env(base: Mapping[str, str], local_dir: str | Path) -> dict[str, str]:
+    """Cache and temp dirs on local disk, unless the user chose them already."""
+    env = dict(base)
+    for var, sub in (("APPTAINER_CACHEDIR", "cache"), ("APPTAINER_TMPDIR", "tmp")):
+        if not env.get(var):
+            d = Path(local_dir, sub)
+            d.mkdir(parents=True, exist_ok=True)
+            env[var] = str(d)
+    return env
+
+
+def default_local_dir() -> Path:
+    return Path("/tmp", f"beam-apptainer-{os.getuid()}")
+
+
+def build_image(def_file: str | Path = DEFAULT_DEF, output: str | Path = DEFAULT_OUTPUT, *,
+                tag: str | None = None, local_dir: str | Path | None = None, force: bool = False) -> Path:
+    """Build the image; returns its path. ``%files`` paths in the def file are relative to the
+    def file's directory, so the build runs there."""
+    def_path = Path(def_file).resolve()
+    if not def_path.is_file():
+        raise ImageError(f"{def_file}: no such definition file (the repository ships apptainer.def)")
+    out = Path(output).resolve()
+    cmd = build_command(def_path, out, apptainer=apptainer_binary(), tag=tag, force=force)
+    env = build_env(os.environ, local_dir or default_local_dir())
+    log.info("building %s: %s", out, " ".join(cmd))
+    res = subprocess.run(cmd, cwd=def_path.parent, env=env, check=False)
+    if res.returncode != 0:
+        raise ImageError(f"apptainer build failed with exit code {res.returncode}; its output is above")
+    write_checksum(out)
+    return out
+
+
+# -- checksums and staging --------------------------------------------------------------------------
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _sidecar(image: Path) -> Path:
+    return image.with_name(image.name + ".sha256")
+
+
+def write_checksum(image: str | Path, digest: str | None = None) -> str:
+    """``<image>.sha256`` in sha256sum's format, written atomically."""
+    p = Path(image)
+    digest = digest or sha256_file(p)
+    tmp = _sidecar(p).with_name(f".{p.name}.sha256.{os.getpid()}.tmp")
+    tmp.write_text(f"{digest}  {p.name}\n")
+    os.replace(tmp, _sidecar(p))
+    return digest
+
+
+def recorded_checksum(image: Path) -> str | None:
+    try:
+        return _sidecar(image).read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class StageResult:
+    path: Path
+    copied: bool  # False: a valid copy was already there
+    removed: tuple[Path, ...]  # older staged versions of the same image
+
+
+def stage_image(src: str | Path, dest_dir: str | Path) -> Path:
+    return stage(src, dest_dir).path
+
+
+def stage(src: str | Path, dest_dir: str | Path) -> StageResult:
+    """Copy ``src`` into ``dest_dir`` as ``<stem>-<sha12>.sif``, verified, once per node."""
+    source = Path(src)
+    if not source.is_file():
+        raise ImageError(f"container.image: {source} does not exist; build it with `beam-hpc image build`")
+    expected = recorded_checksum(source) or sha256_file(source)
+    dest_root = Path(dest_dir)
+    dest_root.mkdir(parents=True, exist_ok=True)
+    dest = dest_root / f"{source.stem}-{expected[:12]}{source.suffix or '.sif'}"
+    with _locked(dest_root / ".stage.lock"):
+        removed = tuple(_remove_older(dest_root, source, keep=dest))
+        if _valid_copy(dest, expected):
+            return StageResult(dest, False, removed)
+        tmp = dest_root / f".{dest.name}.{os.getpid()}.tmp"
+        h = hashlib.sha256()
+        try:
+            with open(source, "rb") as fin, open(tmp, "wb") as fout:
+                for block in iter(lambda: fin.read(CHUNK), b""):
+                    h.update(block)
+                    fout.write(block)
+            if h.hexdigest() != expected:
+                raise ImageError(f"{source}: sha256 {h.hexdigest()} does not match its recorded {expected}; "
+                                 "the image changed or was damaged: rebuild it or remove its .sha256 file")
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        st = dest.stat()
+        _marker(dest).write_text(f"{expected} {st.st_size} {st.st_mtime_ns}\n")
+        return StageResult(dest, True, removed)
+
+
+def _marker(dest: Path) -> Path:
+    return dest.with_name(f".{dest.name}.verified")
+
+
+def _valid_copy(dest: Path, expected: str) -> bool:
+    """A copy counts when its verified checksum, size and mtime (recorded at copy time) still hold;
+    re-hashing GBs on every node step would cost more than the copy it saves."""
+    try:
+        digest, size, mtime = _marker(dest).read_text().split()
+        st = dest.stat()
+    except (OSError, ValueError):
+        return False
+    return digest == expected and int(size) == st.st_size and int(mtime) == st.st_mtime_ns
+
+
+def _remove_older(dest_root: Path, source: Path, keep: Path) -> Iterator[Path]:
+    for old in dest_root.glob(f"{source.stem}-*{source.suffix or '.sif'}"):
+        if old != keep:
+            old.unlink(missing_ok=True)
+            _marker(old).unlink(missing_ok=True)
+            yield old
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+# -- verify -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StackCheck:
+    module: str
+    version: str | None  # None: not importable
+    minimum: str | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """Leading numeric parts: '2.60.0rc1+cu12' -> (2, 60, 0)."""
+    parts = []
+    for piece in text.split("+")[0].split("."):
+        m = re.match(r"\d+", piece)
+        if not m:
+            break
+        parts.append(int(m.group()))
+        if m.end() != len(piece):  # a pre-release suffix ends the numeric part
+            break
+    return tuple(parts)
+
+
+def verify_stack(required: Sequence[tuple[str, str, str | None]] = REQUIRED_STACK) -> list[StackCheck]:
+    """Import every module of the stack and check minimum versions (heavy imports, on purpose)."""
+    out = []
+    for module, dist, minimum in required:
+        try:
+            mod = importlib.import_module(module)
+        except Exception as err:  # noqa: BLE001 - any import failure means the image is broken
+            out.append(StackCheck(module, None, minimum, f"cannot import {module}: {type(err).__name__}: {err}"))
+            continue
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            version = str(getattr(mod, "__version__", "unknown"))
+        error = None
+        if minimum and (version == "unknown" or version_tuple(version) < version_tuple(minimum)):
+            error = f"{module} {version} is older than the required {minimum}"
+        out.append(StackCheck(module, version, minimum, error))
+    return out

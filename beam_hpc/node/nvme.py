@@ -1,0 +1,229 @@
+"""Node-local NVMe staging for optimizer offload: a per-job directory that is checked, cleaned of
+what killed segments left, and removed again on every exit.
+
+Why (shared/reference/anchors-report.md section 5): Miles streams optimizer state to
+``--offload-train-disk-dir`` and purges only its own rank directory at start, so a segment killed
+by the scheduler (SIGKILL: no atexit, no trap) leaves hundreds of GB per rank behind and the node
+fills up. A tmpfs or overlay target keeps the "disk" in RAM, which defeats the offload and can OOM
+the node. So before Ray starts, on every trainer node:
+
+1. the target's filesystem is checked (tmpfs/overlay refused, network filesystems warned about);
+2. directories of earlier segments of the same run (siblings under ``<root>/<run_id>/``) are
+   removed, including this job's own directory when a requeued segment (same job id) left it;
+3. free space is compared with the recipe's requirement; the error names the node, the path,
+   free and needed bytes;
+4. the directory is created with a marker naming its segment, and removed on exit.
+
+Several simulated nodes of one job can share a host (the local test cluster): they share the
+directory, staging is serialised by a lock file, and a segment never removes a directory whose
+marker names another segment.
+"""
+
+from __future__ import annotations
+
+from beam_hpc.errors import RuntimeFailure
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+GB = 10**9
+REFUSED_FS = {
+    "tmpfs": "tmpfs keeps files in RAM",
+    "ramfs": "ramfs keeps files in RAM",
+    "devtmpfs": "devtmpfs keeps files in RAM",
+    "overlay": "overlay is a container's writable layer, usually in RAM or on the root disk",
+    "aufs": "aufs is a container's writable layer",
+    "squashfs": "squashfs is read-only",
+}
+NETWORK_FS = {"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph", "wekafs", "fuse.sshfs"}
+MARKER = ".beam-segment"
+LOCK = ".beam-stage.lock"
+
+
+class NvmeError(RuntimeFailure):
+    """Staging is impossible on this node; the message names node, path, and what to change."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    mountpoint: str
+    fstype: str
+
+
+def mount_of(path: str | Path, mounts_file: str = "/proc/self/mounts") -> Mount:
+    """The mount that holds ``path`` (or would hold it, for a path not created yet)."""
+    target = os.path.realpath(_existing_ancestor(Path(path)))
+    best = Mount("/", "unknown")
+    with open(mounts_file) as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) < 3:
+                continue
+            mnt = _unescape(parts[1])
+            inside = target == mnt or target.startswith(mnt.rstrip("/") + "/")
+            # later lines are mounted over earlier ones at the same point, so >= keeps the last
+            if inside and len(mnt) >= len(best.mountpoint):
+                best = Mount(mnt, parts[2])
+    return best
+
+
+def _unescape(field_text: str) -> str:
+    """/proc/mounts writes space, tab, newline and backslash as octal escapes (\\040 ...)."""
+    out, i = [], 0
+    while i < len(field_text):
+        if field_text[i] == "\\" and field_text[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field_text[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field_text[i])
+            i += 1
+    return "".join(out)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    p = path.absolute()
+    while not p.exists():
+        p = p.parent
+    return p
+
+
+def free_bytes(path: str | Path) -> int:
+    st = os.statvfs(_existing_ancestor(Path(path)))
+    return st.f_bavail * st.f_frsize
+
+
+def check_filesystem(path: str | Path, node: str) -> Mount:
+    """Refuse RAM-backed and container-layer filesystems; warn about network filesystems."""
+    m = mount_of(path)
+    if m.fstype in REFUSED_FS:
+        raise NvmeError(
+            f"node {node}: NVMe dir {path} is on {m.fstype} ({m.mountpoint}): {REFUSED_FS[m.fstype]}, "
+            "which defeats optimizer offload; point training.offload.nvme_dir at a local NVMe disk"
+        )
+    if m.fstype in NETWORK_FS:
+        log.warning("node %s: NVMe dir %s is on network filesystem %s (%s); offload will be slow "
+                    "and shared between nodes", node, path, m.fstype, m.mountpoint)
+    return m
+
+
+@dataclass
+class StagedDir:
+    """A staged per-job directory; ``remove()`` is idempotent and only removes this segment's dir."""
+
+    path: Path
+    segment: str
+    mount: Mount
+    free_bytes: int
+    purged: list[Path] = field(default_factory=list)
+
+    def remove(self) -> bool:
+        if not self.path.parent.is_dir():
+            return False
+        with _locked(self.path.parent):
+            # a newer segment on this node may own the directory now: leave it alone then
+            mine = _marker(self.path) == self.segment
+            if mine:
+                shutil.rmtree(self.path, ignore_errors=True)
+            _remove_run_root_if_empty(self.path.parent)
+        return mine
+
+
+def stage(job_dir: str | Path, *, segment: str, min_free_bytes: int, node: str | None = None) -> StagedDir:
+    """Check, clean and create ``job_dir`` (``<root>/<run_id>/<job_id>``) for ``segment``."""
+    node = node or socket.gethostname()
+    target = Path(job_dir)
+    run_root = target.parent
+    m = check_filesystem(target, node)
+    try:
+        run_root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise NvmeError(f"node {node}: cannot create NVMe dir {run_root}: {err.strerror}; "
+                        "check training.offload.nvme_dir and its permissions") from None
+    with _locked(run_root):
+        purged = purge_stale(run_root, keep=target, segment=segment)
+        free = free_bytes(run_root)
+        if free < min_free_bytes:
+            _remove_run_root_if_empty(run_root)
+            raise NvmeError(
+                f"node {node}: NVMe dir {target} ({m.fstype} at {m.mountpoint}) has {free} bytes free, "
+                f"the recipe needs {min_free_bytes} bytes (training.offload.min_free_gb="
+                f"{min_free_bytes / GB:g}); free space there, use a larger disk or lower the requirement"
+            )
+        target.mkdir(exist_ok=True)
+        if _marker(target) != segment:
+            _write_marker(target, segment)
+    return StagedDir(target, segment, m, free, purged)
+
+
+@contextlib.contextmanager
+def staged(job_dir: str | Path, *, segment: str, min_free_bytes: int, node: str | None = None) -> Iterator[StagedDir]:
+    """``stage`` then ``remove`` on the way out, whatever the exit (exceptions, SystemExit from a
+    signal handler). SIGKILL cannot be caught: the next segment's ``purge_stale`` handles that."""
+    d = stage(job_dir, segment=segment, min_free_bytes=min_free_bytes, node=node)
+    try:
+        yield d
+    finally:
+        d.remove()
+
+
+def purge_stale(run_root: Path, *, keep: Path, segment: str) -> list[Path]:
+    """Remove every entry under ``run_root`` except ``keep`` when ``keep`` belongs to ``segment``.
+    Caller holds the lock."""
+    purged = []
+    for child in sorted(run_root.iterdir()):
+        if child.name.startswith("."):
+            continue
+        if child == keep and _marker(child) == segment:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+        log.info("removed %s left by an earlier segment of this run", child)
+        purged.append(child)
+    return purged
+
+
+def _marker(d: Path) -> str | None:
+    try:
+        return (d / MARKER).read_text().strip()
+    except OSError:
+        return None
+
+
+def _write_marker(d: Path, segment: str) -> None:
+    tmp = d / f"{MARKER}.{os.getpid()}.tmp"
+    tmp.write_text(segment + "\n")
+    os.replace(tmp, d / MARKER)
+
+
+def _remove_run_root_if_empty(run_root: Path) -> None:
+    try:
+        rest = [c for c in run_root.iterdir() if c.name != LOCK]
+    except OSError:
+        return
+    if not rest:
+        (run_root / LOCK).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            run_root.rmdir()
+
+
+@contextlib.contextmanager
+def _locked(run_root: Path) -> Iterator[None]:
+    """Serialise staging and removal between node steps sharing this disk."""
+    run_root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_root / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,453 @@
+"""One Ray node of the job: its `ray start` command line, environment, ports, address and temp dir.
+
+Why each choice (facts: shared/reference/anchors-report.md section 2, local-slurm-cluster.md
+sections 7 and 11):
+
+- Ports are pinned per job, in bands: port = base + kind * span + slot, slot = job number modulo
+  span. Two jobs on shared nodes never collide (Ray's own defaults, e.g. the client server on 10001
+  and the dashboard agent on 52365, would), and every port stays below the kernel's ephemeral
+  range for the shipped sites. Ray binds most of them on all interfaces, so Ray nodes of one job
+  that share a host (the loopback simulation) also get a per-node slot.
+- Temp dir: one per job and node, short (Ray's AF_UNIX sockets live under it; the path limit is
+  107 bytes), on node-local /tmp, which Apptainer binds by default.
+- Token authentication (Ray >= 2.52): one random token per job in a 0600 file inside a 0700
+  directory on the run directory, and ``RAY_AUTH_MODE=token`` set explicitly in every process, so
+  a stray ``~/.ray/auth_token`` or a changed Ray default cannot make processes of one job disagree.
+- PMI/PMIx/MPI/Slurm step variables are cleared for Ray and everything it spawns: they describe the
+  srun task, not Ray's workers, and libraries that read them (MPI, Lightning, torch.distributed)
+  would otherwise think they are rank N of a Slurm step.
+- Loopback addresses: 127.0.0.1 is rewritten by Ray to the machine's routable address, so
+  simulated nodes use 127.0.0.(10 + global node index).
+
+This module imports no Ray code: it only builds command lines and checks the node.
+"""
+
+from __future__ import annotations
+
+from beam_hpc.errors import RuntimeFailure
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from beam_hpc.plan.plan import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
+from beam_hpc.config.site import NetworkSpec, RayPortSpec
+
+PORT_KINDS = (
+    "gcs",
+    "client_server",
+    "node_manager",
+    "object_manager",
+    "dashboard_agent_grpc",
+    "dashboard_agent_listen",
+    "runtime_env_agent",
+    "metrics_export",
+)
+LOOPBACK_FIRST_HOST = 10  # node i of a loopback simulation is 127.0.0.(10 + i)
+LOOPBACK_MAX_NODES = 16  # Ray nodes of one job sharing a host; also the per-job slot stride
+SOCKET_PATH_MAX = 107  # AF_UNIX sun_path limit (108 bytes with the NUL)
+# The longest socket path Ray creates below its temp dir (session dir name with a 7-digit pid).
+RAY_SOCKET_SUFFIX = "/session_2026-12-02_16-53-50_123456_1234567/sockets/plasma_store"
+TEMP_ROOT = "/tmp"
+MIN_OBJECT_STORE_BYTES = 78_643_200  # Ray refuses less than 75 MiB
+GB = 10**9
+
+JOB_TAG_VAR = "BEAM_RAY_JOB"  # marks every process of a job's Ray cluster (stragglers by PID)
+NODE_TAG_VAR = "BEAM_RAY_NODE"
+# Variables of the srun task and of MPI launchers that must not leak into Ray's workers.
+CLEARED_PREFIXES = ("SLURM_", "SLURMD_", "PMI_", "PMIX_", "OMPI_", "MPI_", "I_MPI_", "HYDRA_", "MV2_")
+CLEARED_NAMES = frozenset({"PMI_RANK", "PMI_SIZE", "RAY_ADDRESS", "RAY_AUTH_TOKEN"})
+# FOR TESTS ONLY: node indices (comma-separated) whose `ray start` is replaced by a process that
+# never starts Ray, the way a node hangs on a stuck filesystem or network. It lets the readiness
+# deadline be tested on a real job (tests/test_job_local.py); nothing in beam-hpc sets it.
+TEST_HANG_RAY_START_VAR = "BEAM_TEST_HANG_RAY_START"
+
+
+class RayNodeError(RuntimeFailure):
+    """This node cannot host its Ray node as configured; the message names the setting to change."""
+
+
+@dataclass(frozen=True)
+class RayPorts:
+    """Every port one Ray node of the job binds (head-only ones are unused on workers)."""
+
+    gcs: int
+    client_server: int
+    node_manager: int
+    object_manager: int
+    dashboard_agent_grpc: int
+    dashboard_agent_listen: int
+    runtime_env_agent: int
+    metrics_export: int
+
+
+def ray_ports(spec: RayPortSpec, job_num: int, host_slot: int = 0, host_stride: int = 1) -> RayPorts:
+    """Ports of one Ray node: ``base + kind * span + (job_num * host_stride + host_slot) % span``.
+
+    ``host_stride`` is 1 on a real cluster (one Ray node of a job per host) and
+    LOOPBACK_MAX_NODES when several simulated nodes share a host (``host_slot`` = node index).
+    The GCS and client-server ports are the head's (slot 0).
+    """
+    span, base = spec.port_span, spec.gcs_port_base
+    top = base + len(PORT_KINDS) * span - 1
+    if top > 65535:
+        raise RayNodeError(
+            f"site ray.gcs_port_base={base} with ray.port_span={span} needs ports up to {top} "
+            f"({len(PORT_KINDS)} bands of port_span); lower ray.gcs_port_base or ray.port_span"
+        )
+    if not 0 <= host_slot < host_stride:
+        raise RayNodeError(f"node slot {host_slot} outside 0..{host_stride - 1}")
+
+    def port(kind: str, slot: int) -> int:
+        return base + PORT_KINDS.index(kind) * span + (job_num * host_stride + slot) % span
+
+    per_node = {k: port(k, host_slot) for k in PORT_KINDS}
+    per_node["gcs"] = port("gcs", 0)
+    per_node["client_server"] = port("client_server", 0)
+    return RayPorts(**per_node)
+
+
+def loopback_ip(index: int) -> str:
+    """127.0.0.(10 + index): a loopback address Ray does not rewrite (it rewrites 127.0.0.1)."""
+    if not 0 <= index < LOOPBACK_MAX_NODES:
+        raise RayNodeError(
+            f"loopback simulation supports {LOOPBACK_MAX_NODES} nodes per host; node {index} is "
+            "beyond that (use network.ip_source: interface or hostname on a real cluster)"
+        )
+    return f"127.0.0.{LOOPBACK_FIRST_HOST + index}"
+
+
+def node_ip(network: NetworkSpec, index: int) -> str:
+    """The address this node's Ray binds to and advertises, from the site's network setting."""
+    if network.ip_source == "loopback":
+        return loopback_ip(index)
+    if network.ip_source == "interface":
+        return _interface_ipv4(network.interface or "")
+    host = socket.gethostname()
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise RayNodeError(
+            f"network.ip_source: hostname {host!r} does not resolve ({err}); set "
+            "network.ip_source: interface with network.interface (e.g. ib0)"
+        ) from None
+    ips = [str(i[4][0]) for i in infos]
+    routable = [ip for ip in ips if not ip.startswith("127.")]
+    if not routable:
+        raise RayNodeError(
+            f"network.ip_source: hostname {host!r} resolves only to {ips} (loopback), which other "
+            "nodes cannot reach; set network.ip_source: interface with network.interface"
+        )
+    return routable[0]
+
+
+def _interface_ipv4(name: str) -> str:
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+        except OSError as err:
+            have = ", ".join(n for _, n in socket.if_nameindex())
+            raise RayNodeError(
+                f"network.interface: {name!r} has no IPv4 address on {socket.gethostname()} "
+                f"({err.strerror}); interfaces here: {have}"
+            ) from None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def gpus_from_slurm(env: Mapping[str, str]) -> int | None:
+    """GPUs Slurm gave this task: SLURM_GPUS_ON_NODE, else the length of CUDA_VISIBLE_DEVICES."""
+    value = env.get("SLURM_GPUS_ON_NODE", "").strip()
+    if value.isdigit():
+        return int(value)
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return None
+    return len([d for d in cvd.split(",") if d.strip() and d.strip() != "NoDevFiles"])
+
+
+def cpus_from_slurm(env: Mapping[str, str]) -> int | None:
+    value = env.get("SLURM_CPUS_ON_NODE", "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def temp_dir_for(job_id: str, restart: int, index: int, root: str = TEMP_ROOT) -> str:
+    """``/tmp/beam-<job>.<restart>-<node>``: unique per job, segment and node, and short enough
+    that Ray's deepest socket path stays under the AF_UNIX limit."""
+    path = f"{root.rstrip('/')}/beam-{job_id}.{restart}-{index}"
+    if len(path) + len(RAY_SOCKET_SUFFIX) >= SOCKET_PATH_MAX:
+        raise RayNodeError(
+            f"Ray temp dir {path!r} is too long: Ray's sockets below it would exceed "
+            f"{SOCKET_PATH_MAX} bytes; use a shorter temp root"
+        )
+    return path
+
+
+def temp_dir_prefix(job_id: str, restart: int, root: str = TEMP_ROOT) -> str:
+    return f"{root.rstrip('/')}/beam-{job_id}.{restart}-"
+
+
+def check_object_store(nbytes: int, shm: str = "/dev/shm") -> None:
+    """Ray puts its object store in /dev/shm and refuses (or, when allowed, silently goes slow)
+    when it does not fit: fail here with the setting to change instead."""
+    if nbytes < MIN_OBJECT_STORE_BYTES:
+        raise RayNodeError(
+            f"site ray.object_store_gb: {nbytes / GB:.3f} GB is below Ray's minimum of "
+            f"{MIN_OBJECT_STORE_BYTES / GB:.3f} GB; raise it"
+        )
+    st = os.statvfs(shm)
+    free = st.f_bavail * st.f_frsize
+    if nbytes > free:
+        raise RayNodeError(
+            f"site ray.object_store_gb: {nbytes} bytes do not fit in {shm} on {socket.gethostname()} "
+            f"({free} bytes free); lower ray.object_store_gb or ask for nodes with a larger {shm}"
+        )
+
+
+def group_resources(roles: Iterable[str], units: int) -> dict[str, float]:
+    """The group's Ray custom resources: one ``beam_<role>`` per role (colocated: both), ``units``
+    of each (the node's GPUs, or its CPUs on GPU-less nodes), so a bundle of one GPU plus one
+    ``beam_trainer`` can only land on a trainer node."""
+    return {f"{GROUP_RESOURCE_PREFIX}{role}": float(max(units, 1)) for role in roles}
+
+
+@dataclass(frozen=True)
+class RayNode:
+    """Everything `ray start` needs on one node. ``index`` is the node's index across all groups
+    (het group order, then node order); index 0 is the head."""
+
+    group: str
+    roles: tuple[str, ...]
+    index: int
+    ip: str
+    head_ip: str
+    ports: RayPorts
+    num_cpus: int
+    num_gpus: int
+    object_store_bytes: int
+    temp_dir: str
+
+    @property
+    def is_head(self) -> bool:
+        return self.index == 0
+
+    @property
+    def gcs_address(self) -> str:
+        return f"{self.head_ip}:{self.ports.gcs}"
+
+
+def ray_start_argv(node: RayNode, python: str) -> list[str]:
+    """``ray start --block`` for one node (through ``python -m``, so no PATH lookup is involved)."""
+    p = node.ports
+    units = node.num_gpus or node.num_cpus
+    argv = [
+        python, "-m", "ray.scripts.scripts", "start", "--block",
+        f"--node-ip-address={node.ip}",
+        f"--num-cpus={node.num_cpus}",
+        f"--num-gpus={node.num_gpus}",
+        f"--object-store-memory={node.object_store_bytes}",
+        f"--resources={json.dumps(group_resources(node.roles, units), sort_keys=True)}",
+        f"--labels={GROUP_LABEL_KEY}={node.group}",
+        f"--temp-dir={node.temp_dir}",
+        "--disable-usage-stats",
+        f"--node-manager-port={p.node_manager}",
+        f"--object-manager-port={p.object_manager}",
+        f"--dashboard-agent-grpc-port={p.dashboard_agent_grpc}",
+        f"--dashboard-agent-listen-port={p.dashboard_agent_listen}",
+        f"--runtime-env-agent-port={p.runtime_env_agent}",
+        f"--metrics-export-port={p.metrics_export}",
+        "--log-style=record",
+        "--log-color=false",
+    ]
+    if node.is_head:
+        argv += ["--head", f"--port={p.gcs}", f"--ray-client-server-port={p.client_server}",
+                 "--include-dashboard=false"]
+    else:
+        argv.append(f"--address={node.gcs_address}")
+    if str(node.index) in os.environ.get(TEST_HANG_RAY_START_VAR, "").split(","):  # tests only, see above
+        return [python, "-c", "import time\nwhile True: time.sleep(60)", "hung ray start", *argv[1:]]
+    return argv
+
+
+def clean_env(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` without the srun task's and MPI launchers' variables, and without any Ray address
+    or token inherited from the caller (the job sets its own)."""
+    return {k: v for k, v in base.items() if not k.startswith(CLEARED_PREFIXES) and k not in CLEARED_NAMES}
+
+
+def ray_env(*, token_path: str, job_tag: str, node_index: int | None = None) -> dict[str, str]:
+    """The variables every process of the job's Ray cluster gets (Ray nodes, the readiness
+    poller, the driver): token auth set explicitly, usage stats off, fast shutdown, the job tag."""
+    env = {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": token_path,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        # else SIGTERM makes a raylet drain for up to 30 s before it exits
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+        "PYTHONUNBUFFERED": "1",
+        JOB_TAG_VAR: job_tag,
+    }
+    if node_index is not None:
+        env[NODE_TAG_VAR] = str(node_index)
+    return env
+
+
+def write_token(directory: str | Path) -> Path:
+    """A fresh random token in ``directory/token`` (file 0600, directory 0700), written atomically."""
+    d = Path(directory)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    for p in (d.parent, d):
+        p.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(p, 0o700)
+    target = d / "token"
+    tmp = d / f".token.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_hex(32))
+    os.replace(tmp, target)
+    return target
+
+
+def tagged_pids(job_tag: str, node_index: int | None = None, proc: str = "/proc") -> list[int]:
+    """PIDs on this host whose environment carries the job's tag (and node index, if given).
+
+    Ray's processes inherit the environment of `ray start`, so this finds exactly this job's Ray
+    processes, never another job's or another user's; they are then stopped by PID.
+    """
+    want = f"{JOB_TAG_VAR}={job_tag}".encode()
+    want_node = f"{NODE_TAG_VAR}={node_index}".encode() if node_index is not None else None
+    me = os.getpid()
+    found = []
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            with open(f"{proc}/{entry.name}/environ", "rb") as fh:
+                items = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if want in items and (want_node is None or want_node in items):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def stop_pids(pids: Iterable[int], grace_s: float) -> list[int]:
+    """SIGTERM, wait up to ``grace_s``, then SIGKILL what is left; returns the PIDs killed hard."""
+    pids = list(pids)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if _running(p)]
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return alive
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
+    """For ``preexec_fn``: the kernel sends ``sig`` to the child when its parent dies, even by
+    SIGKILL, so a Ray node or a driver never outlives the process that owns it (Linux only)."""
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, sig, 0, 0, 0)
+
+
+def sweep(job_tag: str, node_index: int | None = None, grace_s: float = 3.0) -> list[int]:
+    """Stop every process of this job (or of one of its nodes) still running on this host."""
+    pids = tagged_pids(job_tag, node_index)
+    if pids:
+        stop_pids(pids, grace_s)
+    return pids
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie is dead; only its parent can reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+@dataclass(frozen=True)
+class ClusterRuntime:
+    """The facts of one segment's Ray cluster that exist only once Slurm has started the job.
+
+    The job writes them to ``<segment dir>/runtime.json`` on the shared run directory before it
+    starts any node step; every node step reads them from there. ``nonce`` is also passed on each
+    node step's command line: a node that reads a different (or no) nonce does not see the run
+    directory the batch host wrote, which is the shared-filesystem canary.
+    """
+
+    job_id: str
+    job_num: int
+    restart: int
+    job_tag: str
+    head_ip: str
+    gcs_port: int
+    host_stride: int
+    token_path: str
+    segment_dir: str
+    nonce: str
+    deadline: float  # epoch seconds by which every node must have joined
+    nodelists: dict[str, list[str]]
+    temp_root: str = TEMP_ROOT
+    existing: bool = False  # the site's own Ray cluster (site ray_address): the job started none of it
+
+    @property
+    def address(self) -> str:
+        return f"{self.head_ip}:{self.gcs_port}"
+
+    @property
+    def path(self) -> Path:
+        return Path(self.segment_dir, "runtime.json")
+
+    @property
+    def node_dir(self) -> Path:
+        return Path(self.segment_dir, "nodes")
+
+    def node_report(self, group: str, index: int) -> Path:
+        return self.node_dir / f"{group}-{index}.json"
+
+    def node_log(self, group: str, index: int) -> Path:
+        return Path(self.segment_dir, f"node-{group}-{index}.log")
+
+    def node_name(self, group: str, index: int) -> str:
+        names = self.nodelists.get(group) or []
+        return names[index] if index < len(names) else f"{group} node {index}"
+
+    def write(self) -> Path:
+        write_json_atomic(self.path, asdict(self))
+        return self.path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ClusterRuntime":
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def write_json_atomic(path: str | Path, data: object) -> None:
+    """Readers on other nodes must never see half a file: write beside it, then rename."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, p)

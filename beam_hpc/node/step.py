@@ -1,0 +1,357 @@
+"""The node step: what runs on every node of every group (``srun --het-group=i
+--ntasks-per-node=1 python -m beam_hpc.node.step --plan P --group G ...``).
+
+In order, so that a bad node fails before Ray starts and is named in the job's error:
+
+1. shared-filesystem canary: read the segment's runtime.json that the batch host wrote and
+   compare its nonce with the one on this command line, then write this node's report beside it
+   (the job reads the reports back, so both directions are checked);
+2. NVMe staging on groups that stage it (:mod:`beam_hpc.node.nvme`), and the image copied to
+   node-local disk when the site asks for that (:mod:`beam_hpc.node.image`);
+3. the Ray node (:mod:`beam_hpc.node.ray_node`), inside the container (:mod:`beam_hpc.node.container`),
+   ``ray start --block`` in the foreground; workers first wait for the head's GCS port to answer.
+
+It stays in the foreground until SIGTERM/SIGINT (the job's teardown, ``scancel``, the time
+limit) or until Ray exits on its own (a failure). Every exit path stops Ray, kills this node's
+stragglers by PID, and removes the Ray temp dir and the NVMe dir. SIGUSR1/SIGUSR2 are logged
+and ignored: a site's ``--signal=USR1@...`` or submitit's ``USR2`` are for the job, not for Ray.
+If the node step itself is SIGKILLed, `ray start` gets SIGTERM from the kernel (parent-death
+signal), and the next segment's staging purges what was left on disk.
+"""
+
+from __future__ import annotations
+
+from beam_hpc.errors import RuntimeFailure
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from beam_hpc.node import nvme
+from beam_hpc.node.container import container_command
+from beam_hpc.plan.plan import GroupPlan, Plan, fill
+from beam_hpc.node.ray_node import (
+    GB,
+    ClusterRuntime,
+    RayNode,
+    RayNodeError,
+    check_object_store,
+    clean_env,
+    cpus_from_slurm,
+    gpus_from_slurm,
+    loopback_ip,
+    node_ip,
+    ray_env,
+    ray_ports,
+    ray_start_argv,
+    set_parent_death_signal,
+    sweep,
+    temp_dir_for,
+    write_json_atomic,
+)
+from beam_hpc.config.site import Site
+
+log = logging.getLogger("beam_hpc.node.step")
+
+RAY_STOP_GRACE_S = 8.0
+RAY_START_ATTEMPTS = 3
+RAY_STARTED_LINE = "Ray runtime started"  # `ray start --block` gets this long after SIGTERM before SIGKILL
+GCS_POLL_S = 0.25
+RAY_LOG_COPY_MAX_BYTES = 5_000_000  # per file, when copying Ray's logs of a failed node
+
+
+class NodeStepError(RuntimeFailure):
+    """This node cannot take part in the job; the message says why and what to change."""
+
+
+class Stop(Exception):
+    """A stop was requested (SIGTERM/SIGINT) while the node was still coming up."""
+
+
+class NodeStep:
+    def __init__(self, plan: Plan, group: GroupPlan, rt: ClusterRuntime, *, local_index: int,
+                 ip: str | None = None, gpus: int | None = None, cpus: int | None = None) -> None:
+        self.plan, self.group, self.rt = plan, group, rt
+        self.site: Site = plan.site_obj()
+        self.local_index = local_index
+        self.index = sum(g.nodes for g in plan.groups if g.het_index < group.het_index) + local_index
+        self.hostname = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        self._ip, self._gpus, self._cpus = ip, gpus, cpus
+        self.stop_reason: str | None = None
+        self.child: subprocess.Popen | None = None
+        self.report_path = rt.node_report(group.name, local_index)
+        self.report: dict = {
+            "group": group.name, "local_index": local_index, "index": self.index,
+            "hostname": self.hostname, "pid": os.getpid(),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "slurm_step_id": os.environ.get("SLURM_STEP_ID"),
+        }
+
+    # -- signals -------------------------------------------------------------------------------
+    def _on_stop(self, signum: int, _frame: FrameType | None) -> None:
+        # only a flag: the main flow checks it at safe points, so cleanup is never cut in half
+        self.stop_reason = self.stop_reason or signal.Signals(signum).name
+
+    def _check_stop(self) -> None:
+        if self.stop_reason:
+            raise Stop(self.stop_reason)
+
+    def _on_ignored(self, signum: int, _frame: FrameType | None) -> None:
+        log.info("node %s: %s ignored (the job handles it, Ray keeps running)", self.hostname,
+                 signal.Signals(signum).name)
+
+    def install_signal_handlers(self) -> None:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, self._on_stop)
+        for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+            signal.signal(s, self._on_ignored)
+
+    # -- reporting -----------------------------------------------------------------------------
+    def _write_report(self, state: str, **extra: object) -> None:
+        self.report.update(state=state, time=time.time(), **extra)
+        write_json_atomic(self.report_path, self.report)
+
+    # -- steps ---------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Bring this node up and keep it up; returns the process exit code."""
+        try:
+            with ExitStack() as cleanup:
+                node = self._prepare(cleanup)
+                return self._run_ray(node, cleanup)
+        except Stop:
+            self._write_report("stopped", reason=self.stop_reason)
+            return 0
+        except (NodeStepError, RayNodeError, nvme.NvmeError, OSError) as err:
+            msg = str(err)
+            log.error("node %s (%s node %d): %s", self.hostname, self.group.name, self.local_index, msg)
+            self._write_report("failed", error=msg)
+            return 1
+
+    def _prepare(self, cleanup: ExitStack) -> RayNode:
+        rt, site, group = self.rt, self.site, self.group
+        ip = self._ip or (loopback_ip(self.index) if rt.host_stride > 1 else node_ip(site.network, self.index))
+        if self.index == 0 and ip != rt.head_ip:
+            raise NodeStepError(f"the head node's address is {ip}, but the job expected {rt.head_ip}; "
+                                "check the site's network settings")
+        gpus = self._gpus if self._gpus is not None else gpus_from_slurm(os.environ)
+        if gpus is None and group.gpus_per_node == 0:
+            gpus = 0
+        if gpus != group.gpus_per_node:
+            got = "no GPU information" if gpus is None else f"{gpus} GPUs"
+            raise NodeStepError(
+                f"node has {got} from Slurm, but group {group.name!r} expects "
+                f"{group.gpus_per_node} per node (topology.{group.name}.gpus_per_node); check the "
+                "site's gres name and the partition's nodes")
+        cpus = self._cpus or cpus_from_slurm(os.environ) or group.cpus_per_node or os.cpu_count() or 1
+        ports = ray_ports(site.ray, rt.job_num, self.index if rt.host_stride > 1 else 0, rt.host_stride)
+        node = RayNode(
+            group=group.name, roles=tuple(group.roles), index=self.index, ip=ip, head_ip=rt.head_ip,
+            ports=ports, num_cpus=cpus, num_gpus=gpus,
+            object_store_bytes=int(site.ray.object_store_gb * GB),
+            temp_dir=temp_dir_for(rt.job_id, rt.restart, self.index, rt.temp_root),
+        )
+        self.report.update(ip=ip, gpus=gpus, cpus=cpus, temp_dir=node.temp_dir)
+        self._write_report("starting")
+        check_object_store(node.object_store_bytes)
+        self._check_stop()
+        if self.plan.nvme.enabled and group.stage_nvme:
+            staged = cleanup.enter_context(nvme.staged(
+                self._nvme_dir(), segment=f"{rt.job_id}-{rt.restart}",
+                min_free_bytes=int(self.plan.nvme.min_free_gb * GB), node=self.hostname))
+            self.report.update(nvme_dir=str(staged.path), nvme_free_bytes=staged.free_bytes,
+                               nvme_purged=[str(p) for p in staged.purged])
+            self._write_report("staged")
+        shutil.rmtree(node.temp_dir, ignore_errors=True)  # left by a requeued segment's SIGKILL
+        cleanup.callback(shutil.rmtree, node.temp_dir, True)
+        cleanup.callback(self._sweep)
+        self._check_stop()
+        return node
+
+    def _nvme_dir(self) -> str:
+        return fill(self.plan.nvme.job_dir, job_id=self.rt.job_id)
+
+    def _sweep(self) -> None:
+        left = sweep(self.rt.job_tag, self.index, grace_s=2.0)
+        if left:
+            log.info("node %s: stopped %d leftover Ray processes by PID: %s", self.hostname, len(left), left)
+
+    def _image(self) -> str | None:
+        spec = self.site.container
+        if spec.runtime != "apptainer" or not spec.stage_to_local:
+            return None
+        from beam_hpc.node.image import stage_image
+
+        if not self.site.scratch:
+            raise NodeStepError("container.stage_to_local needs the site's scratch (node-local disk)")
+        return str(stage_image(spec.image or "", Path(self.site.scratch, "beam-images")))
+
+    def _wait_for_gcs(self, node: RayNode) -> None:
+        """Workers wait until the head's GCS accepts connections (polling, with the job's
+        deadline): `ray start --address` against a GCS that is not up yet fails."""
+        while True:
+            try:
+                with socket.create_connection((node.head_ip, node.ports.gcs), timeout=1.0):
+                    return
+            except OSError:
+                pass
+            self._check_stop()
+            if time.time() > self.rt.deadline:
+                raise NodeStepError(f"the head's GCS at {node.gcs_address} did not answer before the "
+                                    "job's readiness deadline")
+            time.sleep(GCS_POLL_S)
+
+    def _run_ray(self, node: RayNode, cleanup: ExitStack) -> int:
+        image = self._image()
+        python = self.site.container.python if self.site.container.runtime == "apptainer" else sys.executable
+        env = ray_env(token_path=self.rt.token_path, job_tag=self.rt.job_tag, node_index=self.index)
+        binds = [self.plan.output_dir, str(Path(self.rt.token_path).parent)]
+        if self.plan.nvme.enabled and self.group.stage_nvme:
+            binds.append(self.plan.nvme.root)
+            # Actors inherit the raylet's environment: this is how the backend's optimizer
+            # offload finds the dir staged on its own node (beam_hpc.backends.reference.offload).
+            env["BEAM_NVME_DIR"] = self._nvme_dir()
+        cmd = container_command(self.site, ray_start_argv(node, python), env, binds,
+                                base=clean_env(os.environ), image=image)
+        cleanup.callback(self._stop_child)
+        for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            if not node.is_head:
+                self._wait_for_gcs(node)
+            self._check_stop()
+            log.info("node %s: %s", self.hostname, " ".join(cmd.argv))
+            started = threading.Event()
+            self.child = subprocess.Popen(cmd.argv, env=cmd.env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, preexec_fn=set_parent_death_signal)
+            threading.Thread(target=_relay, args=(self.child.stdout, started), daemon=True).start()
+            self._write_report("running", ray_pid=self.child.pid, attempt=attempt)
+            rc = self._wait_child()
+            if rc is None:
+                return self._stopped()
+            if started.is_set() or attempt == RAY_START_ATTEMPTS:
+                msg = (f"ray start exited on its own with code {rc}"
+                       + ("" if started.is_set() else f" during startup, {attempt} attempts"))
+                self._copy_ray_logs(node)
+                log.error("node %s: %s", self.hostname, msg)
+                self._write_report("failed", error=msg)
+                return 1
+            # Startup can time out on an overloaded node (e.g. a slow agent import); ray.sub and
+            # Miles's launchers retry too. Start clean: no leftover processes, fresh temp dir.
+            log.warning("node %s: ray start failed during startup (code %s), attempt %d of %d; retrying",
+                        self.hostname, rc, attempt, RAY_START_ATTEMPTS)
+            self._copy_ray_logs(node)
+            self._sweep()
+            shutil.rmtree(node.temp_dir, ignore_errors=True)
+        raise AssertionError("unreachable")
+
+    def _wait_child(self) -> int | None:
+        """Wait for `ray start` to exit; None when a stop was requested first."""
+        assert self.child is not None
+        while True:
+            if self.stop_reason:
+                return None
+            try:
+                rc = self.child.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                continue
+            return None if self.stop_reason else rc
+
+    def _stopped(self) -> int:
+        self._stop_child()
+        self._write_report("stopped", reason=self.stop_reason)
+        return 0
+
+    def _stop_child(self) -> None:
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        child.terminate()
+        try:
+            child.wait(timeout=RAY_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+    def _copy_ray_logs(self, node: RayNode) -> None:
+        """Ray's own logs live in the temp dir, which is removed on exit: keep a copy of a failed
+        node's logs in the segment directory."""
+        src = Path(node.temp_dir, "session_latest", "logs")
+        if not src.is_dir():
+            return
+        dest = Path(self.rt.segment_dir, "ray-logs", f"{self.group.name}-{self.local_index}")
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            if f.is_file() and f.stat().st_size <= RAY_LOG_COPY_MAX_BYTES:
+                shutil.copy2(f, dest / f.name)
+
+
+def _relay(stream: IO[bytes] | None, started: threading.Event) -> None:
+    """Copy `ray start`'s output to ours (the node log) and notice when Ray says it is up."""
+    if stream is None:
+        return
+    for line in iter(stream.readline, b""):
+        sys.stdout.buffer.write(line)
+        sys.stdout.flush()
+        if RAY_STARTED_LINE.encode() in line:
+            started.set()
+
+
+def _local_index(arg: int | None) -> int:
+    if arg is not None:
+        return arg
+    for name in ("SLURM_NODEID", "SLURM_PROCID"):  # one task per node: either is the node's index
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    raise NodeStepError("no --node-index and no SLURM_NODEID: run me through srun or give --node-index")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m beam_hpc.node.step", description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--runtime", required=True, help="the segment's runtime.json (written by the job)")
+    parser.add_argument("--nonce", required=True, help="must equal runtime.json's nonce (shared-FS canary)")
+    parser.add_argument("--node-index", type=int, default=None, help="index in the group (default: SLURM_NODEID)")
+    parser.add_argument("--node-ip", default=None, help="address to bind (default: from the site's network)")
+    parser.add_argument("--gpus", type=int, default=None, help="GPUs of this node (default: from Slurm)")
+    parser.add_argument("--cpus", type=int, default=None, help="CPUs of this node (default: from Slurm)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    try:
+        rt = ClusterRuntime.load(args.runtime)
+    except (OSError, ValueError) as err:
+        log.error("node %s: cannot read the job's %s (%s): the run directory is not shared with the "
+                  "batch host; put output_dir on a filesystem every node mounts", host, args.runtime, err)
+        return 1
+    if rt.nonce != args.nonce:
+        log.error("node %s: %s holds another job's nonce: this node sees a different run directory "
+                  "than the batch host (shared-filesystem canary failed)", host, args.runtime)
+        return 1
+    plan = Plan.load(args.plan)
+    try:
+        group = plan.group(args.group)
+    except KeyError:
+        log.error("node %s: no group %r in %s", host, args.group, args.plan)
+        return 2
+    try:
+        step = NodeStep(plan, group, rt, local_index=_local_index(args.node_index), ip=args.node_ip,
+                        gpus=args.gpus, cpus=args.cpus)
+    except NodeStepError as err:
+        log.error("node %s: %s", host, err)
+        return 1
+    step.install_signal_handlers()
+    return step.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

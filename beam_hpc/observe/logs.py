@@ -1,0 +1,157 @@
+"""Find the right log of a run without hunting through directories (`beam-hpc logs`).
+
+Layout (DESIGN.md: ``logs/<jobid>-<restart>/``), one directory per segment, as the job writes it
+(beam_hpc/job/runner.py, ray_node.ClusterRuntime.node_log):
+
+    <run>/logs/slurm-<jobid>.out                 the batch shell and, unless the segment gives the
+                                                 driver a file of its own, the driver's output
+    <run>/logs/<jobid>-<restart>/driver.log      the driver's own file, where the segment writes one
+    <run>/logs/<jobid>-<restart>/node-<group>-<i>.log
+                                                 one node step: group trainer|rollout, node index
+                                                 within its group (0-based)
+    <run>/logs/<jobid>-<restart>/srun-<group>.log, readiness.log, ray-logs/  (listed by --list)
+
+Segments are ordered by (job id, restart), the order Slurm gives them: requeues bump the restart
+count of one job, resubmissions get a higher job id.
+"""
+
+from __future__ import annotations
+
+from beam_hpc.errors import InputError
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from beam_hpc.plan.plan import RunPaths
+
+GROUPS = ("trainer", "rollout")
+DRIVER_LOG = "driver.log"
+_SEGMENT_RE = re.compile(r"^(\d+)-(\d+)$")
+
+
+class LogNotFoundError(InputError, FileNotFoundError):
+    """No log matches; the message lists what does exist."""
+
+
+def node_log_name(group: str, node_index: int) -> str:
+    """File name of one node step's log inside its segment directory (ray_node's name for it)."""
+    if group not in GROUPS:
+        raise ValueError(f"group {group!r}: expected one of {', '.join(GROUPS)}")
+    return f"node-{group}-{node_index}.log"
+
+
+def batch_log(run_dir: str | Path, job_id: str) -> Path:
+    return Path(RunPaths(str(run_dir)).logs) / f"slurm-{job_id}.out"
+
+
+def segments(run_dir: str | Path) -> list[str]:
+    """Segment ids with a log directory, oldest first."""
+    logs = Path(RunPaths(str(run_dir)).logs)
+    found = [d.name for d in logs.iterdir() if d.is_dir() and _SEGMENT_RE.match(d.name)] if logs.is_dir() else []
+    return sorted(found, key=lambda s: tuple(int(x) for x in s.split("-")))
+
+
+def resolve_segment(run_dir: str | Path, segment: str | int | None) -> str:
+    """``None`` -> the latest; an int -> that position (0 first, -1 latest); "JOB-RESTART" -> itself."""
+    segs = segments(run_dir)
+    if not segs:
+        raise LogNotFoundError(f"{Path(run_dir, 'logs')}: no segment log directory yet "
+                               "(has the job started? `beam-hpc status` shows whether it is pending)")
+    if segment is None:
+        return segs[-1]
+    text = str(segment)
+    if _SEGMENT_RE.match(text):
+        if text not in segs:
+            raise LogNotFoundError(f"--segment {text}: no such segment; have {', '.join(segs)}")
+        return text
+    try:
+        return segs[int(text)]
+    except (ValueError, IndexError):
+        raise LogNotFoundError(f"--segment {text}: give a position (0 = first, -1 = latest; there are "
+                               f"{len(segs)}) or an id JOBID-RESTART from: {', '.join(segs)}") from None
+
+
+def available(run_dir: str | Path, segment: str) -> list[Path]:
+    """Every log file of one segment, its batch log first."""
+    seg_dir = Path(RunPaths(str(run_dir)).logs) / segment
+    files = sorted(p for p in seg_dir.iterdir() if p.is_file()) if seg_dir.is_dir() else []
+    batch = batch_log(run_dir, segment.split("-")[0])
+    return ([batch] if batch.exists() else []) + files
+
+
+def find_log(run_dir: str | Path, *, group: str | None = None, node: int | None = None,
+             segment: str | int | None = None) -> Path:
+    """The log asked for: a node step's (``group``/``node``, node 0 and group trainer by default
+    once either is given), else the driver's, else the segment's batch log."""
+    seg = resolve_segment(run_dir, segment)
+    seg_dir = Path(RunPaths(str(run_dir)).logs) / seg
+    if group is not None or node is not None:
+        candidates = [seg_dir / node_log_name(group or "trainer", node or 0)]
+    else:
+        candidates = [seg_dir / DRIVER_LOG, batch_log(run_dir, seg.split("-")[0])]
+    for c in candidates:
+        if c.is_file():
+            return c
+    have = ", ".join(p.name for p in available(run_dir, seg)) or "nothing"
+    raise LogNotFoundError(f"segment {seg}: no {candidates[0].name}; it has: {have}")
+
+
+def read_tail(path: Path, lines: int | None) -> str:
+    """The whole file, or its last ``lines`` lines."""
+    text = path.read_text(errors="replace")
+    if lines is None:
+        return text
+    kept = text.splitlines(keepends=True)[-lines:] if lines > 0 else []
+    return "".join(kept)
+
+
+def follow(run_dir: str | Path, path: Path, *, switch_segments: bool, poll_s: float = 0.5,
+           stop: Callable[[], bool] | None = None, start_at_end: bool = True) -> Iterator[str]:
+    """Yield complete lines appended to ``path`` until ``stop()`` is true (forever by default).
+
+    With ``switch_segments`` (the user did not pin a segment), when a newer segment's directory
+    gets the same file (a requeue or a resubmission started), announce it and follow that one:
+    a long run is watched with one command.
+    """
+    fh = open(path, errors="replace")
+    if start_at_end:
+        fh.seek(0, 2)
+    partial = ""
+    try:
+        while stop is None or not stop():
+            chunk = fh.read()
+            if chunk:
+                partial += chunk
+                *complete, partial = partial.split("\n")
+                for line in complete:
+                    yield line + "\n"
+                continue
+            newer = _newer_same_log(run_dir, path) if switch_segments else None
+            if newer is not None:
+                rest = partial + fh.read()  # what was written between the last read and the switch
+                for line in rest.splitlines():
+                    yield line + "\n"
+                partial = ""
+                fh.close()
+                path = newer
+                fh = open(path, errors="replace")
+                yield f"==> {path} <==\n"
+                continue
+            time.sleep(poll_s)
+    finally:
+        fh.close()
+
+
+def _newer_same_log(run_dir: str | Path, path: Path) -> Path | None:
+    if not _SEGMENT_RE.match(path.parent.name):
+        return None  # a batch log: one per job, nothing to switch to
+    segs = segments(run_dir)
+    if path.parent.name not in segs:
+        return None
+    for seg in segs[segs.index(path.parent.name) + 1:]:
+        cand = Path(RunPaths(str(run_dir)).logs) / seg / path.name
+        if cand.is_file():
+            return cand
+    return None

@@ -1,0 +1,473 @@
+"""Where a run stands, from its run directory alone (plus Slurm when it answers).
+
+`beam-hpc status RUN_DIR` runs on a login node, possibly while the job writes to the same
+directory, possibly long after the job is gone. So everything here reads files that their writers
+publish atomically or append to line by line (plan.json, ledger.jsonl, the checkpoint pointer,
+TensorBoard events, dumps/metrics.jsonl), tolerates a torn last line (the ledger through
+beam_hpc.run.ledger.read_ledger), and treats Slurm as an optional extra: if `scontrol` is missing
+or the controller does not answer, the status still comes out, with a note.
+
+Definitions (also in the JSON's "basis" strings, so a reader of the numbers knows them):
+- rollouts done: ``k + 1`` for the last complete checkpoint ``k`` (checkpoint_layout); rollouts
+  generated: one past the highest rollout id seen in the metrics (may run ahead of the checkpoint).
+- goodput: seconds of rollout steps that were *kept* (ids below the last complete checkpoint, the
+  last attempt of each id when one was redone after a kill) over the wall time of all segments
+  (allocated time). Time lost to start-up, saves, queue-less restarts and re-done rollouts is what
+  makes it fall below 1.
+- ETA: remaining rollouts times the measured allocated seconds per kept rollout (so it includes
+  start-up and save overheads at the rate this run has really had; queue waits are not included).
+
+The JSON layout is stable (``STATUS_SCHEMA``); fields are added, never renamed.
+"""
+
+from __future__ import annotations
+
+from beam_hpc.errors import InputError
+
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from beam_hpc.run import checkpoint_layout
+
+from beam_hpc.run import metric_names
+from beam_hpc.run.ledger import read_ledger
+from beam_hpc.plan.plan import RunPaths
+from beam_hpc.progress import duration, text_table
+
+STATUS_SCHEMA = 1
+_ACTIVE_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT", "RESIZING")
+_WAITING_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "RESV_DEL_HOLD")
+_NON_TAG_KEYS = frozenset({"kind", "rollout_id", "step", "time", "wall_time"})
+
+
+class RunDirError(InputError):
+    """The directory is not a beam-hpc run directory (the message says what is missing)."""
+
+
+# -- metrics -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Point:
+    step: int  # the rollout id
+    value: float
+    wall_time: float | None
+
+
+@dataclass
+class Scalars:
+    """Scalar series by tag, one point per step (the last one written wins: a rollout redone after
+    a kill replaces its lost first attempt), sorted by step."""
+
+    source: str | None  # "tensorboard", "metrics.jsonl" or None when neither exists
+    series: dict[str, list[Point]] = field(default_factory=dict)
+
+    def last(self, tag: str) -> Point | None:
+        pts = self.series.get(tag)
+        return pts[-1] if pts else None
+
+    def by_step(self, tag: str) -> dict[int, Point]:
+        return {p.step: p for p in self.series.get(tag, [])}
+
+
+def read_scalars(run_dir: str | Path) -> Scalars:
+    """TensorBoard events under <run>/tensorboard if any, else <run>/dumps/metrics.jsonl."""
+    paths = RunPaths(str(run_dir))
+    event_files = sorted(Path(paths.tensorboard).rglob("events.out.tfevents.*"))
+    if event_files:
+        return Scalars("tensorboard", _from_tensorboard(sorted({f.parent for f in event_files})))
+    metrics = Path(paths.dumps) / metric_names.METRICS_FILE
+    if metrics.exists():
+        return Scalars("metrics.jsonl", _from_metrics_jsonl(metrics))
+    return Scalars(None, {})
+
+
+def _merge(points: dict[tuple[str, int], Point], tag: str, pt: Point) -> None:
+    old = points.get((tag, pt.step))
+    if old is None or (pt.wall_time or 0.0) >= (old.wall_time or 0.0):
+        points[(tag, pt.step)] = pt
+
+
+def _sorted_series(points: dict[tuple[str, int], Point]) -> dict[str, list[Point]]:
+    series: dict[str, list[Point]] = {}
+    for (tag, _), pt in sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        series.setdefault(tag, []).append(pt)
+    return series
+
+
+def _from_tensorboard(dirs: list[Path]) -> dict[str, list[Point]]:
+    """Each directory through EventAccumulator (which already drops events orphaned by a restart
+    within one directory); across directories the later wall time of a (tag, step) wins."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+    from tensorboard.util import tensor_util
+
+    points: dict[tuple[str, int], Point] = {}
+    for d in dirs:
+        acc = ea.EventAccumulator(str(d), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
+        acc.Reload()
+        tags = acc.Tags()
+        for tag in tags.get(ea.SCALARS, []):
+            for ev in acc.Scalars(tag):
+                _merge(points, tag, Point(int(ev.step), float(ev.value), float(ev.wall_time)))
+        for tag in tags.get(ea.TENSORS, []):  # new-style scalar summaries arrive as tensors
+            for ev in acc.Tensors(tag):
+                arr = tensor_util.make_ndarray(ev.tensor_proto)
+                if arr.size == 1 and arr.dtype.kind in "fiu":
+                    _merge(points, tag, Point(int(ev.step), float(arr.reshape(-1)[0]), float(ev.wall_time)))
+    return _sorted_series(points)
+
+
+def _from_metrics_jsonl(path: Path) -> dict[str, list[Point]]:
+    points: dict[tuple[str, int], Point] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+            step = int(rec["rollout_id"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue  # a torn last line while the backend appends
+        wall = rec.get("time", rec.get("wall_time"))
+        for key, value in rec.items():
+            if key in _NON_TAG_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            _merge(points, key, Point(step, float(value), float(wall) if wall is not None else None))
+    return _sorted_series(points)
+
+
+# -- Slurm -------------------------------------------------------------------------------------
+def slurm_job_state(job_id: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The live state of a (possibly heterogeneous) job from `scontrol show job`.
+
+    ``reachable`` is False when scontrol is missing or the controller does not answer; a job that
+    Slurm no longer knows (finished longer than MinJobAge ago) is reachable with state "GONE".
+    """
+    out: dict[str, Any] = {"reachable": False, "job_id": job_id, "state": None, "reason": None,
+                           "components": [], "note": ""}
+    exe = shutil.which("scontrol")
+    if exe is None:
+        out["note"] = "scontrol not found on PATH: no live Slurm state"
+        return out
+    try:
+        res = subprocess.run([exe, "--oneliner", "show", "job", str(job_id)], capture_output=True,
+                             text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out["note"] = f"scontrol did not answer within {timeout:.0f} s"
+        return out
+    if res.returncode != 0:
+        err = (res.stderr or res.stdout).strip()
+        if "Invalid job id" in err:
+            out.update(reachable=True, state="GONE",
+                       note="Slurm no longer knows this job (it ended a while ago)")
+        else:
+            out["note"] = f"scontrol failed: {err.splitlines()[-1] if err else res.returncode}"
+        return out
+    keys = ("JobId", "HetJobOffset", "JobState", "Reason", "NodeList", "Partition", "RunTime",
+            "TimeLimit", "Restarts", "StartTime", "EndTime")
+    for line in res.stdout.splitlines():
+        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        if "JobState" in fields:
+            out["components"].append({k: fields.get(k) for k in keys})
+    out["reachable"] = True
+    if out["components"]:
+        lead = out["components"][0]
+        out["state"], out["reason"] = lead["JobState"], lead["Reason"]
+    return out
+
+
+# -- gather ------------------------------------------------------------------------------------
+def _load_plan(run_dir: Path) -> dict[str, Any] | None:
+    p = run_dir / "plan.json"
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as err:
+        raise RunDirError(f"{p}: not valid JSON ({err}); the plan is written atomically, so this "
+                          "file was not written by beam-hpc") from None
+
+
+def _last_activity(run_dir: Path, segment: str, scalars: Scalars, start: float,
+                   until: float | None) -> float:
+    """Best estimate of when a segment without an end line stopped working: the newest of its
+    log files' mtimes and of the metric wall times inside its window."""
+    times = [start]
+    seg_logs = Path(RunPaths(str(run_dir)).logs, segment)
+    if seg_logs.is_dir():
+        times += [f.stat().st_mtime for f in seg_logs.rglob("*") if f.is_file()]
+    for pts in scalars.series.values():
+        times += [p.wall_time for p in pts if p.wall_time and p.wall_time >= start
+                  and (until is None or p.wall_time <= until)]
+    end = max(times)
+    return min(end, until) if until is not None else end
+
+
+def _segment_rows(run_dir: Path, records: list[dict[str, Any]], scalars: Scalars,
+                  live: dict[str, Any] | None, now: float) -> list[dict[str, Any]]:
+    rows = []
+    for i, rec in enumerate(records):
+        st, en = rec.get("start", {}), rec.get("end")
+        start = st.get("time")
+        nxt = records[i + 1].get("start", {}).get("time") if i + 1 < len(records) else None
+        row: dict[str, Any] = {
+            "segment": rec["segment"],
+            "job_id": str(st.get("job_id", (en or {}).get("job_id", rec["segment"].rsplit("-", 1)[0]))),
+            "restart": int(st.get("restart", (en or {}).get("restart", 0))),
+            "host": st.get("host"),
+            "start": start,
+            "end": None, "end_estimated": False, "duration_s": None,
+            "rollouts_at_start": st.get("rollouts_at_start"),
+            "rollouts_at_end": None,
+            "reason": None, "detail": None, "next_action": None, "next_job_id": None,
+            "timings": {},
+            "state": "ended",
+        }
+        if en is not None:
+            nx = en.get("next") or {}
+            row.update(end=en.get("time"), rollouts_at_end=en.get("rollouts_at_end"),
+                       reason=en.get("reason"), detail=en.get("detail"),
+                       next_action=nx.get("action"), next_job_id=nx.get("job_id"),
+                       timings=en.get("timings") or {})
+        elif start is not None:
+            running = (i == len(records) - 1 and live is not None and live.get("state") in _ACTIVE_STATES
+                       and str(live.get("job_id")) == row["job_id"])
+            unknowable = i == len(records) - 1 and (live is None or not live.get("reachable"))
+            if running:
+                row.update(state="running", end=now)
+            elif unknowable:  # may still be running: Slurm was not asked or did not answer
+                row.update(state="open", end_estimated=True,
+                           end=_last_activity(run_dir, rec["segment"], scalars, start, nxt))
+            else:
+                row.update(state="killed", reason="killed", end_estimated=True,
+                           detail="no end line: the segment was killed hard (end time estimated)",
+                           end=_last_activity(run_dir, rec["segment"], scalars, start, nxt))
+        if row["start"] is not None and row["end"] is not None:
+            row["duration_s"] = max(0.0, float(row["end"]) - float(row["start"]))
+        rows.append(row)
+    return rows
+
+
+def _current_job(rows: list[dict[str, Any]]) -> str | None:
+    """The job that carries the run on: a resubmitted successor, the requeued job, or the job of
+    a segment still open; None when the chain has stopped."""
+    if not rows:
+        return None
+    last = rows[-1]
+    if last["state"] != "ended":
+        return last["job_id"]
+    if last["next_action"] == "resubmit" and last["next_job_id"]:
+        return str(last["next_job_id"])
+    if last["next_action"] == "requeue":
+        return last["job_id"]
+    return None
+
+
+def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None) -> dict[str, Any]:
+    """Everything `beam-hpc status` shows, as a JSON-ready dict (layout: ``STATUS_SCHEMA``)."""
+    root = Path(run_dir)
+    paths = RunPaths(str(root))
+    plan = _load_plan(root)
+    if plan is None and not Path(paths.ledger).exists():
+        raise RunDirError(f"{root}: no plan.json and no ledger.jsonl; give the run's --output-dir "
+                          "(the directory that `beam-hpc submit` printed)")
+    now = time.time() if now is None else now
+    records, warnings = read_ledger(paths.ledger)
+    scalars = read_scalars(root)
+
+    # The job to ask Slurm about is known from the ledger before the rows are final.
+    pre_rows = _segment_rows(root, records, scalars, None, now)
+    job = _current_job(pre_rows)
+    live = slurm_job_state(job) if (slurm and job) else None
+    rows = _segment_rows(root, records, scalars, live, now)
+
+    starts = [r.get("start", {}) for r in records if r.get("start")]
+    total = starts[-1].get("num_rollout") if starts else None
+    if total is None and plan is not None:
+        total = plan.get("recipe", {}).get("num_rollout")
+
+    ckpt_dir = Path(paths.checkpoints)
+    try:
+        last_iter = checkpoint_layout.latest_iteration(ckpt_dir)
+        ckpt_problems = checkpoint_layout.resume_problems(ckpt_dir) if last_iter is not None else []
+    except ValueError as err:
+        last_iter, ckpt_problems = None, [str(err)]
+    done = 0 if last_iter is None else last_iter + 1
+    seen = [pts[-1].step for tag, pts in scalars.series.items() if tag.startswith("rollout/") and pts]
+    generated = max(seen) + 1 if seen else done
+
+    goodput = _goodput(rows, scalars, done)
+    return {
+        "schema": STATUS_SCHEMA,
+        "run_dir": str(root),
+        "generated_at": now,
+        "run_id": (plan or {}).get("run_id"),
+        "job_name": (plan or {}).get("job_name"),
+        "recipe": (plan or {}).get("recipe", {}).get("name"),
+        "backend": (plan or {}).get("recipe", {}).get("backend"),
+        "state": _summary_state(rows, live, done, total),
+        "segments": rows,
+        "segment_count": len(rows),
+        "job_ids": sorted({r["job_id"] for r in rows}, key=lambda j: (len(j), j)),
+        "restarts": sum(1 for r in rows if r["restart"] > 0),
+        "rollouts": {
+            "done": done, "generated": max(generated, done), "total": total,
+            "fraction": (done / total) if total else None,
+            "basis": "done = rollouts covered by the last complete checkpoint",
+        },
+        "last_checkpoint": {
+            "iteration": last_iter, "rollouts_done": done,
+            "path": str(checkpoint_layout.iteration_dir(ckpt_dir, last_iter)) if last_iter is not None else None,
+            "problems": ckpt_problems,
+        },
+        "eval": _latest(scalars, metric_names.EVAL_ACCURACY, metric_names.EVAL_RESPONSE_LEN,
+                        names=("aime25_accuracy", "aime25_response_len")),
+        "reward": _latest(scalars, metric_names.ROLLOUT_REWARD, names=("value",)),
+        "goodput": goodput,
+        "eta": _eta(rows, scalars, goodput, done, generated, total, live, now),
+        "slurm": live if live is not None else {
+            "reachable": None, "job_id": job, "state": None, "reason": None, "components": [],
+            "note": "not asked (--no-slurm)" if (job and not slurm) else ""},
+        "metrics_source": scalars.source,
+        "warnings": warnings,
+    }
+
+
+def _latest(scalars: Scalars, *tags: str, names: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {n: None for n in names}
+    out["rollout"] = None
+    for tag, name in zip(tags, names):
+        pt = scalars.last(tag)
+        if pt is not None:
+            out[name] = pt.value
+            out["rollout"] = pt.step if out["rollout"] is None else max(out["rollout"], pt.step)
+    return out
+
+
+def _goodput(rows: list[dict[str, Any]], scalars: Scalars, done: int) -> dict[str, Any]:
+    times = scalars.by_step(metric_names.ROLLOUT_TIME)
+    kept = [times[i].value for i in range(done) if i in times]
+    missing = done - len(kept)
+    if missing and kept:  # fill gaps (a dump lost with a killed segment) with the typical step time
+        kept += [statistics.median(kept)] * missing
+    kept_s = float(sum(kept))
+    allocated = float(sum(r["duration_s"] or 0.0 for r in rows))
+    return {
+        "value": (kept_s / allocated) if allocated > 0 and kept else None,
+        "kept_rollout_s": kept_s,
+        "allocated_s": allocated,
+        "kept_rollouts": done,
+        "estimated_rollouts": missing if kept else 0,
+        "basis": "seconds of kept rollout steps / wall time of all segments",
+    }
+
+
+def _eta(rows: list[dict[str, Any]], scalars: Scalars, goodput: dict[str, Any], done: int,
+         generated: int, total: int | None, live: dict[str, Any] | None, now: float) -> dict[str, Any]:
+    step_times = [p.value for p in scalars.series.get(metric_names.ROLLOUT_TIME, [])][-10:]
+    if not step_times:
+        step_times = [r["timings"].get("rollout_s") for r in rows if r["timings"].get("rollout_s")]
+    step_rate = statistics.median(step_times) if step_times else None
+    alloc_rate = goodput["allocated_s"] / done if done and goodput["allocated_s"] > 0 else None
+    remaining = max(total - max(generated, done), 0) if total is not None else None
+    rate = alloc_rate or step_rate
+    eta_s = remaining * rate if (remaining is not None and rate) else None
+    if remaining == 0:
+        eta_s = 0.0
+    running = live is not None and live.get("state") in _ACTIVE_STATES
+    return {
+        "remaining_rollouts": remaining,
+        "s_per_rollout_step": step_rate,
+        "s_per_rollout_allocated": alloc_rate,
+        "eta_s": eta_s,
+        "finish_at": (now + eta_s) if (eta_s is not None and running) else None,
+        "basis": ("allocated seconds per kept rollout (includes start-up and saves, not queue waits)"
+                  if alloc_rate else "median rollout step time (no kept rollout yet)"),
+    }
+
+
+def _summary_state(rows: list[dict[str, Any]], live: dict[str, Any] | None, done: int,
+                   total: int | None) -> str:
+    state = (live or {}).get("state")
+    if total and done >= total:
+        return "completed"
+    if state in _ACTIVE_STATES:
+        return "running"
+    if state in _WAITING_STATES:
+        return "pending"
+    if not rows:
+        return "not-started"
+    if rows[-1]["state"] == "ended" and rows[-1]["next_action"] in (None, "none"):
+        return "stopped"
+    if live is None or not live.get("reachable"):
+        return "unknown"  # the chain should go on, but Slurm cannot confirm it
+    return "stopped"
+
+
+# -- the readable table ------------------------------------------------------------------------
+def _clock(t: float | None) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _num(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+def format_status(s: dict[str, Any]) -> str:
+    """The default, human view of :func:`gather`'s dict."""
+    r, ev, gp, eta, sl = s["rollouts"], s["eval"], s["goodput"], s["eta"], s["slurm"]
+    title = ", ".join(x for x in (s.get("job_name"), f"recipe {s['recipe']}" if s.get("recipe") else None,
+                                 f"backend {s['backend']}" if s.get("backend") else None) if x)
+    lines = [f"run        {s['run_dir']}" + (f"  ({title})" if title else "")]
+    live = sl.get("state") or "-"
+    if sl.get("components"):
+        c = sl["components"][0]
+        live += f" on {c.get('NodeList')} ({c.get('RunTime')} of {c.get('TimeLimit')})"
+    if sl.get("reason") and sl.get("reason") != "None":
+        live += f", reason {sl['reason']}"
+    job = f"job {sl['job_id']} {live}" if sl.get("job_id") else "no job queued"
+    lines.append(f"state      {s['state']}; {job}" + (f" [{sl['note']}]" if sl.get("note") else ""))
+    total = r["total"] if r["total"] is not None else "?"
+    frac = f" ({r['fraction'] * 100:.0f}%)" if r["fraction"] is not None else ""
+    lines.append(f"rollouts   {r['done']} of {total} checkpointed{frac}, {r['generated']} generated")
+    ck = s["last_checkpoint"]
+    ck_txt = f"rollout {ck['iteration']} -> {ck['path']}" if ck["iteration"] is not None else "none yet"
+    if ck["problems"]:
+        ck_txt += "  PROBLEM: " + "; ".join(ck["problems"])
+    lines.append(f"checkpoint {ck_txt}")
+    lines.append(f"AIME2025   accuracy {_num(ev['aime25_accuracy'])}, mean response length "
+                 f"{_num(ev['aime25_response_len'], '{:.1f}')} tokens"
+                 + (f" (rollout {ev['rollout']})" if ev["rollout"] is not None else ""))
+    lines.append(f"reward     {_num(s['reward']['value'])}"
+                 + (f" (rollout {s['reward']['rollout']})" if s["reward"]["rollout"] is not None else ""))
+    gp_txt = f"{gp['value'] * 100:.0f}%" if gp["value"] is not None else "-"
+    lines.append(f"goodput    {gp_txt} ({duration(gp['kept_rollout_s'])} of kept rollouts / "
+                 f"{duration(gp['allocated_s'])} allocated)")
+    if eta["remaining_rollouts"] == 0:
+        eta_txt = "done: every rollout is generated"
+    elif eta["eta_s"] is not None:
+        rate = eta["s_per_rollout_allocated"] or eta["s_per_rollout_step"]
+        eta_txt = f"{duration(eta['eta_s'])} of allocation for {eta['remaining_rollouts']} rollouts"
+        eta_txt += f" at {rate:.1f} s each" if rate else ""
+        if eta["finish_at"]:
+            eta_txt += f", about {_clock(eta['finish_at'])} if it keeps running"
+    else:
+        eta_txt = "- (no measured rate yet)"
+    lines.append(f"ETA        {eta_txt}")
+    lines.append("")
+    headers = ["segment", "job", "restart", "host", "start", "duration", "rollouts", "reason", "next"]
+    table = []
+    for row in s["segments"]:
+        a, b = row["rollouts_at_start"], row["rollouts_at_end"]
+        roll = f"{a if a is not None else '?'}->{b if b is not None else '?'}"
+        dur = duration(row["duration_s"]) + ("~" if row["end_estimated"] else "") if row["duration_s"] is not None else "-"
+        nxt = row["next_action"] or "-"
+        if row["next_job_id"]:
+            nxt += f" {row['next_job_id']}"
+        table.append([row["segment"], row["job_id"], str(row["restart"]), row["host"] or "-",
+                      _clock(row["start"]), dur, roll, row["reason"] or row["state"], nxt])
+    lines.append(text_table(headers, table) if table else "no segment has started yet")
+    lines += [f"warning: {w}" for w in s["warnings"]]
+    return "\n".join(lines)

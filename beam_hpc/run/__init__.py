@@ -1,0 +1,2 @@
+"""The run directory's own records: ledger, lock, checkpoint layout, metric names.
+"""

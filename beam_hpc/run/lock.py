@@ -1,0 +1,179 @@
+"""One segment at a time per run directory: ``<output>/run.lock``.
+
+Why: two segments on one output directory (a user's second ``sbatch``, a resubmission racing a
+requeue) would train from the same checkpoint and overwrite each other's. The lock records who
+holds it (Slurm job id, restart count, host, pid) so that it can be judged without the holder:
+
+- a lock whose job Slurm no longer runs (gone, or in any state other than RUNNING: requeued,
+  completing, finished) is stale and is taken over; a job that was SIGKILLed never released its
+  lock, and Slurm is the only one who knows that it is dead;
+- a requeued job keeps its id, so a lock holding our own job id is ours from an earlier restart;
+- if Slurm cannot be asked, nothing is concluded and the lock is refused (better a clear error
+  than two writers).
+
+Outside Slurm (``beam-hpc execute``) the holder is a pid on a host: stale when that pid is gone.
+Check-and-take-over happens under an ``flock`` on a guard file, and the lock file itself is
+created atomically, so two starters cannot both win.
+"""
+
+from __future__ import annotations
+
+from beam_hpc.errors import RuntimeFailure
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from beam_hpc.lifecycle.lifecycle import JobInfo, SlurmUnavailable, job_info
+
+
+class RunLockError(RuntimeFailure):
+    """The run directory is in use by a live segment (the message names it and what to do)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    job_id: str | None  # Slurm job id, None outside Slurm
+    restart: int
+    host: str
+    pid: int
+    time: float
+
+    @classmethod
+    def me(cls, job_id: str | None, restart: int = 0) -> Holder:
+        return cls(job_id=job_id, restart=restart, host=socket.gethostname(), pid=os.getpid(), time=time.time())
+
+    def describe(self) -> str:
+        who = f"job {self.job_id} (restart {self.restart})" if self.job_id else "a local run"
+        return f"{who} on {self.host}, pid {self.pid}"
+
+
+def read_holder(path: str | Path) -> Holder | None:
+    try:
+        data = json.loads(Path(path).read_text())
+        return Holder(job_id=data.get("job_id"), restart=int(data.get("restart", 0)), host=str(data["host"]),
+                      pid=int(data["pid"]), time=float(data.get("time", 0.0)))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError):  # torn or hand-edited: treat as nobody's
+        return Holder(job_id=None, restart=0, host="?", pid=-1, time=0.0)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_reason(holder: Holder, *, query: Callable[[str], JobInfo | None] = job_info) -> str | None:
+    """Why ``holder`` no longer holds the run (None when it may still be working). Raises
+    SlurmUnavailable when Slurm cannot say."""
+    if holder.pid == -1:
+        return "the lock file is unreadable"
+    if holder.job_id is None:
+        if holder.host == socket.gethostname() and not _pid_alive(holder.pid):
+            return f"pid {holder.pid} on {holder.host} has exited"
+        return None
+    info = query(holder.job_id)
+    if info is None:
+        return f"Slurm no longer knows job {holder.job_id}"
+    if info.state != "RUNNING":
+        return f"job {holder.job_id} is {info.state}, not RUNNING"
+    return None
+
+
+@contextlib.contextmanager
+def _guard(path: Path) -> Iterator[None]:
+    with open(path.with_name(path.name + ".guard"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _write(path: Path, holder: Holder, *, exclusive: bool) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(holder), sort_keys=True) + "\n")
+    try:
+        if exclusive:
+            os.link(tmp, path)  # atomic create-if-absent, also on NFS
+        else:
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def acquire(path: str | Path, me: Holder, *, query: Callable[[str], JobInfo | None] = job_info) -> Holder | None:
+    """Take the run lock for ``me``. Returns the previous holder when a stale lock (or our own job's
+    lock from before a requeue) was taken over, None when the lock was free. Raises RunLockError
+    when a live segment holds it, or when Slurm cannot tell whether it is live."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with _guard(p):
+        try:
+            _write(p, me, exclusive=True)
+            return None
+        except FileExistsError:
+            pass
+        holder = read_holder(p)
+        if holder is None:  # released between our two looks
+            _write(p, me, exclusive=True)
+            return None
+        if me.job_id is not None and holder.job_id == me.job_id:
+            _write(p, me, exclusive=False)  # our own job, from an earlier restart
+            return holder
+        try:
+            why = stale_reason(holder, query=query)
+        except SlurmUnavailable as err:
+            raise RunLockError(
+                f"{p} is held by {holder.describe()} and Slurm cannot say whether it still runs ({err}); "
+                "try again when Slurm answers"
+            ) from err
+        if why is None:
+            raise RunLockError(
+                f"{p.parent} is in use by {holder.describe()}; wait for it to end, or stop it with "
+                f"`beam-hpc cancel {p.parent}`, or use another --output-dir"
+            )
+        _write(p, me, exclusive=False)
+        return holder
+
+
+def release(path: str | Path, me: Holder) -> bool:
+    """Remove the lock if ``me`` still holds it (a successor that took it over keeps it)."""
+    p = Path(path)
+    with _guard(p):
+        holder = read_holder(p)
+        if holder is None or (holder.job_id, holder.host, holder.pid) != (me.job_id, me.host, me.pid):
+            return False
+        p.unlink()
+        return True
+
+
+def check_free(path: str | Path, *, query: Callable[[str], JobInfo | None] = job_info) -> None:
+    """Raise RunLockError if a live segment holds the run (login-node check before a submission)."""
+    p = Path(path)
+    holder = read_holder(p)
+    if holder is None:
+        return
+    try:
+        why = stale_reason(holder, query=query)
+    except SlurmUnavailable:
+        return  # the job's own lock check will decide; a login node without Slurm may still submit later
+    if why is None:
+        raise RunLockError(
+            f"{p.parent} is in use by {holder.describe()}; wait for it to end, or stop it with "
+            f"`beam-hpc cancel {p.parent}`, or use another --output-dir"
+        )
