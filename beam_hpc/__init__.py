@@ -1,6 +1,48 @@
 """beam-hpc: run the Beam GRPO/DAPO math-RL recipe as native Slurm batch work.
 
-Import nothing heavy here: `beam-hpc render` must start fast on a login node.
+``import beam_hpc`` stays light (``beam-hpc render`` must start fast on a login node): the public
+names below are loaded on first use.
+
+    import beam_hpc
+    sub = beam_hpc.submit("recipes/colocated.yaml", "env/mycluster.yaml")
+    print(sub.job.state)          # a submitit Job handle for the heterogeneous job
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+# public name -> (module, attribute)
+_EXPORTS = {
+    "submit": ("beam_hpc.submission.submit", "submit"),
+    "Submission": ("beam_hpc.submission.submit", "Submission"),
+    "SubmitRequest": ("beam_hpc.submission.request", "SubmitRequest"),
+    "Recipe": ("beam_hpc.config.recipe", "Recipe"),
+    "Site": ("beam_hpc.config.site", "Site"),
+    "Plan": ("beam_hpc.plan.plan", "Plan"),
+    "make_plan": ("beam_hpc.plan.plan", "make_plan"),
+    "load_recipe": ("beam_hpc.config.recipe", "load_recipe"),
+    "load_site": ("beam_hpc.config.site", "load_site"),
+}
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from beam_hpc.config.recipe import Recipe, load_recipe
+    from beam_hpc.config.site import Site, load_site
+    from beam_hpc.plan.plan import Plan, make_plan
+    from beam_hpc.submission.request import SubmitRequest
+    from beam_hpc.submission.submit import Submission, submit
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name on first use (PEP 562)."""
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'beam_hpc' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value

@@ -119,7 +119,7 @@ def assert_complete_and_exact(run_dir: Path, plan: Plan, num_rollout: int) -> di
     ckpt = run_dir / "checkpoints"
     assert checkpoint_layout.latest_iteration(ckpt) == num_rollout - 1
     cursor = torch.load(checkpoint_layout.dataset_state_path(ckpt, num_rollout - 1), weights_only=True)
-    assert cursor["sample_offset"] == num_rollout * plan.recipe["batch"]["prompts"]
+    assert cursor["sample_offset"] == num_rollout * plan.recipe.batch.prompts
     counts = Counter(rollout_ids(run_dir))
     assert sorted(counts) == list(range(num_rollout)), f"rollouts trained: {sorted(counts)}"
     segs = segments(run_dir)

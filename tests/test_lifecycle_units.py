@@ -435,7 +435,8 @@ def test_segment_refuses_a_fresh_start_onto_checkpoints_and_a_total_already_reac
     assert code == 2 and "already holds checkpoints" in seg["end"]["detail"]
     code, seg = _run_segment(plan, resume=True, num_rollout=5)  # --num-rollout N counts all rollouts
     assert code == 0 and seg["end"]["reason"] == "completed" and seg["start"]["num_rollout"] == 5
-    assert json.loads(Path(plan.paths.plan).read_text())["recipe"]["num_rollout"] == 5
+    # the job never writes plan.json: the new total is this segment's (and its resubmissions')
+    assert json.loads(Path(plan.paths.plan).read_text())["recipe"]["num_rollout"] == 10
 
 
 def test_segment_honours_the_cancel_flag_and_max_segments(tiny_plan) -> None:

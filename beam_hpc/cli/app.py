@@ -63,7 +63,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from beam_hpc.slurm.script import render_script
 
     plan = make_plan(_recipe_from_args(args), _site_from_args(args))
-    text = render_script(plan, source=f"{args.recipe} + site {plan.site['name']}")
+    text = render_script(plan, source=f"{args.recipe} + site {plan.site.name}")
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text)

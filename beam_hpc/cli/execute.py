@@ -80,6 +80,8 @@ def _follow_driver_log(logs_dir: Path, since: float, stop: threading.Event) -> N
 def cmd_execute(args: argparse.Namespace) -> int:
     from beam_hpc.job import segment
     from beam_hpc.plan.plan import make_plan
+    from beam_hpc.job.segment import SegmentArgs
+    from beam_hpc.submission.request import SubmitRequest, Via
     from beam_hpc.submission.run_guard import check_before_submit
     from beam_hpc.submission.submit import build_recipe, build_site
 
@@ -90,7 +92,8 @@ def cmd_execute(args: argparse.Namespace) -> int:
     from beam_hpc.config.site import with_existing_ray
 
     site = with_existing_ray(build_site(args.site) if args.site else laptop_site(), args.ray_address, args.ray_token_file)
-    plan = make_plan(recipe, site)
+    request = SubmitRequest(plan=make_plan(recipe, site), segment=SegmentArgs(resume=args.resume), via=Via.LOCAL)
+    plan = request.plan
     check_before_submit(recipe, resume=args.resume)
     if ensure_tiny_data(recipe):
         print(f"prepared the tiny data set in {recipe.data.dir}")
@@ -107,7 +110,7 @@ def cmd_execute(args: argparse.Namespace) -> int:
         follower = threading.Thread(target=_follow_driver_log, args=(Path(plan.paths.logs), time.time(), stop), daemon=True)
         follower.start()
     try:
-        code = segment.main(["--plan", plan.paths.plan] + (["--resume"] if args.resume else []))
+        code = segment.run_segment(plan.paths.plan, request.segment)
     finally:
         stop.set()
         if follower is not None:

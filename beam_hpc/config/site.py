@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from beam_hpc.errors import InputError
 
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -92,6 +93,13 @@ class Site(_Strict):
     ray_address: str | None = None
     ray_token_file: str | None = None
 
+    @property
+    def node_python(self) -> str:
+        """The one answer to "which Python runs beam-hpc or backend code on a node": the
+        container's interpreter inside the Apptainer image, else the site's own (``python: auto``
+        is resolved when the site is loaded, to the interpreter that submitted the run)."""
+        return self.container.python if self.container.runtime == "apptainer" else self.python
+
     @model_validator(mode="after")
     def _consistent(self) -> "Site":
         if self.container.runtime == "apptainer" and not self.container.image:
@@ -143,6 +151,11 @@ def with_existing_ray(site: Site, address: str | None, token_file: str | None) -
 
 
 def site_from_dict(data: dict, source: str = "<site>") -> Site:
+    """Validate a site profile. ``python: auto`` becomes the interpreter running this code, once,
+    here: the batch script then runs the same beam-hpc install that submitted it, and the job
+    never has to guess which Python it was meant to use."""
+    if data.get("python") == "auto":
+        data = {**data, "python": sys.executable}
     try:
         return Site.model_validate(data)
     except ValidationError as err:

@@ -329,7 +329,7 @@ class JobRunner:
         t0: float | None = None,
     ) -> None:
         self.plan, self.launcher, self.ctx = plan, launcher, ctx
-        self.site = plan.site_obj()
+        self.site = plan.site
         self.driver_template = list(driver_argv if driver_argv is not None else plan.driver_argv)
         self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
         self.driver_stdout = driver_stdout
@@ -353,7 +353,7 @@ class JobRunner:
         self.stop_reason = self.stop_reason or reason
 
     def _container_python(self) -> str:
-        return self.site.container.python if self.site.container.runtime == "apptainer" else sys.executable
+        return self.plan.node_python
 
     def _ray_process(self, argv: list[str]) -> tuple[list[str], dict[str, str]]:
         """argv + env of a process that talks to the job's Ray (readiness, driver)."""
@@ -474,10 +474,7 @@ class JobRunner:
 
     def driver_argv(self) -> list[str]:
         values = self._placeholder_values()
-        argv = [fill(a, **values) for a in self.driver_template]
-        if self.site.container.runtime == "host" and argv and argv[0] == self.site.python:
-            argv[0] = sys.executable  # the job runs under the site's python: use exactly it
-        return argv
+        return [fill(a, **values) for a in self.driver_template]
 
     def run_driver(self, on_tick: Callable[["JobRunner"], None] | None = None) -> int:
         """Run the driver to its end; fail fast if a node step dies or a stop is requested."""
@@ -607,8 +604,7 @@ def run_job(runner: JobRunner, on_tick: Callable[[JobRunner], None] | None = Non
 
 def smoke_driver_argv(plan: Plan) -> list[str]:
     """The ``--smoke`` driver: one task per GPU bundle of each group, then smoke.json."""
-    python = plan.site["container"]["python"] if plan.site["container"]["runtime"] == "apptainer" else plan.site.get("python", "python3")
-    return [python, "-m", "beam_hpc.job.smoke", "--plan", plan.paths.plan, "--ray-address", "{ray_address}"]
+    return [plan.node_python, "-m", "beam_hpc.job.smoke", "--plan", plan.paths.plan, "--ray-address", "{ray_address}"]
 
 
 def run_local(plan: Plan, *, driver_argv: Sequence[str] | None = None,
@@ -653,21 +649,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-grace", type=float, default=DEFAULT_STOP_GRACE_S,
                         help="seconds node steps get to stop before they are killed")
     args = parser.parse_args(argv)
+    return run_plan(args.plan, smoke=args.smoke, launcher=args.launcher, ready_timeout_s=args.ready_timeout,
+                    stop_grace_s=args.stop_grace)
+
+
+def run_plan(plan_path: str, *, smoke: bool = False, launcher: str = "auto",
+             ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S, stop_grace_s: float = DEFAULT_STOP_GRACE_S) -> int:
+    """The job of ``plan_path`` on its own (no lock, ledger or lifecycle: what ``--smoke`` runs);
+    returns its exit status. Node steps start through srun inside Slurm, else locally."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     t0 = _process_start_time()
-    plan = Plan.load(args.plan)
-    use_srun = args.launcher == "srun" or (args.launcher == "auto" and "SLURM_JOB_ID" in os.environ)
+    plan = Plan.load(plan_path)
+    use_srun = launcher == "srun" or (launcher == "auto" and "SLURM_JOB_ID" in os.environ)
     try:
         if use_srun:
             ctx = JobContext.from_slurm(plan)
-            launcher: Launcher = SrunLauncher(ctx, loopback=plan.site["network"]["ip_source"] == "loopback")
+            starter: Launcher = SrunLauncher(ctx, loopback=plan.site.network.ip_source == "loopback")
         else:
-            ctx, launcher = JobContext.local(plan), LocalLauncher()
+            ctx, starter = JobContext.local(plan), LocalLauncher()
     except JobError as err:
         log.error("%s", err)
         return 2
-    runner = JobRunner(plan, launcher, ctx, driver_argv=smoke_driver_argv(plan) if args.smoke else None,
-                       ready_timeout_s=args.ready_timeout, stop_grace_s=args.stop_grace, t0=t0)
+    runner = JobRunner(plan, starter, ctx, driver_argv=smoke_driver_argv(plan) if smoke else None,
+                       ready_timeout_s=ready_timeout_s, stop_grace_s=stop_grace_s, t0=t0)
     install_signal_handlers(runner)
     return run_job(runner).returncode
 

@@ -29,7 +29,6 @@ run may not continue (bad resume, refused lock).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -37,6 +36,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from beam_hpc.run import checkpoint_layout
@@ -148,7 +148,7 @@ class Segment:
         """Checks and the start line; an exit code when the segment must not run the job."""
         if self.num_rollout_arg is not None:
             self._set_num_rollout(self.num_rollout_arg)
-        recipe = self.plan.recipe_obj()
+        recipe = self.plan.recipe
         ckpt = self.paths.checkpoints
         self.rollouts_at_start = checkpoint_layout.rollouts_done(ckpt)
         has_ckpt = checkpoint_layout.latest_iteration(ckpt) is not None
@@ -192,13 +192,16 @@ class Segment:
         return None
 
     def _set_num_rollout(self, n: int) -> None:
-        """``--num-rollout N`` on a resubmission: the seed lets it change (total, done included)."""
+        """``--num-rollout N`` on a resubmission: the seed lets it change (total, done included).
+        plan.json stays as submitted (the job never writes it): the new total holds for this
+        segment, is recorded in its ledger start line, and is passed on to the segment it
+        resubmits."""
         if n < 1:
             raise InputError(f"--num-rollout: {n} is not a positive number of rollouts")
-        if n != self.plan.recipe["num_rollout"]:
-            log.info("num_rollout %d -> %d (plan.json updated)", self.plan.recipe["num_rollout"], n)
-            self.plan = dataclasses.replace(self.plan, recipe={**self.plan.recipe, "num_rollout": n})
-            self.plan.write()
+        if n != self.plan.recipe.num_rollout:
+            log.info("num_rollout %d -> %d (from --num-rollout; passed on to resubmissions)",
+                     self.plan.recipe.num_rollout, n)
+            self.plan = self.plan.with_num_rollout(n)
 
     def _lead(self, recipe) -> int:
         """The recipe's lead, or one computed from what earlier segments measured (with a floor),
@@ -240,7 +243,7 @@ class Segment:
         try:
             if self.job_id is not None:
                 ctx = runtime.JobContext.from_slurm(self.plan, self.env)
-                loopback = self.plan.site["network"]["ip_source"] == "loopback"
+                loopback = self.plan.site.network.ip_source == "loopback"
                 launcher = runtime.SrunLauncher(ctx, loopback=loopback)
             else:
                 ctx, launcher = runtime.JobContext.local(self.plan), runtime.LocalLauncher()
@@ -280,7 +283,7 @@ class Segment:
     def _on_interrupt(self, intr: Interrupt | None) -> None:
         if intr is None or self.finished or self._finishing:
             return
-        if intr.kind in ("walltime", "preempted") and not self.plan.recipe["lifecycle"].get("save_on_request", True):
+        if intr.kind in ("walltime", "preempted") and not self.plan.recipe.lifecycle.save_on_request:
             log.warning("%s: lifecycle.save_on_request is false, so no save now: running on until Slurm stops "
                         "the job; the next segment resumes from the last periodic checkpoint", intr.kind)
             return
@@ -298,7 +301,7 @@ class Segment:
                 self.runner.stop()
 
     def _save_now(self, intr: Interrupt) -> None:
-        lc = self.plan.recipe_obj().lifecycle
+        lc = self.plan.recipe.lifecycle
         now = time.time()
         hard_end = intr.hard_end if intr.hard_end is not None else now + lc.save_timeout_s
         deadline = min(now + lc.save_timeout_s, hard_end - lifecycle.TEARDOWN_RESERVE_S)
@@ -328,7 +331,7 @@ class Segment:
     # -- after the job ----------------------------------------------------------------------------
     def _finish_after(self, status: str, message: str, returncode: int) -> int:
         done = checkpoint_layout.rollouts_done(self.paths.checkpoints)
-        num_rollout = self.plan.recipe["num_rollout"]
+        num_rollout = self.plan.recipe.num_rollout
         if done >= num_rollout:
             return self._finish("completed", f"{done} of {num_rollout} rollouts done")
         if self.interrupt is not None:
@@ -350,7 +353,7 @@ class Segment:
             return self._exit_code()
         self._finishing = True
         try:
-            recipe = self.plan.recipe_obj()
+            recipe = self.plan.recipe
             done = checkpoint_layout.rollouts_done(self.paths.checkpoints)
             metrics = lifecycle.segment_metrics(self.paths, self.metrics_offset)
             outcome = Outcome(reason=reason, rollouts_at_start=self.rollouts_at_start, rollouts_at_end=done,
@@ -482,6 +485,41 @@ def _log_to(path: Path | None) -> logging.Handler | None:
     return fh
 
 
+@dataclass(frozen=True)
+class SegmentArgs:
+    """What a segment is asked to do beyond its plan: the batch script's own arguments
+    (``sbatch job.sbatch [--resume] [--num-rollout N] [--smoke]``). Submission builds one (and
+    turns it into those arguments for sbatch); submitit and ``beam-hpc execute`` hand it to
+    :func:`run_segment` as it is, so nothing is formatted only to be parsed again."""
+
+    resume: bool = False
+    num_rollout: int | None = None
+    smoke: bool = False
+
+    def argv(self) -> list[str]:
+        """The batch script's arguments (what :func:`main` parses back in the job)."""
+        out = ["--resume"] if self.resume else []
+        if self.num_rollout is not None:
+            out += ["--num-rollout", str(self.num_rollout)]
+        return out + (["--smoke"] if self.smoke else [])
+
+
+def run_segment(plan_path: str, args: SegmentArgs) -> int:
+    """One segment of the run whose plan is ``plan_path``; returns the segment's exit status.
+    ``smoke``: bring the cluster up, run one task per GPU bundle of each group, write smoke.json,
+    tear down (no lock, ledger or checkpoint is touched)."""
+    if args.smoke:
+        from beam_hpc.job import runner
+
+        return runner.run_plan(plan_path, smoke=True)
+    try:
+        return Segment(plan_path, resume=args.resume, num_rollout=args.num_rollout).run()
+    except (InputError, OSError, ValueError) as err:  # no plan, a damaged plan, a bad --num-rollout
+        logging.basicConfig(level=logging.INFO)
+        log.error("cannot run a segment of %s: %s", plan_path, err)
+        return EXIT_REFUSED
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m beam_hpc.job.segment", description=__doc__.splitlines()[0])
     parser.add_argument("--plan", required=True, help="RUN_DIR/plan.json")
@@ -492,16 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-rollout", type=int, default=None,
                         help="total rollouts, including those already done (the seed's semantics)")
     args = parser.parse_args(argv)
-    if args.smoke:
-        from beam_hpc.job import runner as job
-
-        return job.main(["--plan", args.plan, "--smoke"])
-    try:
-        return Segment(args.plan, resume=args.resume, num_rollout=args.num_rollout).run()
-    except (InputError, OSError, ValueError) as err:  # no plan, a damaged plan, a bad --num-rollout
-        logging.basicConfig(level=logging.INFO)
-        log.error("cannot run a segment of %s: %s", args.plan, err)
-        return EXIT_REFUSED
+    return run_segment(args.plan, SegmentArgs(resume=args.resume, num_rollout=args.num_rollout, smoke=args.smoke))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from beam_hpc.plan.plan import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
+from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
 from beam_hpc.config.site import NetworkSpec, RayPortSpec
 
 PORT_KINDS = (

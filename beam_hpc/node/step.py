@@ -83,7 +83,7 @@ class NodeStep:
     def __init__(self, plan: Plan, group: GroupPlan, rt: ClusterRuntime, *, local_index: int,
                  ip: str | None = None, gpus: int | None = None, cpus: int | None = None) -> None:
         self.plan, self.group, self.rt = plan, group, rt
-        self.site: Site = plan.site_obj()
+        self.site: Site = plan.site
         self.local_index = local_index
         self.index = sum(g.nodes for g in plan.groups if g.het_index < group.het_index) + local_index
         self.hostname = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
@@ -212,7 +212,7 @@ class NodeStep:
 
     def _run_ray(self, node: RayNode, cleanup: ExitStack) -> int:
         image = self._image()
-        python = self.site.container.python if self.site.container.runtime == "apptainer" else sys.executable
+        python = self.plan.node_python
         env = ray_env(token_path=self.rt.token_path, job_tag=self.rt.job_tag, node_index=self.index)
         binds = [self.plan.output_dir, str(Path(self.rt.token_path).parent)]
         if self.plan.nvme.enabled and self.group.stage_nvme:

@@ -8,22 +8,21 @@ a pure function of its inputs (no I/O, no clock, no environment).
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError
-
 import hashlib
 import json
 import os
 import string
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime
-from beam_hpc.config.site import Site
+from beam_hpc.backends.registry import driver_command
+from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime, recipe_from_dict
+from beam_hpc.config.site import Site, site_from_dict
+from beam_hpc.errors import InputError
+from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX  # noqa: F401 (re-exported)
 
 PLAN_VERSION = 1
-GROUP_RESOURCE_PREFIX = "beam_"  # Ray custom resource per group: beam_trainer, beam_rollout
-GROUP_LABEL_KEY = "beam-group"  # Ray node label key (ray start --labels)
 
 # Placeholders a job fills in (beam_hpc.plan.plan.fill); nothing else is templated.
 PLACEHOLDERS = ("job_id", "nvme_dir", "head_ip", "ray_address", "run_dir")
@@ -81,7 +80,11 @@ class RunPaths:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """One heterogeneous component: ``srun --het-group=<het_index>`` starts one node step per node."""
+    """One heterogeneous component: ``srun --het-group=<het_index>`` starts one node step per node.
+
+    It carries every per-group Slurm resource already resolved from the site (partition,
+    constraint, local disk), so that the sbatch script, submitit and the job read them here and
+    nobody re-implements the site's per-group fallbacks."""
 
     name: str  # trainer | rollout
     het_index: int
@@ -91,6 +94,8 @@ class GroupPlan:
     partition: str | None
     roles: tuple[str, ...]  # ("trainer",), ("rollout",) or ("trainer", "rollout") when colocated
     stage_nvme: bool  # stage the optimizer dir on these nodes
+    constraint: str | None = None  # --constraint for this group's nodes
+    tmp: str | None = None  # --tmp: node-local disk each node of the group must have
 
     @property
     def gpus(self) -> int:
@@ -107,12 +112,16 @@ class NvmePlan:
 
 @dataclass(frozen=True)
 class Plan:
+    """Everything a run's jobs need. Frozen and typed: ``recipe`` and ``site`` are the validated
+    objects, never dicts; inside the allocation it is read from plan.json and never written back
+    (what a segment learns goes into the ledger and its segment directory instead)."""
+
     version: int
     run_id: str
     job_name: str
     output_dir: str
-    recipe: dict[str, Any]
-    site: dict[str, Any]
+    recipe: Recipe
+    site: Site
     identity_sha: str
     groups: tuple[GroupPlan, ...]
     walltime_s: int
@@ -139,24 +148,40 @@ class Plan:
                 return g
         raise KeyError(name)
 
-    def recipe_obj(self) -> Recipe:
-        return Recipe.model_validate(self.recipe)
+    @property
+    def node_python(self) -> str:
+        """The interpreter that runs beam-hpc and backend code on the nodes (Site.node_python)."""
+        return self.site.node_python
 
-    def site_obj(self) -> Site:
-        return Site.model_validate(self.site)
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["recipe"] = self.recipe.model_dump(mode="json")
+        d["site"] = self.site.model_dump(mode="json")
+        d["groups"] = [asdict(g) for g in self.groups]
+        d["nvme"] = asdict(self.nvme)
+        d["driver_argv"] = list(self.driver_argv)
+        return d
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        """A Plan from plan.json's mapping; the recipe and site are validated again, so a plan
+        edited by hand into something invalid is refused here, naming the field."""
         if d.get("version") != PLAN_VERSION:
             raise InputError(f"plan.json version {d.get('version')} is not {PLAN_VERSION}; re-render the run")
         d = dict(d)
+        d["recipe"] = recipe_from_dict(d["recipe"], "plan.json recipe")
+        d["site"] = site_from_dict(d["site"], "plan.json site")
         d["groups"] = tuple(GroupPlan(**{**g, "roles": tuple(g["roles"])}) for g in d["groups"])
         d["nvme"] = NvmePlan(**d["nvme"])
         d["driver_argv"] = tuple(d["driver_argv"])
         return cls(**d)
+
+    def with_num_rollout(self, n: int) -> "Plan":
+        """The same plan with another total ``num_rollout`` (the seed lets a resume change it)."""
+        return replace(self, recipe=self.recipe.model_copy(update={"num_rollout": n}))
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
@@ -230,14 +255,14 @@ def make_plan(recipe: Recipe, site: Site, *, measured: dict[str, float] | None =
         min_free_gb=off.min_free_gb,
     )
     plan_path = str(Path(output_dir, "plan.json"))
-    argv, env = _driver(recipe, site, plan_path)
+    argv, env = driver_command(recipe, site, plan_path)
     return Plan(
         version=PLAN_VERSION,
         run_id=run_id,
         job_name=f"beam-{recipe.name}-{run_id[:6]}",
         output_dir=output_dir,
-        recipe=recipe.model_dump(mode="json"),
-        site=site.model_dump(mode="json"),
+        recipe=recipe,
+        site=site,
         identity_sha=identity_sha(recipe),
         groups=groups,
         walltime_s=walltime_s,
@@ -262,6 +287,8 @@ def _groups(recipe: Recipe, site: Site) -> tuple[GroupPlan, ...]:
             partition=site.partitions.for_group("trainer"),
             roles=("trainer", "rollout") if colocated else ("trainer",),
             stage_nvme=stage,
+            constraint=site.constraints.for_group("trainer"),
+            tmp=site.tmp if stage else None,
         )
     ]
     if topo.rollout is not None:
@@ -275,6 +302,7 @@ def _groups(recipe: Recipe, site: Site) -> tuple[GroupPlan, ...]:
                 partition=site.partitions.for_group("rollout"),
                 roles=("rollout",),
                 stage_nvme=False,
+                constraint=site.constraints.for_group("rollout"),
             )
         )
     for g in out:
@@ -284,16 +312,6 @@ def _groups(recipe: Recipe, site: Site) -> tuple[GroupPlan, ...]:
                 f"{site.name!r} nodes have {site.gpus_per_node}; lower it or use another site"
             )
     return tuple(out)
-
-
-def _driver(recipe: Recipe, site: Site, plan_path: str) -> tuple[list[str], dict[str, str]]:
-    """The backend's command line, run on the head node once Ray is ready."""
-    if recipe.backend == "reference":
-        py = site.container.python if site.container.runtime == "apptainer" else site.python
-        return [py, "-m", "beam_hpc.backends.reference", "--plan", plan_path, "--ray-address", "{ray_address}"], {}
-    from beam_hpc.backends.miles import args as miles_args  # pure argv builder, no Miles import
-
-    return miles_args.build_driver(recipe, site, plan_path)
 
 
 def fill(template: str, **values: str) -> str:

@@ -1,7 +1,7 @@
 """Plan -> a heterogeneous sbatch script that people can read, edit and submit by hand.
 
 The script is thin on purpose (DESIGN.md: shell is thin): ``#SBATCH`` lines, the site's module
-loads and environment, then ``exec`` into ``python -m beam_hpc.job.runner``, which does everything else.
+loads and environment, then ``exec`` into ``python -m beam_hpc.job.segment``, which does everything else.
 Job-level options (name, time, signal, requeue, output) go in the first component only: Slurm
 applies them to the whole heterogeneous job. Per-component options (nodes, GPUs, partition,
 account, constraint, ``--tmp``) are repeated for each component after ``#SBATCH hetjob``.
@@ -10,43 +10,69 @@ account, constraint, ``--tmp``) are repeated for each component after ``#SBATCH 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from beam_hpc import __version__
 from beam_hpc.plan.plan import GroupPlan, Plan, sbatch_time
 
 
+@dataclass(frozen=True)
+class Component:
+    """What one heterogeneous component asks Slurm for, as values (not flag text): the sbatch
+    script renders it as ``#SBATCH`` lines, the submitit path passes the same values as executor
+    parameters, so neither parses the other's output."""
+
+    nodes: int
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    gres: str | None = None  # e.g. "gpu:8"
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    constraint: str | None = None
+    tmp: str | None = None
+    exclusive: bool = False
+
+    def sbatch_flags(self) -> list[str]:
+        flags = [f"--nodes={self.nodes}", "--ntasks-per-node=1"]
+        for name, value in (("partition", self.partition), ("account", self.account), ("qos", self.qos),
+                            ("gres", self.gres), ("cpus-per-task", self.cpus_per_task), ("mem", self.mem),
+                            ("constraint", self.constraint), ("tmp", self.tmp)):
+            if value is not None and value != "":
+                flags.append(f"--{name}={value}")
+        if self.exclusive:
+            flags.append("--exclusive")
+        return flags
+
+
+def component(plan: Plan, group: GroupPlan) -> Component:
+    """The Slurm request of one node group: the group's own resources from the Plan, the
+    site's job-wide ones (account, qos, gres name, memory, exclusivity)."""
+    site = plan.site
+    return Component(
+        nodes=group.nodes,
+        partition=group.partition or None,
+        account=site.account or None,
+        qos=site.qos or None,
+        gres=f"{site.gres}:{group.gpus_per_node}" if group.gpus_per_node else None,
+        cpus_per_task=group.cpus_per_node or None,
+        mem=site.mem,
+        constraint=group.constraint or None,
+        tmp=group.tmp or None,
+        exclusive=site.exclusive,
+    )
+
+
 def component_flags(plan: Plan, group: GroupPlan) -> list[str]:
     """The per-component ``#SBATCH`` flags of one node group."""
-    site = plan.site
-    flags = [f"--nodes={group.nodes}", "--ntasks-per-node=1"]
-    if group.partition:
-        flags.append(f"--partition={group.partition}")
-    if site.get("account"):
-        flags.append(f"--account={site['account']}")
-    if site.get("qos"):
-        flags.append(f"--qos={site['qos']}")
-    if group.gpus_per_node:
-        flags.append(f"--gres={site['gres']}:{group.gpus_per_node}")
-    if group.cpus_per_node:
-        flags.append(f"--cpus-per-task={group.cpus_per_node}")
-    if site.get("mem") is not None:
-        flags.append(f"--mem={site['mem']}")
-    constraint = _per_group(site.get("constraints") or {}, group.name)
-    if constraint:
-        flags.append(f"--constraint={constraint}")
-    if site.get("tmp") and group.stage_nvme:
-        flags.append(f"--tmp={site['tmp']}")
-    if site.get("exclusive"):
-        flags.append("--exclusive")
-    return flags
+    return component(plan, group).sbatch_flags()
 
 
 def job_flags(plan: Plan) -> list[str]:
     """Job-level flags: one name per run (segments chain with ``--dependency=afterany:<id>``; a
     propagated ``singleton`` deadlocks a hetjob on Slurm 22.05), the
     walltime, the walltime warning to the batch shell, requeue on preemption, appended logs."""
-    lc = plan.recipe["lifecycle"]
     flags = [
         f"--job-name={plan.job_name}",
         f"--time={sbatch_time(plan)}",
@@ -54,14 +80,8 @@ def job_flags(plan: Plan) -> list[str]:
         "--open-mode=append",
         f"--output={plan.paths.logs}/slurm-%j.out",
     ]
-    flags.append("--requeue" if lc["requeue_on_preemption"] else "--no-requeue")
+    flags.append("--requeue" if plan.recipe.lifecycle.requeue_on_preemption else "--no-requeue")
     return flags
-
-
-def _per_group(values: dict, group: str) -> str | None:
-    if group == "rollout" and values.get("rollout"):
-        return values["rollout"]
-    return values.get("trainer")
 
 
 def render_script(plan: Plan, *, source: str = "") -> str:
@@ -77,16 +97,16 @@ def render_script(plan: Plan, *, source: str = "") -> str:
         lines.append(f"# --- het group {group.het_index}: {group.name} ({'+'.join(group.roles)}) ---")
         flags = (job_flags(plan) if i == 0 else []) + component_flags(plan, group)
         lines.extend(f"#SBATCH {f}" for f in flags)
-        lines.extend(f"#SBATCH {f}" for f in (site.get("sbatch_extra") or []))
+        lines.extend(f"#SBATCH {f}" for f in site.sbatch_extra)
     lines.append("")
     lines.append("set -eo pipefail")
-    for mod in site.get("module_loads") or []:
+    for mod in site.module_loads:
         lines.append(f"module load {shlex.quote(mod)}")
-    for key, value in sorted((site.get("env") or {}).items()):
+    for key, value in sorted(site.env.items()):
         lines.append(f"export {key}={shlex.quote(str(value))}")
-    lines.extend(site.get("setup") or [])
+    lines.extend(site.setup)
     lines.append(f"mkdir -p {shlex.quote(plan.paths.logs)}")
-    py = shlex.quote(site.get("python") or "python3")
+    py = shlex.quote(site.python)
     lines.append(f'exec {py} -m beam_hpc.job.segment --plan {shlex.quote(plan.paths.plan)} "$@"')
     return "\n".join(lines) + "\n"
 

@@ -1,31 +1,30 @@
 """Submit a run: write its plan and script into the run directory, then hand it to Slurm.
 
-Two ways in, one result: ``via="sbatch"`` submits the rendered script (exactly what a user would
-``sbatch`` by hand); ``via="submitit"`` submits the same heterogeneous job through beam-hpc's
-submitit executor (``beam_hpc.slurm.submitit_het``) and returns a submitit Job handle. Everything here
-happens on the login node; nothing in the allocation imports this module.
+One request (:class:`beam_hpc.submission.request.SubmitRequest`), two schedulers here:
+``via="sbatch"`` submits the rendered script (exactly what a user would ``sbatch`` by hand);
+``via="submitit"`` submits the same heterogeneous job through beam-hpc's submitit executor
+(``beam_hpc.slurm.submitit_het``) and returns a submitit Job handle (``beam-hpc execute`` runs
+the same request on this machine). Everything here happens on the login node; nothing in the
+allocation imports this module.
 """
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError
-
-from beam_hpc.errors import RuntimeFailure
-
 import os
 import re
-import shlex
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from beam_hpc.plan.plan import Plan, make_plan
 from beam_hpc.config.recipe import Recipe, apply_overrides, load_yaml, recipe_from_dict
+from beam_hpc.config.site import Site, find_site, site_from_dict
+from beam_hpc.errors import InputError, RuntimeFailure
+from beam_hpc.job.segment import SegmentArgs
+from beam_hpc.plan.plan import Plan, make_plan
 from beam_hpc.slurm.script import write_script
-from beam_hpc.config.site import Site, find_site
-
-Via = Literal["submitit", "sbatch"]
+from beam_hpc.submission.request import SubmitRequest, Via
+from beam_hpc.submission.run_guard import check_before_submit
 
 
 class SubmitError(RuntimeFailure):
@@ -34,12 +33,24 @@ class SubmitError(RuntimeFailure):
 
 @dataclass
 class Submission:
-    plan: Plan
-    script: Path
-    command: list[str]
+    """What a submission did: its request, and Slurm's job id (plus the submitit Job handle when
+    it went through submitit)."""
+
+    request: SubmitRequest
     job_id: str | None = None
     job: Any = None  # submitit Job when via="submitit"
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def plan(self) -> Plan:
+        return self.request.plan
+
+    @property
+    def script(self) -> Path:
+        return self.request.script
+
+    @property
+    def command(self) -> list[str]:
+        return self.request.command()
 
 
 def build_recipe(
@@ -85,17 +96,10 @@ def resolve_relative_paths(data: dict[str, Any], base: Path) -> None:
 
 
 def build_site(site: str | Path | None, *, search_dir: Path | None = None) -> Site:
-    """A site by name (env/<name>.yaml) or path; ``python: auto`` becomes this interpreter, so the
-    batch script runs the same beam-hpc install that submitted it."""
-    import sys
-
+    """A site by name (env/<name>.yaml) or path; ``python: auto`` becomes this interpreter (in
+    site_from_dict), so the batch script runs the same beam-hpc install that submitted it."""
     path = find_site(str(site or "local"), search_dir)
-    data = load_yaml(path)
-    if data.get("python") == "auto":
-        data["python"] = sys.executable
-    from beam_hpc.config.site import site_from_dict
-
-    return site_from_dict(data, str(path))
+    return site_from_dict(load_yaml(path), str(path))
 
 
 def prepare_run(plan: Plan, *, source: str = "") -> Path:
@@ -126,19 +130,6 @@ def check_paths(recipe: Recipe, site: Site) -> None:
             raise InputError(f"{field_name}: {path} does not exist; {hint}")
 
 
-def sbatch_command(script: Path, *, resume: bool = False, dependency: str | None = None,
-                   smoke: bool = False) -> list[str]:
-    cmd = ["sbatch", "--parsable"]
-    if dependency:
-        cmd.append(f"--dependency={dependency}")
-    cmd.append(str(script))
-    if resume:
-        cmd.append("--resume")
-    if smoke:
-        cmd.append("--smoke")
-    return cmd
-
-
 def run_sbatch(cmd: list[str], env: dict[str, str] | None = None) -> str:
     """Run sbatch, return the job id; Slurm's own message on refusal."""
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
@@ -159,13 +150,19 @@ def submit(
     resume: bool = False,
     num_rollout: int | None = None,
     no_async_training: bool = False,
-    via: Via = "submitit",
+    via: Via | str = Via.SUBMITIT,
     dry_run: bool = False,
     dependency: str | None = None,
     smoke: bool = False,
 ) -> Submission:
     """Submit a recipe to Slurm. Returns a :class:`Submission` (``.job`` is a submitit Job when
-    ``via="submitit"``). Invalid input raises InputError before anything is submitted."""
+    ``via="submitit"``). Invalid input raises InputError before anything is written or submitted."""
+    try:
+        how = Via(via)
+    except ValueError:
+        raise InputError(f"--via: {via!r} is not a way to submit; use submitit or sbatch") from None
+    if how is Via.LOCAL:
+        raise InputError("--via: local runs on this machine: use `beam-hpc execute RECIPE`")
     if isinstance(recipe, Recipe):
         rec, source = recipe, recipe.name
     else:
@@ -175,39 +172,33 @@ def submit(
         )
         source = str(recipe)
     st = site if isinstance(site, Site) else build_site(site)
+    request = SubmitRequest(plan=make_plan(rec, st), segment=SegmentArgs(resume=resume, smoke=smoke),
+                            via=how, dependency=dependency)
+    if smoke and resume:
+        raise InputError("--smoke: a smoke run touches no checkpoint; drop --resume (or --smoke)")
     if dry_run:
-        plan = make_plan(rec, st)
-        return Submission(plan=plan, script=Path(plan.output_dir, "job.sbatch"),
-                          command=sbatch_command(Path(plan.output_dir, "job.sbatch"), resume=resume,
-                                                 dependency=dependency, smoke=smoke))
-    from beam_hpc.submission.run_guard import check_before_submit  # refuses a live run / incompatible resume
-
-    plan = make_plan(rec, st)
+        return Submission(request=request)
     check_paths(rec, st)
     if not smoke:  # a smoke run touches no checkpoint, lock or ledger
         check_before_submit(rec, resume=resume)
-    script = prepare_run(plan, source=source)
-    if via == "sbatch" or smoke:
-        cmd = sbatch_command(script, resume=resume, dependency=dependency, smoke=smoke)
-        return Submission(plan=plan, script=script, command=cmd, job_id=run_sbatch(cmd))
-    if via == "submitit":
-        from beam_hpc.submission.via_submitit import submit_plan
+    return schedule(request, source=source)
 
-        job = submit_plan(plan, resume=resume, dependency=dependency)
-        return Submission(plan=plan, script=script, command=["submitit"], job_id=str(job.job_id), job=job)
-    raise InputError(f"--via: {via!r} is not a way to submit; use submitit or sbatch")
+
+def schedule(request: SubmitRequest, *, source: str = "") -> Submission:
+    """Write the request's plan and script into the run directory, then hand it to its scheduler
+    (sbatch or submitit; ``beam-hpc execute`` runs local requests itself)."""
+    plan = request.plan
+    prepare_run(plan, source=source)
+    if request.via is Via.SBATCH or request.segment.smoke:
+        return Submission(request=request, job_id=run_sbatch(request.sbatch_argv()))
+    if request.via is Via.SUBMITIT:
+        from beam_hpc.submission.via_submitit import submit_request
+
+        job = submit_request(request)
+        return Submission(request=request, job_id=str(job.job_id), job=job)
+    raise InputError(f"--via: {request.via.value!r} cannot be scheduled by submit; use `beam-hpc execute`")
 
 
 def describe(sub: Submission) -> str:
     """What a dry run prints: the plan in one paragraph and the exact command."""
-    p = sub.plan
-    groups = ", ".join(f"{g.name}: {g.nodes} nodes x {g.gpus_per_node} GPUs ({'+'.join(g.roles)})" for g in p.groups)
-    return (
-        f"run {p.run_id} ({p.job_name}) -> {p.output_dir}\n"
-        f"groups: {groups}\n"
-        f"walltime {p.walltime_s} s, final save starts {p.lead_s} s before it\n"
-        f"driver: {shlex.join(p.driver_argv)}\n"
-        + (f"Ray: the site's running cluster at {p.site['ray_address']} (the job starts none)\n"
-           if p.site.get("ray_address") else "")
-        + f"would run: {shlex.join(sub.command)}"
-    )
+    return sub.request.describe()

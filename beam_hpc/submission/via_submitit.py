@@ -1,4 +1,4 @@
-"""Submit a Plan through submitit, as a heterogeneous job, and get a submitit Job handle back.
+"""Submit a request through submitit, as a heterogeneous job, and get a submitit Job handle back.
 
 The job is the same one the rendered sbatch script describes (same components, walltime signal,
 requeue, name), but submitit owns the batch script: it runs one task, on the first node of the
@@ -17,45 +17,40 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from beam_hpc.plan.plan import Plan
+from beam_hpc.job.segment import run_segment
+from beam_hpc.slurm.script import Component, component
+from beam_hpc.submission.request import SubmitRequest
 
 
-def run_segment(plan_path: str, resume: bool) -> int:
-    """What the submitit task runs (module-level so that it pickles by reference)."""
-    from beam_hpc.job import segment
+def _component_parameters(c: Component) -> dict[str, Any]:
+    """One component's submitit parameters, from its values (submitit names the common ones;
+    the rest go to ``additional_parameters`` as sbatch flags)."""
+    out: dict[str, Any] = {"nodes": c.nodes, "ntasks_per_node": 1}
+    for key in ("partition", "account", "mem", "constraint"):
+        value = getattr(c, key)
+        if value is not None:
+            out[key] = value
+    if c.cpus_per_task is not None:
+        out["cpus_per_task"] = c.cpus_per_task
+    extra = {key: getattr(c, key) for key in ("qos", "gres", "tmp") if getattr(c, key) is not None}
+    if c.exclusive:
+        extra["exclusive"] = True
+    out["additional_parameters"] = extra
+    return out
 
-    argv = ["--plan", plan_path] + (["--resume"] if resume else [])
-    return segment.main(argv)
 
-
-def executor_parameters(plan: Plan, *, dependency: str | None = None) -> dict[str, Any]:
-    """submitit parameters (prefix-free) mirroring beam_hpc.slurm.script's #SBATCH lines."""
-    from beam_hpc.slurm.script import component_flags
-
-    def comp(group_flags: list[str]) -> dict[str, Any]:
-        # --nodes / --gres / --partition ... -> a het component dict (extra flags as they are)
-        out: dict[str, Any] = {"additional_parameters": {}}
-        for flag in group_flags:
-            key, _, value = flag.lstrip("-").partition("=")
-            key = key.replace("-", "_")
-            if key in ("nodes", "ntasks_per_node", "cpus_per_task"):
-                out[key] = int(value)
-            elif key in ("partition", "account", "mem", "constraint"):
-                out[key] = value
-            else:
-                out["additional_parameters"][key] = value if value else True
-        return out
-
-    first, *rest = [comp(component_flags(plan, g)) for g in plan.groups]
-    lc = plan.recipe["lifecycle"]
+def executor_parameters(request: SubmitRequest) -> dict[str, Any]:
+    """submitit parameters (prefix-free) for the same job the rendered sbatch script describes."""
+    plan = request.plan
+    first, *rest = [_component_parameters(component(plan, g)) for g in plan.groups]
     extra = dict(first.pop("additional_parameters"))
     extra.update({
         "signal": f"USR1@{plan.lead_s}",
         "open_mode": "append",
-        "requeue" if lc["requeue_on_preemption"] else "no_requeue": True,
+        "requeue" if plan.recipe.lifecycle.requeue_on_preemption else "no_requeue": True,
     })
-    if dependency:
-        extra["dependency"] = dependency
+    if request.dependency:
+        extra["dependency"] = request.dependency
     params: dict[str, Any] = {
         "job_name": plan.job_name,
         "time": max(1, plan.walltime_s // 60),
@@ -69,14 +64,17 @@ def executor_parameters(plan: Plan, *, dependency: str | None = None) -> dict[st
     return params
 
 
-def submit_plan(plan: Plan, *, resume: bool = False, dependency: str | None = None):
-    """Submit through beam-hpc's submitit executor; returns the submitit Job."""
+def submit_request(request: SubmitRequest):  # type: ignore[no-untyped-def]
+    """Submit through beam-hpc's submitit executor; returns the submitit Job. The task is
+    :func:`beam_hpc.job.segment.run_segment` with the request's own SegmentArgs (pickled by
+    reference: the job imports beam_hpc.job, never this module)."""
     import submitit
 
     from beam_hpc.slurm.submitit_het import CLUSTER_NAME
 
+    plan = request.plan
     folder = Path(plan.paths.logs, "submitit", "%j")
     executor = submitit.AutoExecutor(folder=folder, cluster=CLUSTER_NAME)
-    params = executor_parameters(plan, dependency=dependency)
+    params = executor_parameters(request)
     executor.update_parameters(**{f"{CLUSTER_NAME}_{k}": v for k, v in params.items()})
-    return executor.submit(run_segment, plan.paths.plan, resume)
+    return executor.submit(run_segment, plan.paths.plan, request.segment)

@@ -6,7 +6,7 @@ parser accepts (``tests/data/miles-megatron-flags.txt``, dumped from radixark/mi
 its Megatron fork) and every value against the recipe. The Plan stores the result; ``beam-hpc
 submit --dry-run`` prints it.
 
-The mapping, recipe field -> Miles flag, is the table ``_SOURCES``; the rules that shape it (from
+The mapping, recipe field -> Miles flag, is the table ``flags.SOURCES``; the rules that shape it (from
 Miles's source, read for facts only):
 
 - entry point: ``train_async.py`` for dedicated pools trained asynchronously (the seed's
@@ -41,7 +41,9 @@ placeholders (``{nvme_dir}``, ``{head_ip}``, ``{ray_address}``) that the job fil
 from __future__ import annotations
 
 from beam_hpc.backends.miles.checks import OPTION_EXTRA_ARGS, MilesLayout, check
-from beam_hpc.plan.plan import GROUP_LABEL_KEY, RunPaths
+from beam_hpc.backends.miles.flags import SOURCES, managed_flags
+from beam_hpc.plan.plan import RunPaths
+from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
 
@@ -67,101 +69,6 @@ WORKER_ENV = (
     ENV_OVERLONG_BUFFER,
     ENV_OVERLONG_FACTOR,
 )
-
-# Every flag the builder may emit -> the recipe/site field it comes from. The builder refuses a
-# flag missing here, the checks refuse pass-through flags that repeat one, and the tests check
-# each name against Miles's parser.
-_SOURCES: dict[str, str] = {
-    # topology
-    "--actor-num-nodes": "topology.trainer.nodes",
-    "--actor-num-gpus-per-node": "topology.trainer.gpus_per_node",
-    "--rollout-num-gpus": "topology.rollout.nodes x gpus_per_node",
-    "--rollout-num-gpus-per-engine": "topology.rollout.gpus_per_engine",
-    "--num-gpus-per-node": "topology.<rollout or trainer>.gpus_per_node",
-    "--colocate": "training.colocated",
-    # model and starting weights
-    "--hf-checkpoint": "model.path",
-    "--ref-load": "model.ref_load",
-    "--tensor-model-parallel-size": "model.tensor_parallel",
-    "--pipeline-model-parallel-size": "model.pipeline_parallel",
-    "--context-parallel-size": "model.context_parallel",
-    "--expert-model-parallel-size": "model.expert_parallel",
-    "--expert-tensor-parallel-size": "model.expert_tensor_parallel",
-    "--sequence-parallel": "model.tensor_parallel > 1 (Megatron: EP with TP needs it)",
-    "--seed": "seed",
-    "--rollout-seed": "seed",
-    # data
-    "--prompt-data": "data.dir + data.train",
-    "--input-key": "(Miles JSONL written by beam-hpc prepare)",
-    "--label-key": "(Miles JSONL written by beam-hpc prepare)",
-    "--apply-chat-template": "(chat-message prompts)",
-    "--rollout-shuffle": "data.shuffle",
-    # batch and lengths
-    "--num-rollout": "num_rollout",
-    "--rollout-batch-size": "batch.prompts",
-    "--n-samples-per-prompt": "batch.responses_per_prompt",
-    "--global-batch-size": "batch (prompts x responses / updates_per_rollout)",
-    "--rollout-max-prompt-len": "tokens.max_prompt",
-    "--rollout-max-response-len": "tokens.max_response",
-    "--rollout-temperature": "training.temperature",
-    # reward
-    "--custom-rm-path": "reward (beam_hpc.reward.scoring)",
-    "--reward-key": "reward",
-    "--eval-reward-key": "reward / eval",
-    # evaluation
-    "--eval-interval": "eval.interval",
-    "--eval-prompt-data": "data.eval_name + data.eval",
-    "--n-samples-per-eval-prompt": "eval.samples_per_prompt",
-    "--eval-max-prompt-len": "tokens.max_prompt",
-    "--eval-max-response-len": "eval.max_response (default tokens.max_response)",
-    "--eval-temperature": "eval.temperature",
-    "--eval-top-p": "eval.top_p",
-    # loss
-    "--advantage-estimator": "training.advantage_estimator",
-    "--eps-clip": "training.eps_clip",
-    "--eps-clip-high": "training.eps_clip_high",
-    "--calculate-per-token-loss": "training.per_token_loss",
-    "--use-kl-loss": "training.kl_coef",
-    "--kl-loss-coef": "training.kl_coef",
-    "--kl-loss-type": "training.kl_coef",
-    # optimizer
-    "--optimizer": "(Adam, as the seed)",
-    "--use-distributed-optimizer": "(needed by NVMe streaming)",
-    "--lr": "training.optimizer.lr",
-    "--lr-decay-style": "(constant, as DAPO)",
-    "--lr-warmup-iters": "training.optimizer.warmup_rollouts",
-    "--weight-decay": "training.optimizer.weight_decay",
-    "--adam-beta1": "training.optimizer.adam_beta1",
-    "--adam-beta2": "training.optimizer.adam_beta2",
-    "--clip-grad": "training.optimizer.grad_clip",
-    # optimizer state placement
-    "--offload-train-target": "training.offload.target",
-    "--stream-optimizer-state-to-disk": "training.offload.target",
-    "--offload-train-disk-dir": "training.offload.nvme_dir (staged per job)",
-    "--optimizer-cpu-offload": "training.offload.target",
-    "--overlap-cpu-optimizer-d2h-h2d": "training.offload.target",
-    "--use-precision-aware-optimizer": "training.offload.target",
-    # LoRA
-    "--lora-rank": "training.lora.rank",
-    "--lora-alpha": "training.lora.alpha",
-    "--lora-dropout": "training.lora.dropout",
-    "--target-modules": "training.lora.target_modules",
-    "--megatron-to-hf-mode": "training.mode",
-    # checkpoints, dumps, logs
-    "--save": "output_dir (pinned: <output>/checkpoints)",
-    "--load": "output_dir (pinned: <output>/checkpoints)",
-    "--save-interval": "checkpoint.interval",
-    "--save-trigger-sentinel": "output_dir (<output>/SAVE_NOW)",
-    "--dump-details": "output_dir (<output>/dumps)",
-    "--use-tensorboard": "output_dir (<output>/tensorboard)",
-    "--use-fault-tolerance": "(rollout engine health checks)",
-}
-
-
-def managed_flags() -> dict[str, str]:
-    """Flags beam-hpc sets from the recipe -> the field to change instead."""
-    return dict(_SOURCES)
-
 
 def entry_point(recipe: Recipe) -> str:
     """``train_async.py`` for dedicated asynchronous runs, ``train.py`` otherwise."""
@@ -207,8 +114,7 @@ def build_driver(recipe: Recipe, site: Site, plan_path: str) -> tuple[list[str],
     its own process (it never stops Ray or kills anything). ``plan_path`` is passed so the
     launcher can name the run in its errors.
     """
-    py = site.container.python if site.container.runtime == "apptainer" else site.python
-    launcher = [py, "-m", LAUNCHER_MODULE, "--plan", plan_path, "--ray-address", "{ray_address}",
+    launcher = [site.node_python, "-m", LAUNCHER_MODULE, "--plan", plan_path, "--ray-address", "{ray_address}",
                 "--head-ip", "{head_ip}", "--group-label", GROUP_LABEL_KEY]
     if site.network.interface:
         launcher += ["--ifname", site.network.interface]
@@ -216,14 +122,14 @@ def build_driver(recipe: Recipe, site: Site, plan_path: str) -> tuple[list[str],
 
 
 class _Argv:
-    """An argv under construction; only flags listed in ``_SOURCES`` may be added."""
+    """An argv under construction; only flags listed in ``flags.SOURCES`` may be added."""
 
     def __init__(self) -> None:
         self.argv: list[str] = []
 
     def add(self, flag: str, *values: object) -> None:
-        if flag not in _SOURCES:
-            raise KeyError(f"{flag} is not in miles_args._SOURCES; add it with the recipe field it maps")
+        if flag not in SOURCES:
+            raise KeyError(f"{flag} is not in backends.miles.flags.SOURCES; add it with the recipe field it maps")
         self.argv += [flag, *(v if isinstance(v, str) else _num(v) for v in values)]
 
     def switch(self, flag: str, on: bool) -> None:

@@ -45,6 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from beam_hpc.backends.miles.flags import managed_flags
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
 
@@ -220,8 +221,6 @@ def _check_weights(recipe: Recipe) -> None:
 
 def _check_passthrough(recipe: Recipe) -> None:
     """Pass-through flags must not override the ones beam-hpc derives from the recipe."""
-    from beam_hpc.backends.miles.args import managed_flags  # the builder owns that list
-
     owned = managed_flags()
     for field, args in (
         ("model.miles_model_args", recipe.model.miles_model_args),

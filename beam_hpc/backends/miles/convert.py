@@ -323,7 +323,7 @@ def container_step(spec: ConvertSpec, spec_path: str, base: dict[str, str] | Non
     """The ``exec`` phase under the site's container runtime, with the HF checkpoint, the output's
     parent and the work directory bound (the site's shared paths are bound anyway)."""
     site = spec.site_obj()
-    py = site.container.python if site.container.runtime == "apptainer" else sys.executable
+    py = site.node_python
     binds = [str(Path(spec.hf_checkpoint)), str(Path(spec.output).parent), spec.work_dir]
     return container_command(site, [py, "-m", "beam_hpc.backends.miles.convert", "exec", "--spec", spec_path],
                              {"PYTHONUNBUFFERED": "1"}, binds, base=base)

@@ -55,7 +55,7 @@ from beam_hpc.backends.miles.checkpoint import (
 )
 from beam_hpc.backends.miles.placement import DEFAULT_TIMEOUT_S, PlacementLayout, apply_placement_patch
 from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
-from beam_hpc.plan.plan import GROUP_LABEL_KEY
+from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from beam_hpc.plan.plan import GROUP_LABEL_KEY
+from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 
 logger = logging.getLogger(__name__)
 

@@ -122,7 +122,7 @@ class Loop:
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.recipe = plan.recipe_obj()
+        self.recipe = plan.recipe
         r = self.recipe
         if r.backend != "reference":
             raise ReferenceError(f"backend: the plan's recipe uses {r.backend!r}; this is the reference backend")
@@ -203,7 +203,7 @@ class Loop:
             if ray_address == LOCAL or not job_id:
                 port = ray.get(self.trainer.free_port.remote(trainer_ip))
             else:
-                port = weight_sync_port(self.plan.site_obj().ray, int(job_id))
+                port = weight_sync_port(self.plan.site.ray, int(job_id))
             rv = Rendezvous(trainer_ip, port, 1 + len(self.workers), backend_for(device_of(self.recipe)))
             log.info("weight sync: %s group of %d at %s:%d", rv.backend, rv.world_size, rv.host, rv.port)
         ray.get([self.trainer.connect_weights.remote(self.weight_sync, rv)]
@@ -457,7 +457,7 @@ def run(plan_path: str, ray_address: str) -> int:
     import ray
 
     plan = Plan.load(plan_path)
-    setup_process(threads_of(plan.recipe_obj()))
+    setup_process(threads_of(plan.recipe))
     loop = Loop(plan)
     connect(ray_address)
     try:

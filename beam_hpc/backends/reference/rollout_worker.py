@@ -26,7 +26,7 @@ from beam_hpc.backends.reference.policy import (
     threads_of,
     token_logprobs,
 )
-from beam_hpc.plan.plan import GROUP_LABEL_KEY
+from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 from beam_hpc.config.recipe import Recipe
 
 

@@ -1,0 +1,104 @@
+"""The Miles flags beam-hpc sets, each with the recipe or site field it comes from.
+
+One table, owned here, read by two modules: the argument builder (``args``) refuses to emit a flag
+missing from it, and the checks (``checks``) refuse pass-through flags that repeat one (the user
+must change the field instead). Keeping it apart from both is what lets the checks run without
+importing the builder. The tests check every name against Miles's own parser
+(``tests/data/miles-megatron-flags.txt``).
+"""
+
+from __future__ import annotations
+
+# Every flag the builder may emit -> the recipe/site field it comes from. The builder refuses a
+# flag missing here, the checks refuse pass-through flags that repeat one, and the tests check
+# each name against Miles's parser.
+SOURCES: dict[str, str] = {
+    # topology
+    "--actor-num-nodes": "topology.trainer.nodes",
+    "--actor-num-gpus-per-node": "topology.trainer.gpus_per_node",
+    "--rollout-num-gpus": "topology.rollout.nodes x gpus_per_node",
+    "--rollout-num-gpus-per-engine": "topology.rollout.gpus_per_engine",
+    "--num-gpus-per-node": "topology.<rollout or trainer>.gpus_per_node",
+    "--colocate": "training.colocated",
+    # model and starting weights
+    "--hf-checkpoint": "model.path",
+    "--ref-load": "model.ref_load",
+    "--tensor-model-parallel-size": "model.tensor_parallel",
+    "--pipeline-model-parallel-size": "model.pipeline_parallel",
+    "--context-parallel-size": "model.context_parallel",
+    "--expert-model-parallel-size": "model.expert_parallel",
+    "--expert-tensor-parallel-size": "model.expert_tensor_parallel",
+    "--sequence-parallel": "model.tensor_parallel > 1 (Megatron: EP with TP needs it)",
+    "--seed": "seed",
+    "--rollout-seed": "seed",
+    # data
+    "--prompt-data": "data.dir + data.train",
+    "--input-key": "(Miles JSONL written by beam-hpc prepare)",
+    "--label-key": "(Miles JSONL written by beam-hpc prepare)",
+    "--apply-chat-template": "(chat-message prompts)",
+    "--rollout-shuffle": "data.shuffle",
+    # batch and lengths
+    "--num-rollout": "num_rollout",
+    "--rollout-batch-size": "batch.prompts",
+    "--n-samples-per-prompt": "batch.responses_per_prompt",
+    "--global-batch-size": "batch (prompts x responses / updates_per_rollout)",
+    "--rollout-max-prompt-len": "tokens.max_prompt",
+    "--rollout-max-response-len": "tokens.max_response",
+    "--rollout-temperature": "training.temperature",
+    # reward
+    "--custom-rm-path": "reward (beam_hpc.reward.scoring)",
+    "--reward-key": "reward",
+    "--eval-reward-key": "reward / eval",
+    # evaluation
+    "--eval-interval": "eval.interval",
+    "--eval-prompt-data": "data.eval_name + data.eval",
+    "--n-samples-per-eval-prompt": "eval.samples_per_prompt",
+    "--eval-max-prompt-len": "tokens.max_prompt",
+    "--eval-max-response-len": "eval.max_response (default tokens.max_response)",
+    "--eval-temperature": "eval.temperature",
+    "--eval-top-p": "eval.top_p",
+    # loss
+    "--advantage-estimator": "training.advantage_estimator",
+    "--eps-clip": "training.eps_clip",
+    "--eps-clip-high": "training.eps_clip_high",
+    "--calculate-per-token-loss": "training.per_token_loss",
+    "--use-kl-loss": "training.kl_coef",
+    "--kl-loss-coef": "training.kl_coef",
+    "--kl-loss-type": "training.kl_coef",
+    # optimizer
+    "--optimizer": "(Adam, as the seed)",
+    "--use-distributed-optimizer": "(needed by NVMe streaming)",
+    "--lr": "training.optimizer.lr",
+    "--lr-decay-style": "(constant, as DAPO)",
+    "--lr-warmup-iters": "training.optimizer.warmup_rollouts",
+    "--weight-decay": "training.optimizer.weight_decay",
+    "--adam-beta1": "training.optimizer.adam_beta1",
+    "--adam-beta2": "training.optimizer.adam_beta2",
+    "--clip-grad": "training.optimizer.grad_clip",
+    # optimizer state placement
+    "--offload-train-target": "training.offload.target",
+    "--stream-optimizer-state-to-disk": "training.offload.target",
+    "--offload-train-disk-dir": "training.offload.nvme_dir (staged per job)",
+    "--optimizer-cpu-offload": "training.offload.target",
+    "--overlap-cpu-optimizer-d2h-h2d": "training.offload.target",
+    "--use-precision-aware-optimizer": "training.offload.target",
+    # LoRA
+    "--lora-rank": "training.lora.rank",
+    "--lora-alpha": "training.lora.alpha",
+    "--lora-dropout": "training.lora.dropout",
+    "--target-modules": "training.lora.target_modules",
+    "--megatron-to-hf-mode": "training.mode",
+    # checkpoints, dumps, logs
+    "--save": "output_dir (pinned: <output>/checkpoints)",
+    "--load": "output_dir (pinned: <output>/checkpoints)",
+    "--save-interval": "checkpoint.interval",
+    "--save-trigger-sentinel": "output_dir (<output>/SAVE_NOW)",
+    "--dump-details": "output_dir (<output>/dumps)",
+    "--use-tensorboard": "output_dir (<output>/tensorboard)",
+    "--use-fault-tolerance": "(rollout engine health checks)",
+}
+
+
+def managed_flags() -> dict[str, str]:
+    """Flags beam-hpc sets from the recipe -> the field to change instead."""
+    return dict(SOURCES)
