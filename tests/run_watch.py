@@ -28,6 +28,18 @@ def poll_until(predicate: Callable[[], object], timeout: float, poll_s: float) -
     return None
 
 
+def gone(check: Callable[[], object], timeout: float = 30.0, poll_s: float = 0.2) -> object:
+    """``check()`` once it is empty or false, waiting up to ``timeout`` s for it to get there;
+    its last value otherwise (so the assertion shows what was left). For "nothing left running"
+    checks: processes that were told to stop take a moment to be reaped on a busy machine."""
+    deadline = time.monotonic() + timeout
+    value = check()
+    while value and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        value = check()
+    return value
+
+
 def wait_for(what: str, predicate: Callable[[], object], run_dir: Path, timeout: float,
              poll_s: float = 0.5) -> object:
     """The first truthy value of ``predicate()``; fails the test with diagnostics after ``timeout`` s."""

@@ -22,6 +22,7 @@ from glob import glob
 from pathlib import Path
 
 import pytest
+from run_watch import gone
 
 from beam_hpc.cli import app as cli
 from beam_hpc.job.runner import run_local, smoke_driver_argv
@@ -115,7 +116,7 @@ def site_cluster(tmp_path: Path) -> Iterator[SiteRayCluster]:
         yield cluster
     finally:
         cluster.stop()
-    assert tagged_pids(cluster.tag) == [], "the test's own cluster was not stopped"
+    assert gone(lambda: tagged_pids(cluster.tag)) == [], "the test's own cluster was not stopped"
 
 
 @pytest.mark.slow
@@ -160,9 +161,9 @@ def test_job_uses_the_sites_cluster_names_a_lacking_group_and_leaves_it_running(
     assert site_cluster.token.read_text() == token_text
     assert all(Path(d).is_dir() for d in site_cluster.temp_dirs)
     for p in (lacking, plan):
-        assert tagged_pids(f"{p.run_id}.l{os.getpid()}.0") == []  # run_local's job tag
+        assert gone(lambda: tagged_pids(f"{p.run_id}.l{os.getpid()}.0")) == []  # run_local's job tag
         assert not Path(p.output_dir, ".ray-auth").exists()  # the job made no token of its own
-    assert glob(f"/tmp/beam-l{os.getpid()}.0-*") == []
+    assert gone(lambda: glob(f"/tmp/beam-l{os.getpid()}.0-*")) == []
 
 
 LOCAL = {"name": "t", "container": {"runtime": "host"}}

@@ -12,6 +12,7 @@ from glob import glob
 from pathlib import Path
 
 import pytest
+from run_watch import gone
 
 from beam_hpc.job.runner import run_local, smoke_driver_argv
 from beam_hpc.node.ray_node import TEST_HANG_RAY_START_VAR, tagged_pids
@@ -43,8 +44,8 @@ def test_run_local_brings_up_both_groups_places_work_and_cleans_up(tmp_path, mon
     assert by_role == {"trainer": "127.0.0.10", "rollout": "127.0.0.11"}  # loopback node per group
     assert {t["ray_auth_mode"] for t in smoke["tasks"]} == {"token"}
     job_id = f"l{os.getpid()}"
-    assert tagged_pids(f"{plan.run_id}.{job_id}.0") == []
-    assert glob(f"/tmp/beam-{job_id}.0-*") == []
+    assert gone(lambda: tagged_pids(f"{plan.run_id}.{job_id}.0")) == []
+    assert gone(lambda: glob(f"/tmp/beam-{job_id}.0-*")) == []
     assert not Path(plan.output_dir, ".ray-auth").exists()
     saved = json.loads(Path(outcome.segment_dir, "outcome.json").read_text())
     assert saved["status"] == "completed" and saved["ready_s"] == outcome.ready_s
@@ -68,8 +69,16 @@ def test_a_node_whose_ray_start_hangs_is_named_at_the_readiness_deadline(tmp_pat
     assert "hung ray start" in (seg / "node-rollout-0.log").read_text()
     assert "hung ray start" not in (seg / "node-trainer-0.log").read_text()
     hung_pid = json.loads((seg / "nodes" / "rollout-0.json").read_text())["ray_pid"]
-    assert not Path(f"/proc/{hung_pid}").exists()
+    assert not gone(lambda: _alive(hung_pid))
     job_id = f"l{os.getpid()}"
-    assert tagged_pids(f"{plan.run_id}.{job_id}.0") == []
-    assert glob(f"/tmp/beam-{job_id}.0-*") == []
+    assert gone(lambda: tagged_pids(f"{plan.run_id}.{job_id}.0")) == []
+    assert gone(lambda: glob(f"/tmp/beam-{job_id}.0-*")) == []
     assert not Path(plan.output_dir, ".ray-auth").exists()
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a zombie has ended; only its parent's reap is late)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

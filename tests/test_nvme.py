@@ -32,13 +32,15 @@ def test_tmpfs_target_is_refused_before_anything_is_created():
 
 def test_mount_table_parsing_picks_the_innermost_and_last_mount(tmp_path):
     table = tmp_path / "mounts"
+    absent = tmp_path / "not-created" / "scratch"  # a fixture path, never the host's own /scratch
     table.write_text(
         "/dev/vda / ext4 rw 0 0\n"
-        "tmpfs /scratch tmpfs rw 0 0\n"
-        "/dev/nvme0n1 /scratch xfs rw 0 0\n"  # mounted over the tmpfs: this one counts
-        "overlay /scratch/my\\040dir overlay rw 0 0\n"
+        f"tmpfs {absent} tmpfs rw 0 0\n"
+        f"/dev/nvme0n1 {absent} xfs rw 0 0\n"  # mounted over the tmpfs: this one counts
+        f"overlay {absent}/my\\040dir overlay rw 0 0\n"
     )
-    assert nvme.mount_of("/scratch/beam/run", str(table)) == nvme.Mount("/", "ext4")  # nothing exists there
+    # nothing exists there: the path is judged by its nearest existing ancestor (tmp_path, on "/")
+    assert nvme.mount_of(absent / "beam" / "run", str(table)) == nvme.Mount("/", "ext4")
     scratch_like = tmp_path / "scratch"
     (scratch_like / "my dir").mkdir(parents=True)
     table.write_text(f"/dev/vda / ext4 rw 0 0\n/dev/nvme0n1 {scratch_like} xfs rw 0 0\n"
