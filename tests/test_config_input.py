@@ -18,6 +18,7 @@ import pytest
 from beam_hpc.cli.app import main
 from beam_hpc.config.recipe import apply_overrides, load_recipe, load_yaml, recipe_from_dict
 from beam_hpc.config.site import find_site, load_site
+from beam_hpc.config import strict_yaml
 from beam_hpc.config.strict_yaml import MAX_BYTES, parse_yaml_value
 from beam_hpc.errors import InputError
 
@@ -109,8 +110,13 @@ def _unreadable(tmp: Path) -> Path:
     return path
 
 
+def _nul_in_name(tmp: Path) -> Path:
+    return tmp / "a\0b.yaml"
+
+
 UNREADABLE: list[tuple[str, Callable[[Path], Path], str]] = [
     ("missing", _missing, "no such recipe file"),
+    ("nul in the name", _nul_in_name, "cannot read this recipe file"),
     ("directory", _directory, "is a directory"),
     ("fifo", _fifo, "not a regular file"),
     ("permission", _unreadable, "permission denied"),
@@ -122,6 +128,20 @@ def test_unreadable_recipe_file_is_named(tmp_path: Path, make: Callable[[Path], 
     path = make(tmp_path)
     with pytest.raises(InputError, match=expect) as info:
         load_recipe(path)
+    assert str(tmp_path) in str(info.value)
+
+
+def test_read_refused_by_the_os_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The permission case above is skipped as root; here the open itself fails, as for a user."""
+    path = tmp_path / "r.yaml"
+    path.write_text(DEDICATED)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(strict_yaml, "open", refuse, raising=False)
+    with pytest.raises(InputError, match="cannot read this site profile file \\(permission denied\\)") as info:
+        load_site(path)
     assert str(path) in str(info.value)
 
 
