@@ -10,13 +10,14 @@ This module imports no Slurm, Ray, submitit or torch code (DESIGN.md: dependenci
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError
+from beam_hpc.errors import InputError, shorten
 
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from beam_hpc.config.strict_yaml import parse_yaml_value, read_yaml_mapping
 
 Backend = Literal["miles", "reference"]
 OffloadTarget = Literal["nvme", "cpu", "none"]
@@ -96,16 +97,19 @@ class EvalSpec(_Strict):
 
     interval: int = Field(5, ge=0)  # 0 disables evaluation
     samples_per_prompt: int = Field(8, ge=1)
-    max_response: int | None = None  # defaults to tokens.max_response
-    temperature: float = Field(1.0, ge=0)
+    max_response: int | None = Field(None, ge=8)  # defaults to tokens.max_response
+    temperature: float = Field(1.0, ge=0)  # 0 = greedy (SGLang and the reference sampler)
     top_p: float = Field(1.0, gt=0, le=1)
 
 
 class OptimizerSpec(_Strict):
+    """AdamW's knobs, with the ranges torch.optim.AdamW itself enforces (0 <= beta < 1, weight
+    decay >= 0): checked here, a bad value costs a second on the login node, not an allocation."""
+
     lr: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.1, ge=0)
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    adam_beta2: float = Field(0.98, ge=0, lt=1)
     warmup_rollouts: int = Field(0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
 
@@ -182,13 +186,23 @@ class LifecycleSpec(_Strict):
     # stops it and resumes from the last periodic checkpoint (Miles without --save-trigger-sentinel)
     save_on_request: bool = True
 
+    @field_validator("walltime", mode="before")
+    @classmethod
+    def _minutes_as_text(cls, value: Any) -> Any:
+        """Slurm reads a bare number as minutes; YAML reads ``walltime: 90`` as an int. Both mean the
+        same time, so an int is taken as that Slurm string (``--time=90``)."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return value
+
 
 class Recipe(_Strict):
     """A whole recipe. Load with :func:`load_recipe`; override with :func:`apply_overrides`."""
 
     name: str
     backend: Backend = "miles"
-    seed: int = 1234
+    # Megatron's _set_random_seed refuses a seed that is not positive; numpy's seeds stop at 2**32.
+    seed: int = Field(1234, ge=1, lt=2**31)
     output_dir: str
     num_rollout: int = Field(ge=1)  # total, including rollouts already done (the seed's semantics)
     model: ModelSpec = Field(default_factory=ModelSpec)
@@ -238,6 +252,12 @@ class Recipe(_Strict):
             raise ValueError(
                 f"reward.overlong_buffer: {self.reward.overlong_buffer} must be smaller than tokens.max_response "
                 f"({self.tokens.max_response}); lower it (the seed's recipes use 1024)"
+            )
+        warmup = t.optimizer.warmup_rollouts
+        if warmup and warmup >= self.num_rollout:
+            raise ValueError(
+                f"training.optimizer.warmup_rollouts: {warmup} must be below num_rollout ({self.num_rollout}): Megatron's "
+                "scheduler asserts warm-up steps < decay steps; lower it or raise num_rollout"
             )
         if self.batch.samples % self.batch.updates_per_rollout:
             raise ValueError(
@@ -303,10 +323,10 @@ def parse_walltime(text: str) -> int:
         total = int(days) * 86400 + h * 3600 + m * 60 + s
     except ValueError:
         raise ValueError(
-            f"lifecycle.walltime: {text!r} is not a Slurm time; use HH:MM:SS or D-HH:MM:SS"
+            f"lifecycle.walltime: {shorten(text)} is not a Slurm time; use HH:MM:SS or D-HH:MM:SS"
         ) from None
     if total <= 0:
-        raise ValueError(f"lifecycle.walltime: {text!r} must be positive")
+        raise ValueError(f"lifecycle.walltime: {shorten(text)} must be positive; use HH:MM:SS or D-HH:MM:SS")
     return total
 
 
@@ -322,8 +342,10 @@ def _format_errors(source: str, err: ValidationError, kind: str = "recipe") -> s
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
+        if len(loc) > 200:  # a megabyte-long key stays one readable line
+            loc = shorten(loc)
         msg = e["msg"].removeprefix("Value error, ")
-        got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
+        got = f" (got {shorten(e['input'])})" if "input" in e and not isinstance(e["input"], dict) else ""
         if e["type"] == "extra_forbidden":
             msg, got = f"unknown field{got}; remove it or fix its spelling (see recipes/dedicated.yaml or env/example-site.yaml)", ""
         elif e["type"] == "missing":
@@ -344,17 +366,11 @@ def recipe_from_dict(data: dict[str, Any], source: str = "<recipe>") -> Recipe:
         raise InputError(_format_errors(source, err)) from None
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p}: no such recipe file; see recipes/ for the shipped ones")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as err:
-        raise InputError(f"{p}: not valid YAML: {err}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{p}: a recipe is a YAML mapping (key: value), got {type(data).__name__}")
-    return data
+def load_yaml(path: str | Path, kind: str = "recipe") -> dict[str, Any]:
+    """A recipe (or, with ``kind``, a site profile) file as a mapping, read strictly
+    (:mod:`beam_hpc.config.strict_yaml`: size and alias limits, no duplicate keys or tags, Slurm
+    times as strings)."""
+    return read_yaml_mapping(path, kind)
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
@@ -365,19 +381,30 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
-    """``training.async_training=false`` style overrides, applied in place before validation."""
+    """``training.async_training=false`` style overrides, applied in place before validation.
+
+    A value is read by the same strict YAML reader as a file value, so ``--set
+    lifecycle.walltime=12:00:00`` means what ``walltime: 12:00:00`` means in the recipe. Every
+    refusal names the override (shortened) and the fix."""
     for item in overrides:
+        name = f"override {shorten(item)}"
         if "=" not in item:
-            raise InputError(f"override {item!r}: use key.path=value, e.g. num_rollout=200")
+            raise InputError(f"{name}: no '='; use key.path=value, e.g. --set num_rollout=200")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw else ""
-        node = data
         parts = key.strip().split(".")
+        if not all(p.strip() for p in parts):
+            raise InputError(
+                f"{name}: the key {shorten(key.strip())} has an empty part; use a dotted field path, "
+                "e.g. --set training.optimizer.lr=1e-6"
+            )
+        parts = [p.strip() for p in parts]
+        value = parse_yaml_value(raw, name) if raw else ""
+        node = data
         for part in parts[:-1]:
             nxt = node.get(part)
             if nxt is None:
                 nxt = node[part] = {}
             if not isinstance(nxt, dict):
-                raise InputError(f"override {item!r}: {part} is not a section")
+                raise InputError(f"{name}: {shorten(part)} is not a section (it holds {shorten(nxt)}); set the field itself")
             node = nxt
         node[parts[-1]] = value

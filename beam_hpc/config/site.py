@@ -7,7 +7,7 @@ Imports no Slurm, Ray or torch code.
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError
+from beam_hpc.errors import InputError, shorten
 
 import sys
 from pathlib import Path
@@ -163,17 +163,20 @@ def site_from_dict(data: dict, source: str = "<site>") -> Site:
 
 
 def load_site(path: str | Path) -> Site:
-    return site_from_dict(load_yaml(path), str(path))
+    """A site profile file, read by the same strict YAML reader as recipes, then validated."""
+    return site_from_dict(load_yaml(path, kind="site profile"), str(path))
 
 
 def find_site(name_or_path: str, search_dir: Path | None = None) -> Path:
     """A site is a path or a name of a file under env/ (``local`` -> env/local.yaml)."""
     p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and not p.exists():
+        raise InputError(f"site {shorten(name_or_path)}: no such site profile file; check the path or name one under env/")
     if p.suffix in (".yaml", ".yml") or p.exists():
         return p
     base = search_dir or Path.cwd() / "env"
     cand = base / f"{name_or_path}.yaml"
     if not cand.exists():
         have = sorted(x.stem for x in base.glob("*.yaml")) if base.is_dir() else []
-        raise InputError(f"site {name_or_path!r}: no {cand}; known sites: {', '.join(have) or 'none'}")
+        raise InputError(f"site {shorten(name_or_path)}: no {cand}; known sites: {', '.join(have) or 'none'}")
     return cand
