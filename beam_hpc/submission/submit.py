@@ -99,7 +99,7 @@ def build_site(site: str | Path | None, *, search_dir: Path | None = None) -> Si
     """A site by name (env/<name>.yaml) or path; ``python: auto`` becomes this interpreter (in
     site_from_dict), so the batch script runs the same beam-hpc install that submitted it."""
     path = find_site(str(site or "local"), search_dir)
-    return site_from_dict(load_yaml(path), str(path))
+    return site_from_dict(load_yaml(path, kind="site profile"), str(path))
 
 
 def prepare_run(plan: Plan, *, source: str = "") -> Path:
