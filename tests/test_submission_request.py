@@ -79,3 +79,30 @@ def test_a_plan_is_typed_and_survives_plan_json(tmp_path: Path) -> None:
 
 def test_segment_main_refuses_a_missing_plan_with_exit_2(tmp_path: Path) -> None:
     assert segment_main(["--plan", str(tmp_path / "nothing" / "plan.json")]) == 2
+
+
+def test_dry_run_states_gpu_hours_from_the_recipe_or_the_runs_own_ledger(tmp_path: Path) -> None:
+    from beam_hpc.run import checkpoint_layout, ledger
+
+    fresh = _submit(tmp_path, dry_run=True, overrides=["lifecycle.rollout_s_estimate=360"])
+    assert fresh.estimate is not None and fresh.estimate.rollout_s == 360
+    assert fresh.estimate.gpu_hours == pytest.approx(96 * fresh.estimate.wall_s / 3600)
+    assert "lifecycle.rollout_s_estimate" in fresh.estimate.basis
+    # resuming: 40 of 100 rollouts done, the ledger measured 200 s a rollout and 100 s to be ready
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints"
+    it = Path(checkpoint_layout.iteration_dir(str(ckpt), 39))
+    it.mkdir(parents=True)
+    state = Path(checkpoint_layout.dataset_state_path(str(ckpt), 39))
+    state.parent.mkdir(parents=True)
+    state.write_text("{}")
+    checkpoint_layout.mark_latest(str(ckpt), 39)
+    ledger.append(run / "ledger.jsonl", ledger.start_record(job_id="5", restart=0, host="h", rollouts_at_start=0,
+                                                            num_rollout=100, resume=False, walltime_s=86400, lead_s=600))
+    ledger.append(run / "ledger.jsonl", {**ledger.end_record(
+        job_id="5", restart=0, rollouts_at_end=40, reason="walltime", detail="", next_action="none",
+        next_job_id=None, rollout_s=200.0, save_s=30.0), "ready_s": 100.0})
+    again = _submit(tmp_path, dry_run=True, resume=True)
+    assert again.estimate is not None and again.estimate.rollouts_left == 100 - checkpoint_layout.rollouts_done(str(ckpt))
+    assert again.estimate.rollout_s == 200.0 and "measured" in again.estimate.basis
+    assert again.estimate.wall_s == pytest.approx(again.estimate.rollouts_left * 200 + again.estimate.segments * 100)

@@ -89,6 +89,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print("dry run: nothing submitted")
         return 0
     print(f"submitted job {sub.job_id} ({sub.plan.job_name}); run directory {sub.plan.output_dir}")
+    if sub.estimate is not None:
+        print(sub.estimate.describe())
     print(f"watch it: beam-hpc status {sub.plan.output_dir}")
     return 0
 

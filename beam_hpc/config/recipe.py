@@ -185,6 +185,11 @@ class LifecycleSpec(_Strict):
     # false: no save-now sentinel on the walltime lead or a preemption; the job runs until Slurm
     # stops it and resumes from the last periodic checkpoint (Miles without --save-trigger-sentinel)
     save_on_request: bool = True
+    # For `submit --dry-run`'s GPU-hours before any segment has measured the run: seconds per
+    # rollout step (generate + train) and per segment start (allocation to Ray ready and model
+    # loaded). The run's own ledger replaces both once a segment has measured them.
+    rollout_s_estimate: float | None = Field(None, gt=0)
+    bringup_s_estimate: float = Field(600.0, ge=0)
 
     @field_validator("walltime", mode="before")
     @classmethod

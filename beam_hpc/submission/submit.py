@@ -22,6 +22,8 @@ from beam_hpc.config.site import Site, find_site, site_from_dict
 from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.job.segment import SegmentArgs
 from beam_hpc.plan.plan import Plan, make_plan
+from beam_hpc.run import accounting, checkpoint_layout, ledger
+from beam_hpc.run.accounting import Estimate
 from beam_hpc.slurm.script import write_script
 from beam_hpc.submission.request import SubmitRequest, Via
 from beam_hpc.submission.run_guard import check_before_submit
@@ -39,6 +41,7 @@ class Submission:
     request: SubmitRequest
     job_id: str | None = None
     job: Any = None  # submitit Job when via="submitit"
+    estimate: Estimate | None = None  # GPU-hours the run will hold
 
     @property
     def plan(self) -> Plan:
@@ -176,12 +179,36 @@ def submit(
                             via=how, dependency=dependency)
     if smoke and resume:
         raise InputError("--smoke: a smoke run touches no checkpoint; drop --resume (or --smoke)")
+    cost = gpu_hours_estimate(request.plan, resume=resume)
     if dry_run:
-        return Submission(request=request)
+        return Submission(request=request, estimate=cost)
     check_paths(rec, st)
     if not smoke:  # a smoke run touches no checkpoint, lock or ledger
         check_before_submit(rec, resume=resume)
-    return schedule(request, source=source)
+    sub = schedule(request, source=source)
+    sub.estimate = cost
+    return sub
+
+
+def gpu_hours_estimate(plan: Plan, *, resume: bool) -> Estimate:
+    """What the run (or, resuming, the rest of it) will hold: the per-rollout and bring-up times
+    the run's own ledger measured when resuming, else the recipe's estimates. Reads the run
+    directory, never writes it."""
+    recipe = plan.recipe
+    done, rollout_s, bringup_s = 0, recipe.lifecycle.rollout_s_estimate, recipe.lifecycle.bringup_s_estimate
+    basis = "the recipe's lifecycle.rollout_s_estimate"
+    if resume:
+        done = checkpoint_layout.rollouts_done(plan.paths.checkpoints)
+        history, _ = ledger.read_ledger(plan.paths.ledger)
+        measured = ledger.measured_timings(history) or {}
+        if measured.get("rollout_s"):
+            rollout_s, basis = measured["rollout_s"], "measured by the run's last segments"
+        ready = [float(e["ready_s"]) for s in history if isinstance((e := s.get("end") or {}).get("ready_s"), (int, float))]
+        if ready:
+            bringup_s = max(ready[-3:])
+    return accounting.estimate(gpus=plan.total_gpus, rollouts_left=max(0, recipe.num_rollout - done),
+                               walltime_s=plan.walltime_s, lead_s=plan.lead_s, rollout_s=rollout_s,
+                               basis=basis, bringup_s=bringup_s)
 
 
 def schedule(request: SubmitRequest, *, source: str = "") -> Submission:
@@ -200,5 +227,6 @@ def schedule(request: SubmitRequest, *, source: str = "") -> Submission:
 
 
 def describe(sub: Submission) -> str:
-    """What a dry run prints: the plan in one paragraph and the exact command."""
-    return sub.request.describe()
+    """What a dry run prints: the plan in one paragraph, the GPU-hours it will hold, the command."""
+    text = sub.request.describe()
+    return text if sub.estimate is None else f"{text}\n{sub.estimate.describe()}"

@@ -1,0 +1,169 @@
+"""GPU-hours: what a run will hold (before submission) and what it held and lost (from its ledger).
+
+Why here, as pure functions over the ledger: the ledger is the one record every segment leaves
+on shared storage, so `beam-hpc status` can account for a run from any login node, after any
+kind of failure, with no scheduler database. A GPU-hour is the run's GPUs (all groups; a run's
+topology never changes, see beam_hpc.run.identity) held for one hour of a segment's wall time.
+
+Where the time of a segment goes (ledger end line fields in brackets):
+
+- bring-up and restart: from the segment's start line until Ray was ready [``ready_s``];
+- rollouts re-done: rollouts trained after the last checkpoint, which the next segment trains
+  again [``rollouts_run`` minus the checkpointed progress, times ``timings.rollout_s``];
+- walltime tail after the last save: from the last checkpoint to the end of a segment that Slurm
+  stopped (walltime, preemption, cancel), less the re-done rollouts already counted [``last_save_at``];
+- failed segments: all of a segment that ended in an error or a node failure without saving any
+  progress, and of one killed so hard that it wrote no end line and the next segment found no new
+  checkpoint;
+- useful: the rest (training that was kept, saves, the driver's own start-up; for a running
+  segment, nothing yet: its time is held, not yet judged).
+
+A ledger line that lacks a field (written by an older beam-hpc) loses nothing to that cause: the
+result says it is partial instead of guessing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+BRINGUP = "bring-up and restart"
+REDONE = "rollouts re-done"
+TAIL = "walltime tail after the last save"
+FAILED = "failed segments"
+CAUSES = (BRINGUP, REDONE, TAIL, FAILED)
+_STOPPED_BY_SLURM = ("walltime", "preempted", "cancelled")
+_FAILURES = ("error", "node-failure")
+
+
+@dataclass(frozen=True)
+class SegmentTime:
+    """One segment's wall seconds and where they went (seconds, not yet times GPUs)."""
+
+    segment: str
+    wall_s: float
+    lost_s: dict[str, float]
+    running: bool = False
+    attributed: bool = True  # False: its line lacks fields, so some loss may be counted as useful
+
+    @property
+    def useful_s(self) -> float:
+        return max(0.0, self.wall_s - sum(self.lost_s.values()))
+
+
+@dataclass(frozen=True)
+class RunHours:
+    """A run's GPU-hours held, useful and lost by cause (``lost_h`` has every cause, 0 when none)."""
+
+    gpus: int
+    held_h: float
+    useful_h: float
+    lost_h: dict[str, float]
+    segments: list[SegmentTime] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        """Some ledger lines lack the fields that attribute a loss (lines from an older beam-hpc)."""
+        return any(not s.attributed for s in self.segments)
+
+    @property
+    def goodput(self) -> float | None:
+        """Useful GPU-hours over held GPU-hours (None before anything was held)."""
+        return self.useful_h / self.held_h if self.held_h > 0 else None
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def segment_time(seg: dict[str, Any], *, next_start: dict[str, Any] | None, now: float) -> SegmentTime | None:
+    """Where one merged ledger segment's time went; None when it has no readable start line."""
+    start = seg.get("start") or {}
+    end = seg.get("end")
+    t0 = _num(start.get("time"))
+    if t0 is None:
+        return None
+    lost = {c: 0.0 for c in CAUSES}
+    if end is None:
+        if next_start is None:  # still running (or killed this very moment): held so far
+            return SegmentTime(seg["segment"], max(0.0, now - t0), {}, running=True)
+        # killed without an end line: held until the next segment started (at most its walltime)
+        t1 = _num(next_start.get("time")) or t0
+        walltime = _num(start.get("walltime_s"))
+        wall = max(0.0, min(t1 - t0, walltime) if walltime else t1 - t0)
+        progressed = (_num(next_start.get("rollouts_at_start")) or 0) > (_num(start.get("rollouts_at_start")) or 0)
+        if progressed:  # it saved something before it died: what it lost is not recorded
+            return SegmentTime(seg["segment"], wall, lost, attributed=False)
+        return SegmentTime(seg["segment"], wall, {**lost, FAILED: wall})
+    t1 = _num(end.get("time")) or t0
+    wall = max(0.0, t1 - t0)
+    kept = (_num(end.get("rollouts_at_end")) or 0) - (_num(start.get("rollouts_at_start")) or 0)
+    reason = end.get("reason")
+    if reason in _FAILURES and kept <= 0:
+        return SegmentTime(seg["segment"], wall, {**lost, FAILED: wall})
+    ready_s = _num(end.get("ready_s"))
+    lost[BRINGUP] = min(wall, ready_s) if ready_s is not None else 0.0
+    rollout_s = _num((end.get("timings") or {}).get("rollout_s"))
+    run = _num(end.get("rollouts_run"))
+    if rollout_s is not None and run is not None:
+        lost[REDONE] = max(0.0, run - max(kept, 0)) * rollout_s
+    last_save = _num(end.get("last_save_at"))
+    if reason in _STOPPED_BY_SLURM and last_save is not None and t0 <= last_save <= t1:
+        lost[TAIL] = max(0.0, (t1 - last_save) - lost[REDONE])
+    attributed = ready_s is not None and rollout_s is not None and run is not None
+    total = sum(lost.values())
+    if total > wall:  # measurements overlap (e.g. a save counted in a rollout): scale to the wall time
+        lost = {k: v * wall / total for k, v in lost.items()}
+    return SegmentTime(seg["segment"], wall, lost, attributed=attributed)
+
+
+def account(segments: list[dict[str, Any]], gpus: int, *, now: float) -> RunHours:
+    """GPU-hours of the merged ledger ``segments`` (beam_hpc.run.ledger.read_ledger) for a run
+    of ``gpus`` GPUs, at wall clock ``now`` (a running segment counts up to it)."""
+    times: list[SegmentTime] = []
+    starts = [s.get("start") for s in segments]
+    for i, seg in enumerate(segments):
+        following = next((st for st in starts[i + 1:] if st), None)
+        t = segment_time(seg, next_start=following, now=now)
+        if t is not None:
+            times.append(t)
+    per_h = gpus / 3600.0
+    lost = {c: sum(t.lost_s.get(c, 0.0) for t in times) * per_h for c in CAUSES}
+    held = sum(t.wall_s for t in times) * per_h
+    useful = sum(t.useful_s for t in times if not t.running) * per_h
+    return RunHours(gpus=gpus, held_h=held, useful_h=useful, lost_h=lost, segments=times)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a run (or the rest of it) will hold: ``None`` fields are unknown until a segment has
+    measured a rollout, and ``basis`` says where the per-rollout time came from."""
+
+    gpus: int
+    rollouts_left: int
+    rollout_s: float | None
+    basis: str
+    wall_s: float | None
+    gpu_hours: float | None
+    segments: int | None
+
+    def describe(self) -> str:
+        if self.gpu_hours is None or self.wall_s is None:
+            return (f"GPU-hours: unknown until the first segment measures a rollout ({self.gpus} GPUs, "
+                    f"{self.rollouts_left} rollouts to go; set lifecycle.rollout_s_estimate to estimate now)")
+        return (f"GPU-hours: about {self.gpu_hours:,.1f} ({self.gpus} GPUs x {self.wall_s / 3600:,.2f} h for "
+                f"{self.rollouts_left} rollouts at {self.rollout_s:.1f} s each, {self.basis}), "
+                f"in about {self.segments} segment(s) at the recipe's walltime")
+
+
+def estimate(*, gpus: int, rollouts_left: int, walltime_s: int, lead_s: int, rollout_s: float | None,
+             basis: str, bringup_s: float) -> Estimate:
+    """GPU-hours and segments for ``rollouts_left`` rollouts: each segment spends ``bringup_s``
+    bringing Ray and the driver up and stops ``lead_s`` before its walltime to save."""
+    if rollout_s is None or rollout_s <= 0:
+        return Estimate(gpus, rollouts_left, None, basis, None, None, None)
+    per_segment = max(1, math.floor(max(0.0, walltime_s - lead_s - bringup_s) / rollout_s))
+    segments = max(1, math.ceil(rollouts_left / per_segment)) if rollouts_left > 0 else 0
+    wall = rollouts_left * rollout_s + segments * bringup_s
+    return Estimate(gpus, rollouts_left, rollout_s, basis, wall, gpus * wall / 3600.0, segments)
