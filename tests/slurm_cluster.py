@@ -60,6 +60,12 @@ class ClusterSpec:
     cpus_per_node: int = 2
     gpus_per_node: int = 8
     real_memory_mb: int = 4000
+    # Node-local disk as Slurm sees it (TmpDisk, MB): the last ``small_disk_nodes`` nodes have too
+    # little for the seed's 2 TB of optimizer state, so tests can show that --tmp keeps trainer
+    # work off them (declared only: SlurmdParameters=config_overrides trusts the numbers).
+    tmp_disk_mb: int = 3_000_000
+    small_disk_nodes: int = 2
+    small_tmp_disk_mb: int = 100_000
     ctld_port: int = DEFAULT_CTLD_PORT
     cluster_name: str = "beamlab"
 
@@ -251,10 +257,11 @@ class LocalSlurmCluster:
             "SlurmctldParameters=preempt_send_user_signal",
         ]
         for i, name in enumerate(s.node_names):
+            tmp = s.small_tmp_disk_mb if i >= s.nodes - s.small_disk_nodes else s.tmp_disk_mb
             lines.append(
                 f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 "
                 f"Port={s.first_slurmd_port + i} CPUs={s.cpus_per_node} "
-                f"RealMemory={s.real_memory_mb} Gres=gpu:{s.gpus_per_node} State=UNKNOWN")
+                f"RealMemory={s.real_memory_mb} TmpDisk={tmp} Gres=gpu:{s.gpus_per_node} State=UNKNOWN")
         lines += [
             f"PartitionName=debug Nodes={s.node_range} Default=YES MaxTime=INFINITE State=UP "
             "PriorityTier=1 GraceTime=20",

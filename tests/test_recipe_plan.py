@@ -157,3 +157,20 @@ def test_bad_site_and_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "container.image" in capsys.readouterr().err
     assert main(["render", str(tmp_path / "nope.yaml")]) == 2
     assert "no such recipe file" in capsys.readouterr().err
+
+
+def test_trainer_tmp_comes_from_min_free_gb_unless_the_site_asks_for_more() -> None:
+    from beam_hpc.errors import InputError
+    from beam_hpc.plan.plan import local_disk_request, slurm_size_mib
+
+    assert slurm_size_mib("2000G") == 2000 * 1024 and slurm_size_mib("1.5T") == 1.5 * 1024**2
+    assert slurm_size_mib("500") == 500  # a bare number is MB, as Slurm reads it
+    assert local_disk_request(None, 2000) == "1863G"  # 2e12 bytes in GiB, rounded up
+    assert local_disk_request("2000G", 2000) == "2000G" and local_disk_request("3T", 2000) == "3T"
+    assert local_disk_request("100G", 2000) == "1863G"  # the recipe needs more than the site asks
+    assert local_disk_request(None, 0) is None
+    with pytest.raises(InputError, match="tmp: 'lots'"):
+        local_disk_request("lots", 1)
+    plan = make_plan(load_recipe(recipe_path("dedicated")),
+                     build_site(site_path("example-site")).model_copy(update={"tmp": None}))
+    assert plan.group("trainer").tmp == "1863G" and plan.group("rollout").tmp is None

@@ -66,3 +66,26 @@ def test_rendered_hetjob_lands_each_group_on_its_nodes(tmp_path: Path, slurm_clu
     assert len(rollout) == 1 and rollout[0][1] not in {r[1] for r in trainer}, rows
     assert all(r[2] == "0,1" for r in trainer), rows  # 2 GPUs per trainer node
     assert rollout[0][2] == "0", rows  # 1 GPU on the rollout node
+
+
+def test_trainer_local_disk_reaches_the_scheduler(tmp_path: Path, slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Issue 16 item 2: the local site names no `tmp`, yet the dedicated recipe's trainer group asks
+    Slurm for its optimizer state's disk (training.offload.min_free_gb: 2,000 GB -> --tmp=1863G)
+    and the rollout group asks for none. On the local cluster the last two nodes declare 100 GB of
+    TmpDisk: ten trainer nodes can be placed, eleven cannot (only ten nodes have the disk)."""
+    def test_only(trainer_nodes: int) -> subprocess.CompletedProcess:
+        plan = local_plan("dedicated", tmp_path / str(trainer_nodes), f"topology.trainer.nodes={trainer_nodes}",
+                          "topology.rollout.nodes=1")
+        script = tmp_path / f"t{trainer_nodes}.sbatch"
+        text = render_script(plan)
+        script.write_text(text)
+        trainer, rollout = text.split("#SBATCH hetjob")
+        assert "#SBATCH --tmp=1863G" in trainer and "--tmp" not in rollout
+        Path(plan.paths.logs).mkdir(parents=True)
+        return subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60)
+
+    fits = test_only(10)
+    assert fits.returncode == 0 and "to start at" in fits.stderr, fits.stderr
+    too_many = test_only(11)
+    assert too_many.returncode != 0, too_many.stderr
+    assert "not available" in too_many.stderr or "configuration" in too_many.stderr, too_many.stderr

@@ -9,6 +9,8 @@ a pure function of its inputs (no I/O, no clock, no environment).
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 import json
 import os
 import string
@@ -19,7 +21,7 @@ from typing import Any
 from beam_hpc.backends.registry import driver_command
 from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime, recipe_from_dict
 from beam_hpc.config.site import Site, site_from_dict
-from beam_hpc.errors import InputError
+from beam_hpc.errors import InputError, shorten
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX  # noqa: F401 (re-exported)
 
 PLAN_VERSION = 1
@@ -273,6 +275,37 @@ def make_plan(recipe: Recipe, site: Site, *, measured: dict[str, float] | None =
     )
 
 
+_SLURM_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)$", re.IGNORECASE)
+_MIB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}
+
+
+def slurm_size_mib(text: str) -> float:
+    """A Slurm size (``--tmp``, TmpDisk): a number with an optional K/M/G/T suffix, in MiB (Slurm's
+    "MB"; a bare number is MB). Raises ValueError for anything else."""
+    m = _SLURM_SIZE.match(text.strip())
+    if not m:
+        raise ValueError(text)
+    return float(m.group(1)) * _MIB[(m.group(2) or "M").upper()]
+
+
+def local_disk_request(site_tmp: str | None, min_free_gb: float) -> str | None:
+    """The ``--tmp`` of a group that stages optimizer state on node-local disk: the recipe's
+    ``training.offload.min_free_gb`` (decimal GB, as the NVMe check counts them) in Slurm's GiB,
+    rounded up, unless the site asks for more. Slurm then places the group only on nodes whose
+    TmpDisk holds it, instead of the NVMe check failing on a small node after the allocation."""
+    need_mib = min_free_gb * 1e9 / 2**20
+    site_mib = 0.0
+    if site_tmp:
+        try:
+            site_mib = slurm_size_mib(str(site_tmp))
+        except ValueError:
+            raise InputError(f"tmp: {shorten(site_tmp)} is not a Slurm size; write it as Slurm's --tmp takes "
+                             "it, e.g. 2000G or 1.5T (a bare number is MB)") from None
+    if site_mib >= need_mib:
+        return str(site_tmp) if site_tmp else None
+    return f"{math.ceil(need_mib / 1024)}G" if need_mib > 0 else None
+
+
 def _groups(recipe: Recipe, site: Site) -> tuple[GroupPlan, ...]:
     topo = recipe.topology
     colocated = recipe.training.colocated
@@ -288,7 +321,7 @@ def _groups(recipe: Recipe, site: Site) -> tuple[GroupPlan, ...]:
             roles=("trainer", "rollout") if colocated else ("trainer",),
             stage_nvme=stage,
             constraint=site.constraints.for_group("trainer"),
-            tmp=site.tmp if stage else None,
+            tmp=local_disk_request(site.tmp, recipe.training.offload.min_free_gb) if stage else None,
         )
     ]
     if topo.rollout is not None:
