@@ -94,6 +94,7 @@ class Segment:
                                  cancel_flag=self.paths.cancel_flag)
         self.runner = None  # beam_hpc.job.runner.JobRunner once started
         self.rollouts_at_start = 0
+        self.started_at = time.time()
         self.metrics_offset = 0
         self.lead_s = self.plan.lead_s
         self.history: list[dict] = []
@@ -366,7 +367,9 @@ class Segment:
             ledger.append(self.paths.ledger, ledger.end_record(
                 job_id=self.ledger_job_id, restart=self.restart, rollouts_at_end=done, reason=reason,
                 detail=f"{detail} -> {decision.detail}", next_action=decision.action, next_job_id=next_job,
-                rollout_s=metrics.rollout_s, save_s=save_s))
+                rollout_s=metrics.rollout_s, save_s=save_s, rollouts_run=metrics.rollouts_run,
+                ready_s=None if self.runner is None or self.runner.ready_s is None else round(self.runner.ready_s, 3),
+                last_save_at=self._last_save_at()))
             self.reason = reason
             self.finished = True
             log.info("segment ended: %s (%s); rollouts %d -> %d of %d; next: %s %s", reason, detail,
@@ -374,6 +377,15 @@ class Segment:
             return self._exit_code()
         finally:
             self._finishing = False
+
+    def _last_save_at(self) -> float | None:
+        """When this segment's last checkpoint was published (None if it published none)."""
+        marker = Path(self.paths.checkpoints, checkpoint_layout.LATEST_FILE)
+        try:
+            at = marker.stat().st_mtime
+        except OSError:
+            return None
+        return at if at >= self.started_at else None
 
     def _act(self, decision: Decision) -> tuple[Decision, str | None]:
         if decision.action == "resubmit":

@@ -90,8 +90,14 @@ def end_record(
     next_job_id: str | None,
     rollout_s: float | None,
     save_s: float | None,
+    ready_s: float | None = None,
+    rollouts_run: int | None = None,
+    last_save_at: float | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
+    """The segment's end line. Besides what happened and what comes next, it records what
+    beam_hpc.run.accounting needs to say where the segment's GPU-hours went: seconds until Ray
+    was ready, rollout steps run (kept or not), and when the last checkpoint landed."""
     if reason not in REASONS:
         raise LedgerError(f"reason {reason!r} is not one of {', '.join(REASONS)}")
     if next_action not in ACTIONS:
@@ -103,6 +109,9 @@ def end_record(
         "detail": detail,
         "next": {"action": next_action, "job_id": None if next_job_id is None else str(next_job_id)},
         "timings": {"rollout_s": rollout_s, "save_s": save_s},
+        "ready_s": ready_s,
+        "rollouts_run": rollouts_run,
+        "last_save_at": last_save_at,
     }
 
 
