@@ -71,6 +71,7 @@ class DataSpec(_Strict):
         return eval_label or cls.KNOWN_EVAL_LABELS.get(eval_name, eval_name)
 
     def eval_title(self) -> str:
+        """What status lines and plot titles call this recipe's evaluation set."""
         return self.label_for(self.eval_name, self.eval_label)
 
     def train_path(self) -> str:
