@@ -109,11 +109,13 @@ def run_mode(work: Path, mode: str, num_rollout: int, data: Path, model: Path, e
     from beam_hpc.plan.plan import make_plan
     from beam_hpc.config.recipe import load_recipe
     from beam_hpc.config.site import Site
+    from beam_hpc.run import metric_names
 
     run_dir = work / f"run-{mode}"
     overrides = [f"output_dir={run_dir}", f"model.path={model}", f"data.dir={data}", f"num_rollout={num_rollout}",
                  f"checkpoint.interval={num_rollout}", *MODES[mode], *extra]
-    plan = make_plan(load_recipe(REPO / "recipes" / "tiny.yaml", overrides), Site(name="bench", container={"runtime": "host"})).write()
+    recipe = load_recipe(REPO / "recipes" / "tiny.yaml", overrides)
+    plan = make_plan(recipe, Site(name="bench", container={"runtime": "host"})).write()
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "beam_hpc.backends.reference", "--plan", str(plan), "--ray-address", "local"],
                    check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
@@ -121,6 +123,9 @@ def run_mode(work: Path, mode: str, num_rollout: int, data: Path, model: Path, e
     rows = [json.loads(x) for x in (run_dir / "dumps" / "metrics.jsonl").read_text().splitlines()]
     roll = [r for r in rows if r["kind"] == "rollout"]
     steady = roll[1:] or roll
+
+    eval_tag = metric_names.eval_accuracy_tag(recipe.data.eval_name)
+    eval_len_tag = metric_names.eval_response_len_tag(recipe.data.eval_name)
 
     def med(tag: str) -> float:
         return round(statistics.median(r[tag] for r in steady), 3)
@@ -135,8 +140,8 @@ def run_mode(work: Path, mode: str, num_rollout: int, data: Path, model: Path, e
         "rollout_tokens_per_s": med("perf/rollout_tokens_per_s"),
         "reward": [round(r["rollout/reward"], 3) for r in roll],
         "correct": [round(r["rollout/correct"], 3) for r in roll],
-        "eval": {r["rollout_id"]: r["eval/aime25"] for r in rows if r["kind"] == "eval"},
-        "eval_len": {r["rollout_id"]: round(r["eval/aime25_response_len"], 1) for r in rows if r["kind"] == "eval"},
+        "eval": {r["rollout_id"]: r[eval_tag] for r in rows if r["kind"] == "eval"},
+        "eval_len": {r["rollout_id"]: round(r[eval_len_tag], 1) for r in rows if r["kind"] == "eval"},
     }
 
 

@@ -28,11 +28,16 @@ def test_execute_tiny_end_to_end(tmp_path: Path, tiny_assets, capsys: pytest.Cap
     run = tmp_path / "run"
     args = ["execute", str(REPO / "recipes" / "tiny.yaml"), "--output-dir", str(run), "--num-rollout", "3",
             "--set", f"model.path={tiny_assets.model_dir}", "--set", f"data.dir={tiny_assets.data_dir}"]
-    for item in SMALL:
+    for item in [*SMALL, "eval.interval=2", "eval.samples_per_prompt=1"]:
         args += ["--set", item]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "rollout 3/3" in out, out  # the live one-line-per-rollout view
+    # what the eval measures, by its name (data.eval_name), in the live view and the metrics
+    assert "eval every 2 rollouts on tiny two-digit addition (held-out) (tiny-add: " in out, out
+    assert "eval after 2 rollouts: tiny-add accuracy " in out and "aime25" not in out and "AIME" not in out
+    evals = [json.loads(x) for x in (run / "dumps" / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert evals and all("eval/tiny-add" in m and "eval/tiny-add_response_len" in m for m in evals)
     assert checkpoint_layout.rollouts_done(run / "checkpoints") == 3
     assert checkpoint_layout.resume_problems(run / "checkpoints") == []
     segments, warnings = read_ledger(run / "ledger.jsonl")

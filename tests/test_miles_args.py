@@ -94,6 +94,7 @@ MODES = {
     "lora-in-turn": ("lora", "training.async_training=false"),
     "dedicated-kl-warmup": ("dedicated", "training.kl_coef=0.001", "training.optimizer.warmup_rollouts=10"),
     "no-eval": ("dedicated", "eval.interval=0"),
+    "other-eval-set": ("dedicated", "data.eval_name=tiny-add", "data.eval_label=tiny two-digit addition"),
 }
 
 
@@ -146,6 +147,24 @@ def test_seed_defaults_appear_with_their_values(mode: str) -> None:
     for switch in ("--calculate-per-token-loss", "--apply-chat-template", "--rollout-shuffle", "--use-fault-tolerance"):
         assert f[switch] == [], switch
     assert f["--eval-prompt-data"] == ["aime25", "/shared/data/beam/aime-2025.jsonl"]
+    assert built(mode)[0].data.eval_title() == "AIME2025"
+
+
+def test_the_eval_set_is_named_by_the_recipe() -> None:
+    """Miles names its eval metrics after --eval-prompt-data's name: a recipe on other data than
+    AIME2025 must say so there, not inherit the seed's aime25."""
+    r, _, f = built("other-eval-set")
+    assert f["--eval-prompt-data"] == ["tiny-add", "/shared/data/beam/aime-2025.jsonl"]
+    assert r.data.eval_title() == "tiny two-digit addition"
+    tiny = load_recipe(ROOT / "recipes" / "tiny.yaml")
+    assert (tiny.data.eval_name, tiny.data.eval_title()) == ("tiny-add", "tiny two-digit addition (held-out)")
+    assert load_recipe(ROOT / "recipes" / "smollm2.yaml").data.eval_name == "tiny-add"
+
+
+@pytest.mark.parametrize("bad", ["tiny add", "eval/x", "-x", "x" * 65])
+def test_an_eval_name_that_cannot_be_a_tag_or_file_name_is_refused(bad: str) -> None:
+    with pytest.raises(InputError, match="data.eval_name"):
+        recipe("dedicated", f"data.eval_name={bad}")
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))

@@ -40,7 +40,10 @@ from beam_hpc.observe import logs as run_logs
 from beam_hpc.cli.app import main
 from beam_hpc.plan.plan import make_plan
 from beam_hpc.progress import Progress
-from beam_hpc.observe.plot import CHARTS, plot_run
+from beam_hpc.data.prepare import prepare
+from beam_hpc.data.tiny import write_tiny_sources
+from beam_hpc.observe.eval_set import eval_set_of
+from beam_hpc.observe.plot import charts_for, plot_run
 from beam_hpc.observe.status import format_status, gather, read_scalars
 from beam_hpc.submission.submit import build_recipe, build_site
 
@@ -63,12 +66,21 @@ def _tb_event(wall: float, step: int, values: dict[str, float]):
     return event_pb2.Event(wall_time=wall, step=step, summary=summary)
 
 
-def build_run(run: Path) -> Path:
+TINY_EVAL = ("tiny-add", "tiny two-digit addition (held-out)")  # recipes/tiny.yaml's data.eval_name/label
+
+
+def build_run(run: Path, recorded_eval_name: str | None = None) -> Path:
+    """The hand-made run of the tiny recipe (its data prepared in <run>/runs/tiny-data, 30 eval
+    rows); ``recorded_eval_name`` writes the eval tags under another name than the plan's, as a run
+    from before the recipe named its evaluation set did (``aime25``)."""
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     recipe = build_recipe(str(ROOT / "recipes" / "tiny.yaml"), output_dir=str(run), base_dir=run,
                           num_rollout=TOTAL)
     make_plan(recipe, build_site("local", search_dir=ROOT / "env")).write()
+    eval_name = recorded_eval_name or recipe.data.eval_name
+    eval_tags = (metric_names.eval_accuracy_tag(eval_name), metric_names.eval_response_len_tag(eval_name))
+    prepare(Path(recipe.data.dir), from_local=write_tiny_sources(run / "src", n_train=40), progress=False)
     ckpt = run / "checkpoints"
     metrics = run / "dumps" / metric_names.METRICS_FILE
     metrics.parent.mkdir(parents=True)
@@ -85,7 +97,7 @@ def build_run(run: Path) -> Path:
             t += step_s
             values = {metric_names.ROLLOUT_REWARD: 0.1 + 0.05 * r, metric_names.ROLLOUT_TIME: step_s}
             if r in EVALS:
-                values[metric_names.EVAL_ACCURACY], values[metric_names.EVAL_RESPONSE_LEN] = EVALS[r]
+                values[eval_tags[0]], values[eval_tags[1]] = EVALS[r]
             writer.add_event(_tb_event(t, r, values))
             with metrics.open("a") as fh:
                 fh.write(json.dumps({"kind": "rollout", "rollout_id": r, "time": t, **values}) + "\n")
@@ -137,7 +149,11 @@ def test_status_json_has_every_field_and_the_right_numbers(run_dir: Path, capsys
     assert s["rollouts"] == {**s["rollouts"], "done": 12, "generated": 12, "total": 12, "fraction": 1.0}
     assert s["last_checkpoint"]["iteration"] == 11 and s["last_checkpoint"]["problems"] == []
     assert s["last_checkpoint"]["path"].endswith("iter_0000011")
-    assert (s["eval"]["aime25_accuracy"], s["eval"]["aime25_response_len"], s["eval"]["rollout"]) == (0.5, 27.0, 11)
+    ev = s["eval"]
+    assert (ev["name"], ev["label"], ev["accuracy_tag"]) == (*TINY_EVAL, "eval/tiny-add")
+    assert (ev["accuracy"], ev["response_len"], ev["rollout"]) == (0.5, 27.0, 11)
+    assert ev["aime25_accuracy"] is None and ev["aime25_response_len"] is None  # not AIME2025 data
+    assert ev["data"]["rows"] == 30 and ev["data"]["file"] == str(run_dir / "runs" / "tiny-data" / "aime-2025.jsonl")
     assert s["reward"]["value"] == pytest.approx(0.1 + 0.05 * 11) and s["reward"]["rollout"] == 11
     g = s["goodput"]
     assert (g["kept_rollout_s"], g["allocated_s"]) == (pytest.approx(122.0), pytest.approx(170.0))
@@ -171,8 +187,10 @@ def test_status_midway_eta_and_table(run_dir: Path, tmp_path: Path) -> None:
     assert s["rollouts"]["done"] == 6
     table = format_status(s)
     for needle in ("state      unknown", "6 of 12 checkpointed", "100-0", "101-0", "walltime", "resubmit 101",
-                   "accuracy 0.200", "goodput"):
+                   "eval       tiny two-digit addition (held-out): accuracy 0.200", "[eval/tiny-add]",
+                   "eval data  " + str(run_dir / "runs" / "tiny-data" / "aime-2025.jsonl") + ": 30 rows", "goodput"):
         assert needle in table, needle
+    assert "AIME" not in table
 
 
 def test_status_refuses_a_directory_that_is_no_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -240,7 +258,8 @@ def test_status_and_plot_of_a_real_two_segment_run(tiny_assets, reference_ray, t
         ("9001-0", 0, 2), ("9002-0", 2, 4)]
     assert s["rollouts"]["done"] == s["rollouts"]["generated"] == s["rollouts"]["total"] == 4
     assert s["last_checkpoint"]["iteration"] == 3 and not s["last_checkpoint"]["problems"]
-    assert 0 <= s["eval"]["aime25_accuracy"] <= 1 and s["eval"]["aime25_response_len"] > 0 and s["eval"]["rollout"] == 4
+    assert s["eval"]["name"] == "tiny-add" and s["eval"]["data"]["rows"] == 30
+    assert 0 <= s["eval"]["accuracy"] <= 1 and s["eval"]["response_len"] > 0 and s["eval"]["rollout"] == 4
     assert s["reward"]["rollout"] == 3 and 0 < s["goodput"]["value"] <= 1
     assert "resumed from checkpoint 1" in run_logs.find_log(run).read_text()
     result = plot_run(run)
@@ -269,8 +288,12 @@ def _check_png(path: Path) -> None:
 def test_plot_writes_the_seeds_curves_and_reward(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "plots"
     assert main(["plot", str(run_dir), "--output", str(out)]) == 0
-    assert sorted(p.name for p in out.glob("*.png")) == sorted(c.filename for c in CHARTS)
-    for c in CHARTS:
+    printed = capsys.readouterr().out
+    assert "eval set: tiny two-digit addition (held-out) (tiny-add); data " in printed and ": 30 rows" in printed
+    charts = charts_for(eval_set_of(json.loads((run_dir / "plan.json").read_text()), frozenset()))
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(c.filename for c in charts) == [
+        "reward.png", "tiny-add_accuracy.png", "tiny-add_response_length.png"]
+    for c in charts:
         _check_png(out / c.filename)
     # without event files the same charts come from dumps/metrics.jsonl
     copy = tmp_path / "nojsonl"
@@ -285,7 +308,74 @@ def test_plot_of_a_run_without_metrics_says_so(tmp_path: Path, capsys: pytest.Ca
         job_id="1", restart=0, host="n1", rollouts_at_start=0, num_rollout=5, resume=False, walltime_s=60, lead_s=10))
     assert main(["plot", str(tmp_path)]) == 1
     out = capsys.readouterr()
-    assert "skipped aime2025_accuracy.png" in out.out and "nothing to plot yet" in out.err
+    assert "skipped aime25_accuracy.png" in out.out and "nothing to plot yet" in out.err
+    assert "eval set: AIME2025 (aime25); data eval file unknown: rows unknown" in out.out  # no plan.json
+
+
+# -- which evaluation set ------------------------------------------------------------------------
+def test_the_eval_set_is_named_from_the_plan_and_the_seed_keeps_aime25(run_dir: Path) -> None:
+    plan = json.loads((run_dir / "plan.json").read_text())
+    tiny = eval_set_of(plan, frozenset())
+    assert (tiny.name, tiny.label, tiny.accuracy_tag) == (*TINY_EVAL, "eval/tiny-add")
+    assert [c.title for c in charts_for(tiny)] == [
+        "tiny two-digit addition (held-out) accuracy", "tiny two-digit addition (held-out) mean response length",
+        "Rollout reward"]
+    seed = make_plan(build_recipe(str(ROOT / "recipes" / "dedicated.yaml")), build_site("local", search_dir=ROOT / "env"))
+    ev = eval_set_of(json.loads(seed.to_json()), frozenset())
+    assert (ev.name, ev.label, ev.accuracy_tag, ev.response_len_tag) == (
+        "aime25", "AIME2025", metric_names.EVAL_ACCURACY, metric_names.EVAL_RESPONSE_LEN)
+    assert [c.filename for c in charts_for(ev)][:2] == ["aime25_accuracy.png", "aime25_response_length.png"]
+    assert ev.data.rows is None and "no manifest.json" in ev.data.describe()  # /shared/data/beam is not here
+
+
+def test_an_old_run_with_aime25_tags_still_shows_status_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Written before the recipe named its eval set: tags eval/aime25. Read under the tag it has,
+    with the plan's label when the plan names the set (the data is the plan's), and as the seed's
+    AIME2025 when the plan has no eval_name at all (a plan from before the field)."""
+    old = build_run(tmp_path / "old", recorded_eval_name="aime25")
+    s = gather(old, slurm=False)
+    assert (s["eval"]["name"], s["eval"]["label"], s["eval"]["accuracy"], s["eval"]["rollout"]) == (
+        "aime25", TINY_EVAL[1], 0.5, 11)
+    assert "eval       tiny two-digit addition (held-out): accuracy 0.500" in format_status(s)
+    result = plot_run(old)
+    assert sorted(p.name for p in result.written) == ["aime25_accuracy.png", "aime25_response_length.png", "reward.png"]
+    plan = json.loads((old / "plan.json").read_text())
+    del plan["recipe"]["data"]["eval_name"], plan["recipe"]["data"]["eval_label"]
+    (old / "plan.json").write_text(json.dumps(plan))
+    assert main(["status", str(old), "--json", "--no-slurm"]) == 0
+    ev = json.loads(capsys.readouterr().out)["eval"]
+    assert (ev["name"], ev["label"], ev["accuracy"], ev["aime25_accuracy"], ev["aime25_response_len"]) == (
+        "aime25", "AIME2025", 0.5, 0.5, 27.0)
+    assert ev["data"]["rows"] == 30
+
+
+def test_the_eval_data_line_never_trusts_the_manifest(run_dir: Path, tmp_path: Path) -> None:
+    data = json.loads((run_dir / "plan.json").read_text())["recipe"]["data"]
+    work = tmp_path / "data"
+    shutil.copytree(Path(data["dir"]), work)
+    plan = {"recipe": {"data": {**data, "dir": str(work)}}}
+    manifest, eval_file = work / "manifest.json", work / data["eval"]
+
+    def line() -> str:
+        ev = eval_set_of(plan, frozenset())
+        assert (ev.data.rows is None) == ("unknown" in ev.data.describe())
+        return ev.data.describe()
+
+    assert line() == f"{eval_file}: 30 rows (prepare manifest)"
+    good = manifest.read_text()
+    for broken, why in ((good[: len(good) // 2], "manifest.json unreadable"), ("[1, 2]", "does not describe"),
+                        (good.replace('"rows": 30', '"rows": "thirty"'), "malformed")):
+        manifest.write_text(broken)
+        assert why in line() and "rows unknown" in line()
+    manifest.write_text(good)
+    eval_file.write_text(eval_file.read_text().replace("+", "-", 1))  # same size, other content
+    assert "sha256 differs" in line()
+    eval_file.write_text("{}\n")
+    assert "size differs" in line()
+    manifest.unlink()
+    assert line() == f"{eval_file}: rows unknown (no manifest.json beside it)"
+    plan["recipe"]["data"].pop("eval")
+    assert "eval file unknown" in line()
 
 
 def test_scalars_keep_the_last_attempt_of_a_redone_rollout(run_dir: Path) -> None:

@@ -50,7 +50,10 @@ def test_async_run_writes_metrics_dumps_placement_and_checkpoint(tmp_path, tiny_
     assert all(-2.0 <= m[names.ROLLOUT_REWARD] <= 1.0 and 0 < m[names.ROLLOUT_RESPONSE_LEN] <= 20 for m in rollouts)
     evals = metrics(run_dir, "eval")
     assert [m["rollout_id"] for m in evals] == [0, 2]  # before training, then every 2 rollouts
-    assert all(0.0 <= m[names.EVAL_ACCURACY] <= 1.0 and m[names.EVAL_RESPONSE_LEN] > 0 for m in evals)
+    # the tiny recipe's eval set is named as what it is (data.eval_name), not the seed's aime25
+    acc, length = names.eval_accuracy_tag("tiny-add"), names.eval_response_len_tag("tiny-add")
+    assert all(0.0 <= m[acc] <= 1.0 and m[length] > 0 and names.EVAL_ACCURACY not in m for m in evals)
+    assert "eval after 2 rollouts: tiny-add accuracy " in out
     assert [m["rollout_id"] for m in metrics(run_dir, "save")] == [2]
     samples = (run_dir / "dumps" / "rollout" / "rollout_0000001.jsonl").read_text().splitlines()
     assert len(samples) == 16 and {"response", "reward", "advantage", "correct"} <= set(json.loads(samples[0]))
@@ -134,11 +137,16 @@ def test_lora_resume_restores_adapters_optimizer_and_scheduler(tmp_path, tiny_as
 
 
 def test_colocated_runs_in_turn_on_one_group(tmp_path, tiny_assets, reference_ray) -> None:
-    run_dir, _ = _run(tmp_path, "colo", tiny_assets, reference_ray,
-                      ["num_rollout=2", "training.colocated=true", "training.async_training=false", "topology.rollout=null"])
+    # data.eval_name=aime25: the seed's name (the default) keeps the seed's tags eval/aime25
+    run_dir, out = _run(tmp_path, "colo", tiny_assets, reference_ray,
+                        ["num_rollout=2", "training.colocated=true", "training.async_training=false", "topology.rollout=null",
+                         "eval.interval=2", "eval.samples_per_prompt=1", "data.eval_name=aime25"])
     placement = json.loads((run_dir / "dumps" / "placement.json").read_text())
     assert placement["trainer"]["node_id"] == placement["rollout"][0]["node_id"]
     assert [m[names.POLICY_LAG] for m in metrics(run_dir, "rollout")] == [0.0, 0.0]
+    evals = metrics(run_dir, "eval")
+    assert [m["rollout_id"] for m in evals] == [0, 2] and all(names.EVAL_ACCURACY in m for m in evals)
+    assert names.EVAL_ACCURACY == "eval/aime25" and "eval after 2 rollouts: aime25 accuracy " in out
 
 
 def test_nvme_offload_keeps_optimizer_files_in_the_staged_dir_only_while_training(tmp_path, tiny_assets) -> None:
@@ -186,7 +194,7 @@ def test_tiny_recipe_learns(tmp_path, tiny_assets, reference_ray, mode) -> None:
     run_dir = tmp_path / mode
     plan = make_plan(run_dir, tiny_assets, ["num_rollout=20", "checkpoint.interval=20", *LEARNING_MODES[mode]])
     run_backend(plan, reference_ray)
-    evals = {m["rollout_id"]: m[names.EVAL_ACCURACY] for m in metrics(run_dir, "eval")}
+    evals = {m["rollout_id"]: m[names.eval_accuracy_tag("tiny-add")] for m in metrics(run_dir, "eval")}
     assert sorted(evals) == [0, 5, 10, 15, 20]
     assert evals[20] >= evals[0] + EVAL_MARGIN, evals
     rollouts = metrics(run_dir, "rollout")

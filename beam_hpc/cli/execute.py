@@ -103,6 +103,9 @@ def cmd_execute(args: argparse.Namespace) -> int:
         print(f"SmolLM2-135M-Instruct: {materialise(recipe.model.path)}")
     plan.write()
     print(f"run {plan.run_id}: {recipe.name} on this machine -> {plan.output_dir}")
+    if recipe.eval.interval > 0:
+        print(f"eval every {recipe.eval.interval} rollouts on {recipe.data.eval_title()} "
+              f"({recipe.data.eval_name}: {recipe.data.eval_path()})")
     stop = threading.Event()
     follower = None
     if not args.quiet:

@@ -22,7 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--no-slurm", action="store_true", help="do not ask Slurm for the live job state")
     p.set_defaults(func=cmd_status)
 
-    p = subparsers.add_parser("plot", help="PNG charts: AIME2025 accuracy and response length, reward")
+    p = subparsers.add_parser("plot", help="PNG charts: eval accuracy and response length (on the run's eval set), reward")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--output", "-o", default=None, help="directory for the PNGs (default RUN_DIR/plots)")
     p.set_defaults(func=cmd_plot)
@@ -78,6 +78,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     for name, why in result.skipped.items():
         print(f"skipped {name}: {why}")
+    if result.eval_set is not None:
+        print(f"eval set: {result.eval_set.label} ({result.eval_set.name}); data {result.eval_set.data.describe()}")
     if not result.written:
         return _fail(f"{args.run_dir}: nothing to plot yet (metrics source: {result.source or 'none'})", 1)
     return 0

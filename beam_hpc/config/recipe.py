@@ -13,7 +13,7 @@ from __future__ import annotations
 from beam_hpc.errors import InputError, shorten
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -48,13 +48,32 @@ class ModelSpec(_Strict):
 
 
 class DataSpec(_Strict):
-    """Training and evaluation data, in Miles JSONL format, as ``beam-hpc prepare`` writes it."""
+    """Training and evaluation data, in Miles JSONL format, as ``beam-hpc prepare`` writes it.
+
+    ``eval_name`` names the evaluation set wherever its numbers appear (Miles's
+    ``--eval-prompt-data`` name, the ``eval/<name>`` metric tags, plot file names), so it is a slug;
+    ``eval_label`` is what people read in status and plot titles. Both say what the data *is*:
+    the seed's ``aime25`` / AIME2025 is the default, a recipe on other data names its own."""
+
+    # Labels for names whose data is known, so a recipe (or an old plan.json) naming only the slug
+    # still reads well; any other name is shown as itself.
+    KNOWN_EVAL_LABELS: ClassVar[dict[str, str]] = {"aime25": "AIME2025"}
 
     dir: str = "/shared/data/beam"
     train: str = "dapo-math-17k.jsonl"
     eval: str = "aime-2025.jsonl"
-    eval_name: str = "aime25"
+    eval_name: str = Field("aime25", pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]*)?$", max_length=64)
+    eval_label: str | None = None
     shuffle: bool = True
+
+    @classmethod
+    def label_for(cls, eval_name: str, eval_label: str | None = None) -> str:
+        """The human name of an evaluation set: its label, else the known one, else the slug."""
+        return eval_label or cls.KNOWN_EVAL_LABELS.get(eval_name, eval_name)
+
+    def eval_title(self) -> str:
+        """What status lines and plot titles call this recipe's evaluation set."""
+        return self.label_for(self.eval_name, self.eval_label)
 
     def train_path(self) -> str:
         return _under(self.dir, self.train)

@@ -1,5 +1,10 @@
-"""PNG charts of a run: the seed's two curves (AIME2025 accuracy and mean AIME2025 response length
-over rollouts) and the rollout reward, with segment boundaries marked.
+"""PNG charts of a run: the seed's two curves (accuracy and mean response length on the run's
+evaluation set over rollouts) and the rollout reward, with segment boundaries marked.
+
+The evaluation set is the run's own (beam_hpc.observe.eval_set: AIME2025 for the seed, the tiny
+recipe's synthetic additions for it, ...): it names the eval charts' titles and files
+(``<eval_name>_accuracy.png``), and every chart says under its title which eval file (and how
+many rows) the eval numbers come from.
 
 Read from TensorBoard events (what the backends write; EventAccumulator), or from
 dumps/metrics.jsonl only when there are no event files, so a run whose TensorBoard dir was not
@@ -10,12 +15,15 @@ inside :func:`plot_run` only, so importing this module (the CLI does) costs noth
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from beam_hpc.run import metric_names
 from beam_hpc.plan.plan import RunPaths
 from beam_hpc.run.ledger import read_ledger
+from beam_hpc.observe.eval_set import EvalSet, eval_set_of
 from beam_hpc.observe.status import Point, Scalars, read_scalars
 
 
@@ -25,14 +33,19 @@ class Chart:
     tag: str
     title: str
     ylabel: str
+    on_eval_set: bool = False  # its numbers come from the evaluation set: say which data
 
 
-CHARTS = (
-    Chart("aime2025_accuracy.png", metric_names.EVAL_ACCURACY, "AIME2025 accuracy", "accuracy"),
-    Chart("aime2025_response_length.png", metric_names.EVAL_RESPONSE_LEN,
-          "AIME2025 mean response length", "tokens"),
-    Chart("reward.png", metric_names.ROLLOUT_REWARD, "Rollout reward", "mean reward"),
-)
+def charts_for(ev: EvalSet) -> tuple[Chart, ...]:
+    """The charts of a run whose evaluation set is ``ev``: its two eval curves, then the reward."""
+    return (
+        Chart(f"{ev.name}_accuracy.png", ev.accuracy_tag, f"{ev.label} accuracy", "accuracy", True),
+        Chart(f"{ev.name}_response_length.png", ev.response_len_tag,
+              f"{ev.label} mean response length", "tokens", True),
+        Chart("reward.png", metric_names.ROLLOUT_REWARD, "Rollout reward", "mean reward"),
+    )
+
+
 FIGSIZE_IN = (8.0, 4.5)
 DPI = 100  # 800 x 450 pixels
 
@@ -42,6 +55,7 @@ class PlotResult:
     written: list[Path] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # chart file -> why
     source: str | None = None
+    eval_set: EvalSet | None = None  # what the eval charts measured (name, label, data file, rows)
 
 
 def segment_boundaries(run_dir: str | Path) -> list[tuple[int, str]]:
@@ -55,6 +69,16 @@ def segment_boundaries(run_dir: str | Path) -> list[tuple[int, str]]:
     return out
 
 
+def _read_plan(run_dir: Path) -> dict[str, Any] | None:
+    """plan.json as a dict, or None when it is missing or unreadable: the charts still come out,
+    under the seed's eval name (or the one the metrics carry)."""
+    try:
+        plan = json.loads((run_dir / "plan.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return plan if isinstance(plan, dict) else None
+
+
 def plot_run(run_dir: str | Path, output: str | Path | None = None) -> PlotResult:
     """Write one PNG per chart in ``output`` (default <run>/plots); charts with no data are
     skipped and named in the result rather than drawn empty."""
@@ -62,10 +86,12 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> PlotResul
     from matplotlib.figure import Figure
 
     scalars: Scalars = read_scalars(run_dir)
-    result = PlotResult(source=scalars.source)
+    ev = eval_set_of(_read_plan(Path(run_dir)), frozenset(scalars.series))
+    result = PlotResult(source=scalars.source, eval_set=ev)
     out_dir = Path(output) if output is not None else Path(run_dir) / "plots"
     bounds = segment_boundaries(run_dir)
-    for chart in CHARTS:
+    footnote = f"eval data: {ev.data.describe()}"
+    for chart in charts_for(ev):
         pts: list[Point] = scalars.series.get(chart.tag, [])
         if not pts:
             result.skipped[chart.filename] = (f"no {chart.tag!r} values in "
@@ -86,7 +112,11 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> PlotResul
         ax.set_ylabel(chart.ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
-        fig.tight_layout()
+        if chart.on_eval_set:
+            fig.text(0.01, 0.01, footnote, fontsize=7, color="dimgray", ha="left", va="bottom")
+            fig.tight_layout(rect=(0, 0.04, 1, 1))
+        else:
+            fig.tight_layout()
         out_dir.mkdir(parents=True, exist_ok=True)
         target = out_dir / chart.filename
         tmp = target.with_name(f".{target.name}.tmp.png")

@@ -14,6 +14,8 @@ Definitions (also in the JSON's "basis" strings, so a reader of the numbers know
   last attempt of each id when one was redone after a kill) over the wall time of all segments
   (allocated time). Time lost to start-up, saves, queue-less restarts and re-done rollouts is what
   makes it fall below 1.
+- eval: the latest numbers on the run's evaluation set, with its name, label and data file (rows
+  from the prepare manifest), as beam_hpc.observe.eval_set reads them from the plan and metrics.
 - ETA: remaining rollouts times the measured allocated seconds per kept rollout (so it includes
   start-up and save overheads at the rate this run has really had; queue waits are not included).
 
@@ -37,6 +39,7 @@ from typing import Any
 from beam_hpc.run import checkpoint_layout
 
 from beam_hpc.run import metric_names
+from beam_hpc.observe.eval_set import EvalData, eval_set_of
 from beam_hpc.run.ledger import read_ledger
 from beam_hpc.plan.plan import RunPaths
 from beam_hpc.progress import duration, text_table
@@ -322,8 +325,7 @@ def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None)
             "path": str(checkpoint_layout.iteration_dir(ckpt_dir, last_iter)) if last_iter is not None else None,
             "problems": ckpt_problems,
         },
-        "eval": _latest(scalars, metric_names.EVAL_ACCURACY, metric_names.EVAL_RESPONSE_LEN,
-                        names=("aime25_accuracy", "aime25_response_len")),
+        "eval": _eval(scalars, plan),
         "reward": _latest(scalars, metric_names.ROLLOUT_REWARD, names=("value",)),
         "goodput": goodput,
         "eta": _eta(rows, scalars, goodput, done, generated, total, live, now),
@@ -333,6 +335,19 @@ def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None)
         "metrics_source": scalars.source,
         "warnings": warnings,
     }
+
+
+def _eval(scalars: Scalars, plan: dict[str, Any] | None) -> dict[str, Any]:
+    """The latest eval numbers with the set they were measured on (name, label, tags, data file and
+    rows: beam_hpc.observe.eval_set). ``aime25_accuracy`` / ``aime25_response_len`` are kept from
+    the first layout and are filled only when the set is the seed's aime25; else they are None."""
+    ev = eval_set_of(plan, frozenset(scalars.series))
+    out = _latest(scalars, ev.accuracy_tag, ev.response_len_tag, names=("accuracy", "response_len"))
+    seed = ev.name == metric_names.DEFAULT_EVAL_NAME
+    out.update(ev.to_dict(),
+               aime25_accuracy=out["accuracy"] if seed else None,
+               aime25_response_len=out["response_len"] if seed else None)
+    return out
 
 
 def _latest(scalars: Scalars, *tags: str, names: tuple[str, ...]) -> dict[str, Any]:
@@ -437,9 +452,11 @@ def format_status(s: dict[str, Any]) -> str:
     if ck["problems"]:
         ck_txt += "  PROBLEM: " + "; ".join(ck["problems"])
     lines.append(f"checkpoint {ck_txt}")
-    lines.append(f"AIME2025   accuracy {_num(ev['aime25_accuracy'])}, mean response length "
-                 f"{_num(ev['aime25_response_len'], '{:.1f}')} tokens"
-                 + (f" (rollout {ev['rollout']})" if ev["rollout"] is not None else ""))
+    lines.append(f"eval       {ev['label']}: accuracy {_num(ev['accuracy'])}, mean response length "
+                 f"{_num(ev['response_len'], '{:.1f}')} tokens"
+                 + (f" (rollout {ev['rollout']})" if ev["rollout"] is not None else "")
+                 + (f" [{ev['accuracy_tag']}]" if ev["label"] != ev["name"] else ""))
+    lines.append(f"eval data  {EvalData(**ev['data']).describe()}")
     lines.append(f"reward     {_num(s['reward']['value'])}"
                  + (f" (rollout {s['reward']['rollout']})" if s["reward"]["rollout"] is not None else ""))
     gp_txt = f"{gp['value'] * 100:.0f}%" if gp["value"] is not None else "-"

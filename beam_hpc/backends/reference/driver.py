@@ -401,7 +401,8 @@ class Loop:
         n = len(roll["correct"])
         acc = sum(roll["correct"]) / n
         length = sum(len(x) for x in roll["response_ids"]) / n
-        self.metrics.scalars("eval", step, {names.EVAL_ACCURACY: acc, names.EVAL_RESPONSE_LEN: length})
+        self.metrics.scalars("eval", step, {names.eval_accuracy_tag(r.data.eval_name): acc,
+                                            names.eval_response_len_tag(r.data.eval_name): length})
         self.metrics.dump_samples(
             "eval",
             step,
