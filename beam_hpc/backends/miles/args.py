@@ -278,7 +278,10 @@ def _outputs(out: _Argv, recipe: Recipe) -> None:
     out.add("--save", paths.checkpoints)
     out.add("--load", paths.checkpoints)
     out.add("--save-interval", recipe.checkpoint.interval)
-    out.add("--save-trigger-sentinel", paths.sentinel)
+    # lifecycle.save_on_request: false is how an image whose Miles lacks the flag still runs
+    # (saves only at checkpoint.interval); the preflight check names this setting.
+    if recipe.lifecycle.save_on_request:
+        out.add("--save-trigger-sentinel", paths.sentinel)
     out.add("--dump-details", paths.dumps)
     out.add("--use-tensorboard")
     out.add("--use-fault-tolerance")
