@@ -131,8 +131,16 @@ def run_check(site: Site, driver_argv: list[str] | tuple[str, ...], output_dir: 
     return Verdict(False, f"the check printed no verdict (exit {res.returncode}): {' | '.join(tail)}", seconds=seconds)
 
 
+def check_plan(plan: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
+    """The Plan's driver command and environment (Megatron asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1``
+    from it), checked by the image's Miles."""
+    return run_check(plan.site, plan.driver_argv, plan.output_dir, env=_env(plan.driver_env, plan.output_dir),
+                     binds=[plan.output_dir], timeout_s=timeout_s)
+
+
 def check_recipe(recipe: Recipe, site: Site, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
-    """The check for ``beam-hpc doctor --recipe``: the Plan's driver command, through the image."""
+    """The check for ``beam-hpc doctor --recipe``: the Plan's driver command, through the image
+    (the run directory need not exist yet, so it is not bound)."""
     from beam_hpc.plan.plan import make_plan
 
     plan = make_plan(recipe, site)
@@ -146,9 +154,7 @@ def check_in_job(plan: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | No
     pass unchecked."""
     if plan.recipe.backend != "miles":
         return None
-    verdict = run_check(plan.site, plan.driver_argv, plan.output_dir,
-                        env=_env(plan.driver_env, plan.output_dir), binds=[plan.output_dir], timeout_s=timeout_s)
-    return verdict.refusal()
+    return check_plan(plan, timeout_s=timeout_s).refusal()
 
 
 def _env(driver_env: dict[str, str], output_dir: str) -> dict[str, str]:
