@@ -508,14 +508,15 @@ def real_miles_pg(ray_cluster: LoopbackRay) -> Iterator[ModuleType]:
 @pytest.mark.ray
 def test_patch_on_real_miles_placement_code(real_miles_pg: ModuleType) -> None:
     """The pin applied to miles-rl 0.0.2's placement functions: trainer bundles on trainer nodes,
-    with the GPU ids Miles records, in the layout both sorted and spare-GPU cases."""
+    with the GPU ids Miles records, in both the exact and the spare-GPU case."""
     assert real_miles_pg.sort_key.__module__ == "beam_real_miles_pg"  # Miles's code, not the double
-    create = real_miles_pg.create_placement_groups
+    # 0.0.2 computes the split inside create_placement_groups (Miles main: _get_placement_group_layout)
+    assert not hasattr(real_miles_pg, "_get_placement_group_layout")
     layouts: list[PlacementLayout] = []
     patch = apply_placement_patch(real_miles_pg, on_layout=layouts.append)
     args = SimpleNamespace(**vars(topology(2, 2, 2)), debug_train_only=False, debug_rollout_only=False,
                            use_critic=False)
-    train, rollout, pgs = placed(SimpleNamespace(create_placement_groups=create), args)
+    train, rollout, pgs = placed(real_miles_pg, args)  # bound after patching, as train.py imports it
     assert sorted(ip for ip, _ in train) == sorted(TRAINERS * 2)
     assert [ip for ip, _ in rollout] == [HEAD, HEAD]
     assert [g for _, g in train] + [g for _, g in rollout] == [[g] for g in pgs["actor"][2]]
@@ -525,3 +526,16 @@ def test_patch_on_real_miles_placement_code(real_miles_pg: ModuleType) -> None:
     train, rollout, _ = placed(real_miles_pg, spare)
     assert sorted(ip for ip, _ in train) == sorted(TRAINERS * 2) and [ip for ip, _ in rollout] == [HEAD]
     patch.restore()
+
+
+def test_legacy_layout_split_is_older_miless() -> None:
+    """miles-rl 0.0.2's inline split: training first (plus the critic), nothing pinned when colocated
+    or in debug modes."""
+    from beam_hpc.backends.miles.placement import legacy_rollout_offset
+
+    base = dict(actor_num_nodes=2, actor_num_gpus_per_node=4, rollout_num_gpus=8, colocate=False)
+    assert legacy_rollout_offset(SimpleNamespace(**base)) == 8
+    assert legacy_rollout_offset(SimpleNamespace(**base, use_critic=True, critic_num_nodes=1,
+                                                 critic_num_gpus_per_node=4)) == 12
+    assert legacy_rollout_offset(SimpleNamespace(**{**base, "colocate": True})) == 0
+    assert legacy_rollout_offset(SimpleNamespace(**base, debug_rollout_only=True)) == 0
