@@ -445,3 +445,97 @@ def test_launcher_runs_the_entry_point_with_the_patch(ray_cluster: LoopbackRay, 
     assert proof["train_bundles"] == 4
     assert [b["node_group"] for b in proof["bundles"]] == ["trainer"] * 4 + ["other"]
     assert [b["role"] for b in proof["bundles"]] == ["train"] * 4 + ["rollout"]
+
+
+# -- the same patch on Miles's real placement-group code (miles-rl from PyPI) ---------------------
+
+@pytest.fixture
+def real_miles_pg(ray_cluster: LoopbackRay) -> Iterator[ModuleType]:
+    """miles-rl 0.0.2's own ``miles/ray/placement_group.py``, loaded from its file.
+
+    Its module imports the training and rollout actor classes (``.actor_group``, ``.rollout``),
+    which pull Megatron and SGLang into every Ray worker that unpickles ``InfoActor``; the
+    placement functions under test use none of them, so those four names are given inert stand-ins
+    in this process, and the module is shipped to the workers by value (cloudpickle), so they run
+    Miles's ``InfoActor`` without importing the rest of Miles. Everything the patch touches
+    (``placement_group``, ``sort_key``, ``_create_placement_group``, ``create_placement_groups``,
+    ``InfoActor``) is Miles's own code.
+    """
+    import importlib.machinery
+    import importlib.util
+
+    from ray import cloudpickle
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    real = importlib.machinery.PathFinder.find_spec("miles", [p for p in sys.path if p != str(STANDIN)])
+    if real is None or not real.submodule_search_locations:
+        reason = "real Miles unavailable: pip install --no-deps miles-rl==0.0.2"
+        if os.environ.get("BEAM_REQUIRE_MILES") == "1":
+            pytest.fail(reason + " (BEAM_REQUIRE_MILES=1 requires it)", pytrace=False)
+        pytest.skip(reason)
+    real_root = Path(next(iter(real.submodule_search_locations)))
+    stubs = {
+        "miles.utils.async_utils": {"eager_create_task": lambda *a, **k: None},
+        "miles.utils.ray_utils": {"compute_ray_pin_head_options": lambda *a, **k: {}},
+        "miles.ray.actor_group": {"RayTrainGroup": object},
+        "miles.ray.rollout": {"RolloutManager": object},
+    }
+    saved = {name: sys.modules.get(name) for name in [*stubs, "beam_real_miles_pg"]}
+    for name, attrs in stubs.items():
+        mod = ModuleType(name)
+        mod.__dict__.update(attrs)
+        sys.modules[name] = mod
+    file_spec = importlib.util.spec_from_file_location("beam_real_miles_pg", real_root / "ray" / "placement_group.py")
+    assert file_spec is not None and file_spec.loader is not None
+    module = importlib.util.module_from_spec(file_spec)
+    module.__package__ = "miles.ray"  # its relative imports resolve to the stand-ins above
+    sys.modules["beam_real_miles_pg"] = module
+    file_spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        yield module
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+        for name, old in saved.items():
+            sys.modules.pop(name, None) if old is None else sys.modules.__setitem__(name, old)
+        for pg_id, info in placement_group_table().items():
+            if info["state"] != "REMOVED":
+                remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(pg_id)))
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_patch_on_real_miles_placement_code(real_miles_pg: ModuleType) -> None:
+    """The pin applied to miles-rl 0.0.2's placement functions: trainer bundles on trainer nodes,
+    with the GPU ids Miles records, in both the exact and the spare-GPU case."""
+    assert real_miles_pg.sort_key.__module__ == "beam_real_miles_pg"  # Miles's code, not the double
+    # 0.0.2 computes the split inside create_placement_groups (Miles main: _get_placement_group_layout)
+    assert not hasattr(real_miles_pg, "_get_placement_group_layout")
+    layouts: list[PlacementLayout] = []
+    patch = apply_placement_patch(real_miles_pg, on_layout=layouts.append)
+    args = SimpleNamespace(**vars(topology(2, 2, 2)), debug_train_only=False, debug_rollout_only=False,
+                           use_critic=False)
+    train, rollout, pgs = placed(real_miles_pg, args)  # bound after patching, as train.py imports it
+    assert sorted(ip for ip, _ in train) == sorted(TRAINERS * 2)
+    assert [ip for ip, _ in rollout] == [HEAD, HEAD]
+    assert [g for _, g in train] + [g for _, g in rollout] == [[g] for g in pgs["actor"][2]]
+    assert layouts and layouts[-1].train_bundles == 4
+    spare = SimpleNamespace(**vars(topology(2, 2, 1)), debug_train_only=False, debug_rollout_only=False,
+                            use_critic=False)
+    train, rollout, _ = placed(real_miles_pg, spare)
+    assert sorted(ip for ip, _ in train) == sorted(TRAINERS * 2) and [ip for ip, _ in rollout] == [HEAD]
+    patch.restore()
+
+
+def test_legacy_layout_split_is_older_miless() -> None:
+    """miles-rl 0.0.2's inline split: training first (plus the critic), nothing pinned when colocated
+    or in debug modes."""
+    from beam_hpc.backends.miles.placement import legacy_rollout_offset
+
+    base = dict(actor_num_nodes=2, actor_num_gpus_per_node=4, rollout_num_gpus=8, colocate=False)
+    assert legacy_rollout_offset(SimpleNamespace(**base)) == 8
+    assert legacy_rollout_offset(SimpleNamespace(**base, use_critic=True, critic_num_nodes=1,
+                                                 critic_num_gpus_per_node=4)) == 12
+    assert legacy_rollout_offset(SimpleNamespace(**{**base, "colocate": True})) == 0
+    assert legacy_rollout_offset(SimpleNamespace(**base, debug_rollout_only=True)) == 0

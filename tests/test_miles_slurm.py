@@ -37,6 +37,7 @@ from beam_hpc.run import checkpoint_layout
 from beam_hpc.backends.miles import args as miles_args
 from beam_hpc.config.recipe import load_yaml, recipe_from_dict
 from beam_hpc.config.site import site_from_dict
+from tests.test_miles_architecture import QWEN3_8B
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "miles_standin"
@@ -61,6 +62,8 @@ def miles_recipe(base: Path) -> dict:
         (base / sub).mkdir(parents=True, exist_ok=True)
     for name in ("dapo-math-17k.jsonl", "aime-2025.jsonl"):
         (base / "data" / name).write_text('{"prompt": [{"role": "user", "content": "1+1"}], "label": "2"}\n')
+    # a public model's config.json: the architecture flags are derived from it at submit
+    (base / "model/hf/config.json").write_text(json.dumps(QWEN3_8B))
     d.update(output_dir=str(base / "run"), num_rollout=NUM_ROLLOUT)
     d["model"] = {"path": str(base / "model/hf"), "ref_load": str(base / "model/torch_dist")}
     d["data"]["dir"] = str(base / "data")

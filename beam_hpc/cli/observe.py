@@ -50,6 +50,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--scratch-gb", type=float, default=None,
                    help="free node-local scratch needed (default: the site's tmp, else 1 GB)")
     p.add_argument("--wait", type=int, default=300, help="with --in-job: seconds to wait for nodes")
+    p.add_argument("--recipe", default=None,
+                   help="also run the image's Miles parser on this recipe's driver command (as the job does)")
     p.add_argument("--json", action="store_true", help="the checks as JSON")
     p.set_defaults(func=cmd_doctor)
 
@@ -112,8 +114,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from beam_hpc.submission.submit import build_site
 
     site = build_site(args.site)  # a bad site is a InputError: cli.py prints it, exit 2
+    recipe = None
+    if args.recipe:
+        from beam_hpc.submission.submit import build_recipe
+
+        recipe = build_recipe(args.recipe)
     checks = doctor.run_doctor(site, in_job=args.in_job, nodes=args.nodes, output_dir=args.output_dir,
-                               scratch_gb=args.scratch_gb, wait_s=args.wait)
+                               scratch_gb=args.scratch_gb, wait_s=args.wait, recipe=recipe)
     if args.json:
         print(json.dumps([c.to_dict() for c in checks], indent=2))
     else:

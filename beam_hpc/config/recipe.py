@@ -43,8 +43,14 @@ class ModelSpec(_Strict):
     expert_parallel: int = Field(1, ge=1)
     context_parallel: int = Field(1, ge=1)
     expert_tensor_parallel: int = Field(1, ge=1)
-    # Extra architecture flags for Miles (e.g. the model's own `scripts/models/<type>.py` args).
+    # Architecture flags for Miles (Megatron builds the network from them), from one of: the flags
+    # themselves; a Miles `scripts/models/<name>.sh` read for its MODEL_ARGS (not run), with values
+    # for the variables bash would compute; or derived from the HF config.json (`hf_config`, else
+    # `<path>/config.json`). Resolved and compared with config.json in backends/miles/architecture.
     miles_model_args: list[str] = Field(default_factory=list)
+    miles_model_script: str | None = None
+    miles_model_script_vars: dict[str, str] = Field(default_factory=dict)
+    hf_config: str | None = None
 
 
 class DataSpec(_Strict):

@@ -10,6 +10,9 @@ Two halves, because what can be known differs by place:
   ``/dev/shm`` large enough for Ray's object store, the GPU count against the site, and the Ray
   ports of a job free on the node's address.
 
+With ``--recipe``, one more login-node line: the image's own Miles parses that recipe's driver
+command (:func:`miles_parser_check`, the job's pre-Ray check from ``backends.miles.preflight``).
+
 Each check carries the fix for its failure. Nothing here prints for people: the CLI renders the
 checks (``format_checks``) and turns any failure into a non-zero exit. The node half is in this
 module too (``python -m beam_hpc.observe.doctor --node``, which prints one machine-readable line for the
@@ -31,10 +34,13 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from beam_hpc.node import nvme
 from beam_hpc.config.site import Site
+
+if TYPE_CHECKING:
+    from beam_hpc.config.recipe import Recipe
 
 Status = Literal["pass", "fail", "warn", "skip"]
 NODE_LINE_PREFIX = "BEAM-DOCTOR-NODE "
@@ -432,11 +438,34 @@ def in_job_checks(site: Site, *, nodes: int = 1, canary_root: str | Path | None 
     return checks
 
 
+def miles_parser_check(site: Site, recipe: "Recipe") -> Check:
+    """The image's own Miles parses the recipe's driver command (backends.miles.preflight): the
+    same check the job makes on the head node before Ray starts, made here through the image."""
+    from beam_hpc.backends.miles import preflight
+    from beam_hpc.errors import InputError
+
+    name = f"miles parser ({recipe.name})"
+    if recipe.backend != "miles":
+        return Check(name, "skip", f"backend {recipe.backend}: no Miles command")
+    try:
+        verdict = preflight.check_recipe(recipe, site)
+    except InputError as err:  # the recipe itself is refused (architecture flags, layout)
+        return Check(name, "fail", str(err), "fix the recipe field it names")
+    if verdict.ok:
+        return Check(name, "pass", f"the image's Miles accepts the driver command ({verdict.seconds:.1f} s)")
+    refusal = verdict.refusal() or verdict.error
+    first, _, rest = refusal.partition("\n")
+    return Check(name, "fail", first, rest.strip().replace("\n", "; ") or "use an image whose Miles accepts it")
+
+
 def run_doctor(site: Site, *, in_job: bool = False, nodes: int = 1, output_dir: str | None = None,
-               scratch_gb: float | None = None, wait_s: int = 300) -> list[Check]:
+               scratch_gb: float | None = None, wait_s: int = 300, recipe: "Recipe | None" = None) -> list[Check]:
     """All of `beam-hpc doctor`: the login checks, then (``in_job``) the node checks of every
-    partition whose login check passed, the canary living in ``output_dir`` (else the cwd)."""
+    partition whose login check passed, the canary living in ``output_dir`` (else the cwd).
+    With ``recipe``, also the image's Miles parsing that recipe's driver command."""
     checks = login_checks(site, output_dir=output_dir)
+    if recipe is not None:
+        checks.append(miles_parser_check(site, recipe))
     if not in_job:
         return checks
     bad = frozenset(c.name.split(" ", 1)[1] for c in checks if c.name.startswith("partition ") and c.status == "fail")

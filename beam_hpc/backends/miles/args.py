@@ -34,12 +34,19 @@ Miles's source, read for facts only):
 - tensorboard: ``--use-tensorboard`` with ``TENSORBOARD_DIR=<output>/tensorboard`` in the
   environment (Miles reads the directory only from there).
 
-Pure: no Miles, Ray or Slurm import; values that exist only inside the allocation are Plan
+Architecture flags (``--num-layers``, ``--hidden-size``, ...) come from ``architecture.resolve``: the
+recipe's ``model.miles_model_args``, a Miles model script, or the model's ``config.json``, compared
+with that config.json before anything is written; a script only the image can read travels to the
+launcher as ``--model-script`` and is read there.
+
+Pure: no Miles, Ray or Slurm import (``architecture`` reads the model script and config.json when
+they are readable); values that exist only inside the allocation are Plan
 placeholders (``{nvme_dir}``, ``{head_ip}``, ``{ray_address}``) that the job fills.
 """
 
 from __future__ import annotations
 
+from beam_hpc.backends.miles import architecture
 from beam_hpc.backends.miles.checks import OPTION_EXTRA_ARGS, MilesLayout, check
 from beam_hpc.backends.miles.flags import SOURCES, managed_flags
 from beam_hpc.plan.plan import RunPaths
@@ -78,7 +85,12 @@ def entry_point(recipe: Recipe) -> str:
 
 def miles_args(recipe: Recipe, site: Site) -> list[str]:
     """The Miles flags (without the entry point) for this recipe; checks run first."""
-    layout = check(recipe, site)
+    return _miles_args(recipe, site, architecture.resolve(recipe.model))
+
+
+def _miles_args(recipe: Recipe, site: Site, arch: architecture.Architecture) -> list[str]:
+    """The Miles flags with the architecture flags ``arch`` (resolved once by the caller)."""
+    layout = check(recipe, site, model_args=list(arch.args))
     out = _Argv()
     _topology(out, recipe, layout)
     _model(out, recipe)
@@ -91,7 +103,7 @@ def miles_args(recipe: Recipe, site: Site) -> list[str]:
     _offload(out, recipe)
     _lora(out, recipe)
     _outputs(out, recipe)
-    return out.argv + list(recipe.model.miles_model_args) + list(recipe.backend_options.get(OPTION_EXTRA_ARGS, []))
+    return out.argv + list(arch.args) + list(recipe.backend_options.get(OPTION_EXTRA_ARGS, []))
 
 
 def driver_env(recipe: Recipe) -> dict[str, str]:
@@ -118,7 +130,9 @@ def build_driver(recipe: Recipe, site: Site, plan_path: str) -> tuple[list[str],
                 "--head-ip", "{head_ip}", "--group-label", GROUP_LABEL_KEY]
     if site.network.interface:
         launcher += ["--ifname", site.network.interface]
-    return [*launcher, "--", entry_point(recipe), *miles_args(recipe, site)], driver_env(recipe)
+    arch = architecture.resolve(recipe.model)
+    launcher += architecture.launcher_options(arch)  # a model script only the image can read
+    return [*launcher, "--", entry_point(recipe), *_miles_args(recipe, site, arch)], driver_env(recipe)
 
 
 class _Argv:
@@ -264,7 +278,10 @@ def _outputs(out: _Argv, recipe: Recipe) -> None:
     out.add("--save", paths.checkpoints)
     out.add("--load", paths.checkpoints)
     out.add("--save-interval", recipe.checkpoint.interval)
-    out.add("--save-trigger-sentinel", paths.sentinel)
+    # lifecycle.save_on_request: false is how an image whose Miles lacks the flag still runs
+    # (saves only at checkpoint.interval); the preflight check names this setting.
+    if recipe.lifecycle.save_on_request:
+        out.add("--save-trigger-sentinel", paths.sentinel)
     out.add("--dump-details", paths.dumps)
     out.add("--use-tensorboard")
     out.add("--use-fault-tolerance")

@@ -72,8 +72,12 @@ class MilesLayout:
         return self.trainer_nodes * self.trainer_gpus_per_node
 
 
-def check(recipe: Recipe, site: Site) -> MilesLayout:
-    """Every Miles rule the recipe can break; raises InputError naming the field and the fix."""
+def check(recipe: Recipe, site: Site, *, model_args: list[str] | None = None) -> MilesLayout:
+    """Every Miles rule the recipe can break; raises InputError naming the field and the fix.
+
+    ``model_args``: the resolved architecture flags (``architecture.resolve``), default the
+    recipe's ``model.miles_model_args``."""
+    model_args = list(recipe.model.miles_model_args) if model_args is None else model_args
     if recipe.backend != "miles":
         raise InputError(f"backend: {recipe.backend!r} recipes do not build a Miles command; set backend: miles")
     _check_options(recipe.backend_options)
@@ -83,7 +87,7 @@ def check(recipe: Recipe, site: Site) -> MilesLayout:
             "topology.trainer.gpus_per_node: Miles trains on GPUs; set it to the GPUs of one trainer "
             "node (the seed: 8), or use backend: reference on machines without GPUs"
         )
-    dp = _data_parallel(recipe, trainer.nodes * trainer.gpus_per_node)
+    dp = _data_parallel(recipe, trainer.nodes * trainer.gpus_per_node, model_args)
     global_batch = _global_batch(recipe, dp)
     gpus_per_engine, per_node, rollout_gpus = _engines(recipe)
     if (trainer.nodes * trainer.gpus_per_node) % per_node:
@@ -94,7 +98,7 @@ def check(recipe: Recipe, site: Site) -> MilesLayout:
         )
     _check_eval(recipe)
     _check_weights(recipe)
-    _check_passthrough(recipe)
+    _check_passthrough(recipe, model_args)
     return MilesLayout(
         trainer_nodes=trainer.nodes,
         trainer_gpus_per_node=trainer.gpus_per_node,
@@ -121,7 +125,7 @@ def _check_options(options: dict[str, Any]) -> None:
         raise InputError(f"backend_options.{OPTION_ENGINE_GPUS}: a positive integer, e.g. 8")
 
 
-def _data_parallel(recipe: Recipe, gpus: int) -> int:
+def _data_parallel(recipe: Recipe, gpus: int, model_args: list[str]) -> int:
     m = recipe.model
     model_size = _must_divide(
         gpus, {"tensor_parallel": m.tensor_parallel, "pipeline_parallel": m.pipeline_parallel,
@@ -133,12 +137,12 @@ def _data_parallel(recipe: Recipe, gpus: int) -> int:
                "pipeline_parallel": m.pipeline_parallel},
         "Megatron lays expert ranks over the same GPUs: lower model.expert_parallel",
     )
-    experts = _flag_value(m.miles_model_args, "--num-experts")
+    experts = _flag_value(model_args, "--num-experts")
     if m.expert_parallel > 1 and experts is not None:
         if not experts.isdigit() or int(experts) % m.expert_parallel:
             raise InputError(
                 f"model.expert_parallel: {m.expert_parallel} does not divide the model's {experts} experts "
-                "(--num-experts in model.miles_model_args); choose a divisor of the expert count"
+                "(--num-experts in the architecture flags); choose a divisor of the expert count"
             )
     return gpus // model_size
 
@@ -219,11 +223,11 @@ def _check_weights(recipe: Recipe) -> None:
         )
 
 
-def _check_passthrough(recipe: Recipe) -> None:
+def _check_passthrough(recipe: Recipe, model_args: list[str]) -> None:
     """Pass-through flags must not override the ones beam-hpc derives from the recipe."""
     owned = managed_flags()
     for field, args in (
-        ("model.miles_model_args", recipe.model.miles_model_args),
+        ("model.miles_model_args", model_args),
         (f"backend_options.{OPTION_EXTRA_ARGS}", recipe.backend_options.get(OPTION_EXTRA_ARGS, [])),
     ):
         for arg in args:

@@ -92,7 +92,7 @@ SOURCES: dict[str, str] = {
     "--save": "output_dir (pinned: <output>/checkpoints)",
     "--load": "output_dir (pinned: <output>/checkpoints)",
     "--save-interval": "checkpoint.interval",
-    "--save-trigger-sentinel": "output_dir (<output>/SAVE_NOW)",
+    "--save-trigger-sentinel": "lifecycle.save_on_request (<output>/SAVE_NOW)",
     "--dump-details": "output_dir (<output>/dumps)",
     "--use-tensorboard": "output_dir (<output>/tensorboard)",
     "--use-fault-tolerance": "(rollout engine health checks)",

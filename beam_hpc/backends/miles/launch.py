@@ -1,7 +1,12 @@
 """The Miles driver on the head node: patch placement, then run Miles's own entry point in-process.
 
 ``python -m beam_hpc.backends.miles.launch --plan P --ray-address A --head-ip IP [--ifname IF]
-[--group-label K] [--miles-dir D] [--placement-timeout S] -- train_async.py <Miles flags>``
+[--group-label K] [--miles-dir D] [--placement-timeout S] [--model-script SH [--model-script-var N=V ...]]
+-- train_async.py <Miles flags>``
+
+``--model-script``: the recipe's ``model.miles_model_script`` when the login node could not read it
+(it lives in the image's Miles checkout); its MODEL_ARGS are read here and appended to Miles's flags
+(``architecture.expand_deferred``, the same function the preflight check uses).
 
 Why a launcher of our own instead of Miles's ``scripts/run_*.py``: those begin with
 ``pkill -9 sglang; ray stop --force; pkill -9 ray`` and start their own Ray head, which on a shared
@@ -31,7 +36,7 @@ Miles has brought up every engine.
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
+from beam_hpc.errors import InputError, RuntimeFailure
 
 import argparse
 import importlib
@@ -45,6 +50,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from beam_hpc.backends.miles.args import ENTRY_ASYNC, ENTRY_SYNC, WORKER_ENV
+from beam_hpc.backends.miles.architecture import MODEL_SCRIPT_OPTION, MODEL_SCRIPT_VAR_OPTION, expand_deferred
 from beam_hpc.backends.miles.checkpoint import (
     FULL_READ_MAX_BYTES,
     SHARDED_BACKEND,
@@ -80,12 +86,20 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--group-label", default=GROUP_LABEL_KEY, help="Ray node label that names a node's group")
     p.add_argument("--miles-dir", default=None, help="Miles checkout (default: where `import miles` resolves)")
     p.add_argument("--placement-timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    p.add_argument(MODEL_SCRIPT_OPTION, default=None,
+                   help="Miles model script read here (inside the image) for its MODEL_ARGS, appended to Miles's flags")
+    p.add_argument(MODEL_SCRIPT_VAR_OPTION, action="append", default=[], metavar="NAME=VALUE",
+                   help="a variable of the model script (model.miles_model_script_vars)")
     p.add_argument("--checkpoint-full-read-max-bytes", type=int, default=FULL_READ_MAX_BYTES,
                    help="resume check: fully load checkpoints up to this size, check metadata and sizes above (0: never)")
     opts = p.parse_args(argv[:cut])
     rest = argv[cut + 1:]
     if not rest or rest[0] not in (ENTRY_ASYNC, ENTRY_SYNC):
         raise LaunchError(f"after --: the Miles entry point ({ENTRY_ASYNC} or {ENTRY_SYNC}), then its flags")
+    try:  # the architecture flags of a script only the image can read (architecture.expand_deferred)
+        rest = [rest[0], *expand_deferred(opts.model_script, opts.model_script_var, rest[1:])]
+    except InputError as err:
+        raise LaunchError(str(err)) from None
     return opts, rest
 
 

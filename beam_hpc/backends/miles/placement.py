@@ -14,7 +14,10 @@ file is edited). ``_create_placement_group`` looks these three module globals up
 it does not matter that ``train.py`` imported ``create_placement_groups`` by name earlier:
 
 - ``_get_placement_group_layout``: wrapped to record how many leading bundles are training's
-  (its ``rollout_offset``; 0 for colocated and debug modes, where nothing is pinned);
+  (its ``rollout_offset``; 0 for colocated and debug modes, where nothing is pinned); older Miles
+  (miles-rl 0.0.2) has no such function and computes the split inline, so there
+  ``create_placement_groups`` is wrapped instead and the split computed the same way
+  (:func:`legacy_rollout_offset`; the entry point imports it by name after the launcher patched it);
 - ``placement_group``: wrapped to pass ``bundle_label_selector``, so the first ``n_train``
   bundles must be on ``beam-group=trainer`` nodes and the others on ``!trainer`` nodes; before
   that, a feasibility check against the cluster's nodes, and after it a bounded wait: an
@@ -141,6 +144,20 @@ def check_feasible(
         )
 
 
+LEGACY_LAYOUT = "create_placement_groups"
+
+
+def legacy_rollout_offset(args: Any) -> int:
+    """Leading training bundles as miles-rl 0.0.2's ``create_placement_groups`` computes them: none
+    in debug and colocated modes, else the actor's GPUs (plus the critic's)."""
+    if getattr(args, "debug_train_only", False) or getattr(args, "debug_rollout_only", False) or args.colocate:
+        return 0
+    offset = args.actor_num_nodes * args.actor_num_gpus_per_node
+    if getattr(args, "use_critic", False):
+        offset += args.critic_num_nodes * args.critic_num_gpus_per_node
+    return offset
+
+
 class PlacementPatch:
     """The three replaced globals of one ``miles.ray.placement_group`` module, and their state."""
 
@@ -168,7 +185,13 @@ class PlacementPatch:
 
     # -- install / remove ------------------------------------------------------------------
     def apply(self) -> "PlacementPatch":
-        names = ("sort_key", "_get_placement_group_layout", "placement_group")
+        # Where the training/rollout split is computed: Miles main has _get_placement_group_layout;
+        # older Miles (miles-rl 0.0.2) computes it inline in create_placement_groups, which the
+        # entry point imports by name only after the launcher has patched it.
+        layout = "_get_placement_group_layout"
+        if not callable(getattr(self.module, layout, None)) and callable(getattr(self.module, LEGACY_LAYOUT, None)):
+            layout = LEGACY_LAYOUT
+        names = ("sort_key", layout, "placement_group")
         missing = [n for n in names if not callable(getattr(self.module, n, None))]
         if missing:
             raise PlacementError(
@@ -179,7 +202,7 @@ class PlacementPatch:
             raise PlacementError(f"{self.module.__name__} is already patched by this object")
         self._orig = {n: getattr(self.module, n) for n in names}
         self.module.sort_key = self._sort_key
-        self.module._get_placement_group_layout = self._layout
+        setattr(self.module, layout, self._layout if layout != LEGACY_LAYOUT else self._legacy_create)
         self.module.placement_group = self._placement_group
         return self
 
@@ -193,6 +216,12 @@ class PlacementPatch:
         num, offset = self._orig["_get_placement_group_layout"](args)
         self._train_bundles = offset
         return num, offset
+
+    def _legacy_create(self, args: Any) -> Any:
+        """Older Miles's ``create_placement_groups``: the same split, computed here from ``args``
+        as that version does inline (training first, then critic, then rollout)."""
+        self._train_bundles = legacy_rollout_offset(args)
+        return self._orig[LEGACY_LAYOUT](args)
 
     def _placement_group(self, bundles: list[dict[str, float]], strategy: str | None = None, **kwargs: Any) -> Any:
         n_train = self._train_bundles if self.pin else 0

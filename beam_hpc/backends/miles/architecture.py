@@ -1,0 +1,541 @@
+"""The model's architecture flags for Miles: from the recipe, a Miles model script, or config.json.
+
+Why: Megatron builds the network only from flags (``--num-layers``, ``--hidden-size``, ...), and
+Miles compares them with the HF ``config.json`` (``hf_validate_args``) only once the job holds its
+nodes and Ray is up; a recipe without them, or with the wrong ones, fails there, after the queue
+wait. Here the flags are settled, and compared with ``config.json`` field by field, before anything
+is written or allocated (``render``, ``submit``, ``doctor`` all build the Plan through
+``args.miles_args``, which calls :func:`resolve`).
+
+Three sources, in this order:
+
+1. ``model.miles_model_args``: flags written in the recipe;
+2. ``model.miles_model_script``: a Miles ``scripts/models/<name>.sh``, read for its
+   ``MODEL_ARGS=( ... )`` array *without running bash* (:func:`parse_model_script`): comments, line
+   continuations, quotes, plain ``NAME=value`` assignments above the array, ``$NAME``, ``${NAME}``,
+   ``${NAME:-default}`` / ``${NAME-default}`` and integer ``$((a + b))`` are resolved;
+   ``model.miles_model_script_vars`` sets or overrides variables (e.g. ``MOE_LAYER_FREQ``, which
+   Miles's scripts build with a bash loop, or ``MODEL_ARGS_ROTARY_BASE``); anything else is refused
+   naming the line. A script that is not readable here (it lives in the image's Miles checkout,
+   which a login node does not see) is *deferred*: the driver gets ``--model-script PATH`` and
+   reads it inside the container (:func:`expand_driver_argv`), and the in-job preflight
+   (``backends.miles.preflight``) checks the result before Ray starts;
+3. derived from the model's HF ``config.json`` (``model.hf_config``, else ``<model.path>/config.json``)
+   for the families that map cleanly onto Megatron: Qwen2 and Qwen3 dense, Qwen3 MoE, DeepSeek-V3
+   and GLM-4.5 MoE (:func:`derive_args`; the flag sets follow Miles's and slime's own
+   ``scripts/models/*.sh`` for those families, read for facts).
+
+Whichever source, when ``config.json`` is readable the flags are compared with it
+(:func:`compare_with_config`): hidden size, attention heads, KV groups, head size, layers, FFN size,
+MoE FFN size, shared-expert size, experts, top-k, vocabulary, and the three Miles's
+``hf_validate_args`` also checks (RoPE base, RMSNorm epsilon, tied embeddings). A mismatch names
+the config field, both values and the fix.
+
+Pure apart from reading the two files; no Miles, Megatron or torch import.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from beam_hpc.config.recipe import ModelSpec
+from beam_hpc.errors import InputError, shorten
+
+ARRAY_NAME = "MODEL_ARGS"
+MODEL_SCRIPT_OPTION = "--model-script"  # the launcher's option for a script read inside the job
+MODEL_SCRIPT_VAR_OPTION = "--model-script-var"  # NAME=VALUE, repeatable
+FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "glm4_moe")
+SOURCES_HELP = (
+    "give them one of three ways: model.miles_model_args (the flags themselves), "
+    "model.miles_model_script (a Miles scripts/models/<name>.sh, e.g. in the image's Miles checkout), "
+    "or a readable HF config.json (model.hf_config, else <model.path>/config.json) of a family "
+    f"beam-hpc derives them for ({', '.join(FAMILIES)})"
+)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The architecture flags and where they came from.
+
+    ``args`` go into the Plan's Miles argv; ``deferred_script`` is a model script read only inside
+    the job (not readable where the Plan was made), with ``script_vars`` for it.
+    """
+
+    args: tuple[str, ...]
+    source: str
+    deferred_script: str | None = None
+    script_vars: dict[str, str] = field(default_factory=dict)
+    config_path: str | None = None  # the config.json compared with, if any
+
+
+# -- the model script --------------------------------------------------------------------------
+
+_ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*)|\(\(([^)]*)\)\))")
+
+
+def parse_model_script(text: str, *, where: str, overrides: dict[str, str] | None = None) -> list[str]:
+    """The words of the script's ``MODEL_ARGS=( ... )`` array, variables resolved; raises InputError.
+
+    Only what can be known without running bash: simple assignments before the array (their values
+    resolved the same way), ``overrides`` winning over them. ``where`` names the file in errors.
+    """
+    overrides = dict(overrides or {})
+    env: dict[str, str] = {}
+    lines = _logical_lines(text)
+    start = None
+    for i, (lineno, line) in enumerate(lines):
+        if re.match(rf"^(?:export\s+)?{ARRAY_NAME}=\(", line):
+            start = i
+            break
+        m = _ASSIGN.match(line)
+        if m and not m.group(2).startswith("("):
+            try:
+                words = shlex.split(_expand(m.group(2), env, overrides, where, lineno), comments=True)
+            except (InputError, ValueError):
+                continue  # a value we cannot know (command substitution, arrays): unknown unless used
+            if len(words) <= 1:
+                env[m.group(1)] = words[0] if words else ""
+    if start is None:
+        raise InputError(f"model.miles_model_script: {where} has no {ARRAY_NAME}=( ... ) array; "
+                         "point it at a Miles scripts/models/<name>.sh, or use model.miles_model_args")
+    body: list[tuple[int, str]] = []
+    depth = 0
+    first_no, first = lines[start]
+    rest = first.split("(", 1)[1]
+    for lineno, line in [(first_no, rest), *lines[start + 1:]]:
+        stripped = _strip_comment(line)
+        depth, end = _close(stripped, depth if body else 0)
+        if end >= 0:
+            body.append((lineno, stripped[:end]))
+            break
+        body.append((lineno, stripped))
+    else:
+        raise InputError(f"model.miles_model_script: {where}: {ARRAY_NAME}=( is never closed")
+    words: list[str] = []
+    for lineno, chunk in body:
+        expanded = _expand(chunk, env, overrides, where, lineno)
+        try:
+            words += shlex.split(expanded)
+        except ValueError as err:
+            raise InputError(f"model.miles_model_script: {where} line {lineno}: {err}") from None
+    return words
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """(first line number, line) with backslash continuations joined and whole-line comments dropped."""
+    out: list[tuple[int, str]] = []
+    buf, first = "", 0
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.rstrip()
+        if not buf:
+            first = n
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        buf += line
+        if buf.strip() and not buf.strip().startswith("#"):
+            out.append((first, buf.strip()))
+        buf = ""
+    if buf.strip():
+        out.append((first, buf.strip()))
+    return out
+
+
+def _close(text: str, depth: int) -> tuple[int, int]:
+    """(paren depth after ``text``, index of the ``)`` that closes the array or -1); parentheses
+    inside quotes and those of ``$(( ))`` do not close it."""
+    for i, ch in enumerate(text):
+        if _inside_quotes(text, i):
+            continue
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                return depth, i
+    return depth, -1
+
+
+def _in_single_quotes(text: str, pos: int) -> bool:
+    single = double = False
+    for ch in text[:pos]:
+        if ch == "'" and not double:
+            single = not single
+        elif ch == '"' and not single:
+            double = not double
+    return single
+
+
+def _inside_quotes(text: str, pos: int) -> bool:
+    single = double = False
+    for ch in text[:pos]:
+        if ch == "'" and not double:
+            single = not single
+        elif ch == '"' and not single:
+            double = not double
+    return single or double
+
+
+def _strip_comment(line: str) -> str:
+    """Drop a ``# comment`` that starts a word outside quotes."""
+    for i, ch in enumerate(line):
+        if ch == "#" and (i == 0 or line[i - 1].isspace()) and not _inside_quotes(line, i):
+            return line[:i]
+    return line
+
+
+def _expand(text: str, env: dict[str, str], overrides: dict[str, str], where: str, lineno: int) -> str:
+    def value(name: str) -> str | None:
+        return overrides.get(name, env.get(name))
+
+    def sub(m: re.Match[str]) -> str:
+        if _in_single_quotes(text, m.start()):
+            return m.group(0)  # bash leaves '$X' alone
+        if m.group(5) is not None:
+            return str(_arith(m.group(5), value, where, lineno))
+        name = m.group(1) or m.group(4)
+        got = value(name)
+        op, default = m.group(2), m.group(3)
+        if op == ":-" and not got:
+            return _expand(default, env, overrides, where, lineno)
+        if op == "-" and got is None:
+            return _expand(default, env, overrides, where, lineno)
+        if got is None:
+            raise InputError(
+                f"model.miles_model_script: {where} line {lineno}: ${name} is not a plain assignment in the "
+                f"script (bash would compute it); set it with model.miles_model_script_vars: {{{name}: ...}} "
+                "(e.g. MOE_LAYER_FREQ: \"[0]*3+[1]*58\"), or give the flags in model.miles_model_args"
+            )
+        return got
+
+    if "$(" in text.replace("$((", ""):
+        raise InputError(f"model.miles_model_script: {where} line {lineno}: command substitution $( ... ) is not "
+                         "read without running bash; give the flags in model.miles_model_args")
+    return _VAR.sub(sub, text)
+
+
+def _arith(expr: str, value: Any, where: str, lineno: int) -> int:
+    """Integer ``a + b - c * d`` over numbers and variable names (bash ``$(( ))``, the part scripts use)."""
+    tokens = re.findall(r"\d+|[A-Za-z_][A-Za-z0-9_]*|[-+*]", expr.replace("$", ""))
+    if not tokens or "".join(tokens) != re.sub(r"[\s$]", "", expr):
+        raise InputError(f"model.miles_model_script: {where} line {lineno}: $(({expr})) is beyond the arithmetic "
+                         "read here (+, -, * of integers); give the flags in model.miles_model_args")
+    nums: list[int] = []
+    ops: list[str] = []
+    for t in tokens:
+        if t in "+-*":
+            ops.append(t)
+            continue
+        v = t if t.isdigit() else value(t)
+        if v is None or not str(v).lstrip("-").isdigit():
+            raise InputError(f"model.miles_model_script: {where} line {lineno}: {t} in $(({expr})) is not a known "
+                             "integer; set it with model.miles_model_script_vars")
+        nums.append(int(v))
+    terms, prod = [], nums[0]
+    signs = ["+"]
+    for op, n in zip(ops, nums[1:]):
+        if op == "*":
+            prod *= n
+        else:
+            terms.append(prod)
+            signs.append(op)
+            prod = n
+    terms.append(prod)
+    return sum(t if s == "+" else -t for s, t in zip(signs, terms))
+
+
+def read_model_script(path: str, overrides: dict[str, str] | None = None) -> list[str]:
+    """Parse the script at ``path``; raises InputError when it cannot be read or parsed."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise InputError(f"model.miles_model_script: {shorten(path)}: {err.strerror or err}") from None
+    return parse_model_script(text, where=path, overrides=overrides)
+
+
+# -- derivation from config.json ---------------------------------------------------------------
+
+def _num(v: Any) -> str:
+    if isinstance(v, float) and v.is_integer() and abs(v) >= 1:
+        return str(int(v))
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def _layer_freq(layers: int, dense_first: int) -> str:
+    """Megatron's ``--moe-layer-freq`` as a Python list expression: dense layers first, then MoE."""
+    return f"[0]*{dense_first}+[1]*{layers - dense_first}" if dense_first else f"[1]*{layers}"
+
+
+def derive_args(config: dict[str, Any], *, where: str = "config.json") -> list[str]:
+    """Megatron architecture flags for a supported HF ``config.json``; raises InputError otherwise."""
+    c = config.get("text_config", config)
+    kind = c.get("model_type", "")
+    if kind not in FAMILIES:
+        raise InputError(
+            f"model: {where} has model_type {kind or '(none)'!r}; beam-hpc derives Megatron flags only for "
+            f"{', '.join(FAMILIES)}. {SOURCES_HELP[0].upper() + SOURCES_HELP[1:]}"
+        )
+    try:
+        return _DERIVE[kind](c)
+    except KeyError as err:
+        raise InputError(f"model: {where} ({kind}) lacks {err.args[0]!r}, which the Megatron flags need; "
+                         "give them in model.miles_model_args") from None
+
+
+def _common(c: dict[str, Any]) -> list[str]:
+    out = ["--num-layers", _num(c["num_hidden_layers"]), "--hidden-size", _num(c["hidden_size"]),
+           "--ffn-hidden-size", _num(c["intermediate_size"]), "--num-attention-heads", _num(c["num_attention_heads"]),
+           "--swiglu", "--normalization", "RMSNorm", "--norm-epsilon", _num(c["rms_norm_eps"]),
+           "--disable-bias-linear", "--position-embedding-type", "rope",
+           "--rotary-base", _num(c.get("rope_theta", (c.get("rope_parameters") or {}).get("rope_theta", 10000))),
+           "--vocab-size", _num(c["vocab_size"])]
+    if not c.get("tie_word_embeddings", False):
+        out.append("--untie-embeddings-and-output-weights")
+    return out
+
+
+def _gqa(c: dict[str, Any]) -> list[str]:
+    out = ["--group-query-attention", "--num-query-groups", _num(c["num_key_value_heads"])]
+    if "head_dim" in c:
+        out += ["--kv-channels", _num(c["head_dim"])]
+    return out
+
+
+def _qwen2(c: dict[str, Any]) -> list[str]:
+    return [*_common(c), *_gqa(c), "--add-qkv-bias"]
+
+
+def _qwen3(c: dict[str, Any]) -> list[str]:
+    return [*_common(c), *_gqa(c), "--qk-layernorm"]
+
+
+def _moe_tail(c: dict[str, Any], experts: int, dense_first: int) -> list[str]:
+    return ["--num-experts", _num(experts), "--moe-ffn-hidden-size", _num(c["moe_intermediate_size"]),
+            "--moe-router-topk", _num(c["num_experts_per_tok"]),
+            "--moe-layer-freq", _layer_freq(c["num_hidden_layers"], dense_first),
+            "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm", "--moe-permute-fusion",
+            "--moe-router-dtype", "fp32", "--moe-aux-loss-coeff", "0"]
+
+
+def _qwen3_moe(c: dict[str, Any]) -> list[str]:
+    if c.get("mlp_only_layers") or c.get("decoder_sparse_step", 1) != 1:
+        raise InputError("model: Qwen3-MoE with mlp_only_layers or decoder_sparse_step != 1 is not derived; "
+                         "give the flags in model.miles_model_args")
+    return [*_qwen3(c), "--rotary-percent", "1.0", *_moe_tail(c, c["num_experts"], 0),
+            "--moe-router-score-function", "softmax", "--moe-token-drop-policy", "probs"]
+
+
+def _sigmoid_router(c: dict[str, Any]) -> list[str]:
+    """The DeepSeek-style router both DeepSeek-V3 and GLM-4.5 use (aux-loss-free expert bias)."""
+    return ["--moe-shared-expert-intermediate-size", _num(c["moe_intermediate_size"] * c.get("n_shared_experts", 1)),
+            "--moe-router-pre-softmax", "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+            "--moe-router-bias-update-rate", "0", "--moe-router-load-balancing-type", "seq_aux_loss",
+            "--moe-router-topk-scaling-factor", _num(c.get("routed_scaling_factor", 1.0))]
+
+
+def _deepseek_v3(c: dict[str, Any]) -> list[str]:
+    rope = c.get("rope_scaling") or {}
+    out = [*_common(c), "--kv-channels", _num(c["qk_nope_head_dim"]),
+           "--multi-latent-attention", "--q-lora-rank", _num(c["q_lora_rank"]), "--kv-lora-rank", _num(c["kv_lora_rank"]),
+           "--qk-head-dim", _num(c["qk_nope_head_dim"]), "--qk-pos-emb-head-dim", _num(c["qk_rope_head_dim"]),
+           "--v-head-dim", _num(c["v_head_dim"]), "--qk-layernorm",
+           "--mscale", _num(float(rope.get("mscale", 1.0))), "--mscale-all-dim", _num(float(rope.get("mscale_all_dim", 1.0))),
+           "--attention-softmax-in-fp32", "--no-rope-fusion"]
+    if rope.get("factor"):
+        out += ["--rotary-scaling-factor", _num(rope["factor"])]
+    out += _moe_tail(c, c["n_routed_experts"], c.get("first_k_dense_replace", 0)) + _sigmoid_router(c)
+    if c.get("n_group", 1) > 1:
+        out += ["--moe-router-num-groups", _num(c["n_group"]), "--moe-router-group-topk", _num(c["topk_group"])]
+    return out
+
+
+def _glm4_moe(c: dict[str, Any]) -> list[str]:
+    out = [*_common(c), *_gqa(c), "--rotary-percent", _num(float(c.get("partial_rotary_factor", 1.0)))]
+    if c.get("attention_bias"):
+        out.append("--add-qkv-bias")
+    if c.get("use_qk_norm"):
+        out.append("--qk-layernorm")
+    return out + _moe_tail(c, c["n_routed_experts"], c.get("first_k_dense_replace", 0)) + _sigmoid_router(c)
+
+
+_DERIVE = {"qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "deepseek_v3": _deepseek_v3,
+           "glm4_moe": _glm4_moe}
+
+
+# -- comparison with config.json ---------------------------------------------------------------
+
+def flag_values(args: list[str] | tuple[str, ...]) -> dict[str, str | None]:
+    """``--flag value`` / ``--flag=value`` / ``--switch`` -> {flag: value or None}; last one wins."""
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--") and "=" in a:
+            k, v = a.split("=", 1)
+            out[k] = v
+        elif a.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            if nxt is not None and not nxt.startswith("--"):
+                out[a] = nxt
+                i += 1
+            else:
+                out[a] = None
+        i += 1
+    return out
+
+
+def compare_with_config(args: list[str] | tuple[str, ...], config: dict[str, Any], *, source: str,
+                        config_path: str) -> None:
+    """Refuse flags that describe another model than ``config.json``, as Miles's ``hf_validate_args``
+    would after start-up; the message names the field, both values and the fix."""
+    c = config.get("text_config", config)
+    f = flag_values(args)
+    mla = "--multi-latent-attention" in f
+    heads = f.get("--num-attention-heads")
+    groups = f.get("--num-query-groups") if "--group-query-attention" in f else heads
+    experts_key = "num_experts" if "num_experts" in c else "n_routed_experts"
+    checks: list[tuple[str, str, str | None]] = [
+        ("hidden_size", "--hidden-size", f.get("--hidden-size")),
+        ("num_attention_heads", "--num-attention-heads", heads),
+        ("num_hidden_layers", "--num-layers", f.get("--num-layers")),
+        ("intermediate_size", "--ffn-hidden-size", f.get("--ffn-hidden-size")),
+    ]
+    if not mla:
+        checks.append(("num_key_value_heads", "--num-query-groups", groups))
+        if "head_dim" in c:
+            checks.append(("head_dim", "--kv-channels", f.get("--kv-channels")))
+    if experts_key in c and c[experts_key]:
+        checks += [(experts_key, "--num-experts", f.get("--num-experts")),
+                   ("moe_intermediate_size", "--moe-ffn-hidden-size", f.get("--moe-ffn-hidden-size")),
+                   ("num_experts_per_tok", "--moe-router-topk", f.get("--moe-router-topk"))]
+        if c.get("n_shared_experts") and "--moe-shared-expert-intermediate-size" in f:
+            checks.append(("n_shared_experts x moe_intermediate_size", "--moe-shared-expert-intermediate-size",
+                           f["--moe-shared-expert-intermediate-size"]))
+    optional = [("vocab_size", "--vocab-size"), ("rope_theta", "--rotary-base"), ("rms_norm_eps", "--norm-epsilon")]
+    checks += [(k, flag, f[flag]) for k, flag in optional if flag in f]
+    errors = []
+    for key, flag, given in checks:
+        want = (c["moe_intermediate_size"] * c["n_shared_experts"] if key.startswith("n_shared")
+                else c.get(key))
+        if want is None:
+            continue
+        if given is None or not _same(want, given):
+            shown = "not given" if given is None else f"{flag} {given}"
+            errors.append(f"{key} in {config_path} is {_num(want)} but {shown}")
+    tied = bool(c.get("tie_word_embeddings", False))
+    if tied == ("--untie-embeddings-and-output-weights" in f):
+        errors.append(f"tie_word_embeddings in {config_path} is {str(tied).lower()} but "
+                      f"--untie-embeddings-and-output-weights is {'given' if tied else 'not given'}")
+    if errors:
+        raise InputError(
+            f"model architecture flags from {source} do not describe the model of {config_path}: "
+            + "; ".join(errors)
+            + ". Fix: correct those flags in " + source.split(" (")[0]
+            + ", or point model.path / model.hf_config at the model they describe (Miles's hf_validate_args "
+            "would stop the run at start-up, after the allocation, with the same complaint)"
+        )
+
+
+def _same(want: Any, given: str) -> bool:
+    try:
+        if isinstance(want, bool):
+            return str(want).lower() == given.lower()
+        if isinstance(want, int):
+            return int(given) == want
+        return float(given) == float(want)
+    except ValueError:
+        return False
+
+
+# -- resolution --------------------------------------------------------------------------------
+
+def config_path(model: ModelSpec) -> Path:
+    """Where the model's HF config.json is: ``model.hf_config``, else ``<model.path>/config.json``."""
+    if model.hf_config:
+        p = Path(model.hf_config)
+        return p / "config.json" if p.is_dir() else p
+    return Path(model.path) / "config.json"
+
+
+def read_config(model: ModelSpec) -> tuple[dict[str, Any] | None, str]:
+    """(config.json's mapping or None when it cannot be read here, its path)."""
+    p = config_path(model)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        if model.hf_config:
+            raise InputError(f"model.hf_config: {shorten(str(p))} does not exist; point it at the model's config.json") from None
+        return None, str(p)
+    except (OSError, ValueError) as err:
+        if model.hf_config:
+            raise InputError(f"model.hf_config: {shorten(str(p))} cannot be read as JSON ({err})") from None
+        return None, str(p)
+    if not isinstance(data, dict):
+        raise InputError(f"model: {shorten(str(p))} is not a JSON object")
+    return data, str(p)
+
+
+def resolve(model: ModelSpec) -> Architecture:
+    """The architecture flags for a Miles recipe, checked against config.json where it is readable."""
+    explicit = list(model.miles_model_args)
+    vars_ = dict(model.miles_model_script_vars)
+    config, cpath = read_config(model)
+    script = model.miles_model_script
+    if script and not Path(script).is_file():
+        # Not visible here (the image's checkout): read inside the job, checked there before Ray.
+        return Architecture(tuple(explicit), f"model.miles_model_script ({script}, read in the job)",
+                            deferred_script=script, script_vars=vars_)
+    if script:
+        from_script = read_model_script(script, vars_)
+        _no_overlap(from_script, explicit, script)
+        args, source = from_script + explicit, f"model.miles_model_script ({script})"
+    elif explicit:
+        args, source = explicit, "model.miles_model_args"
+    elif config is not None:
+        args, source = derive_args(config, where=cpath), f"config.json ({cpath})"
+    else:
+        raise InputError(f"model.miles_model_args: a Miles recipe needs the model's architecture flags (Megatron "
+                         f"builds the network from them; {cpath} is not readable here); " + SOURCES_HELP)
+    if config is not None:
+        compare_with_config(args, config, source=source, config_path=cpath)
+    return Architecture(tuple(args), source, config_path=cpath if config is not None else None)
+
+
+def _no_overlap(from_script: list[str], explicit: list[str], script: str) -> None:
+    both = sorted(set(flag_values(from_script)) & set(flag_values(explicit)))
+    if both:
+        raise InputError(f"model.miles_model_args: {', '.join(both)} also set by model.miles_model_script ({script}); "
+                         "argparse would keep one silently: set each flag in one place (model.miles_model_script_vars "
+                         "for the script's variables)")
+
+
+# -- the driver side: a deferred script --------------------------------------------------------
+
+def launcher_options(arch: Architecture) -> list[str]:
+    """The launcher options that carry a deferred script into the job."""
+    if arch.deferred_script is None:
+        return []
+    out = [MODEL_SCRIPT_OPTION, arch.deferred_script]
+    for k, v in sorted(arch.script_vars.items()):
+        out += [MODEL_SCRIPT_VAR_OPTION, f"{k}={v}"]
+    return out
+
+
+def expand_deferred(script: str | None, script_vars: list[str] | None, miles_argv: list[str]) -> list[str]:
+    """Miles's argv with the deferred script's MODEL_ARGS appended (what the driver runs and the
+    preflight checks: one function, so they cannot differ)."""
+    if not script:
+        return list(miles_argv)
+    overrides = dict(v.split("=", 1) for v in (script_vars or []))
+    from_script = read_model_script(script, overrides)
+    clash = sorted(set(flag_values(from_script)) & set(flag_values(miles_argv)))
+    if clash:
+        raise InputError(f"model.miles_model_script: {script} sets {', '.join(clash)}, which the recipe already sets "
+                         "(beam-hpc or model.miles_model_args); set each flag in one place")
+    return [*miles_argv, *from_script]

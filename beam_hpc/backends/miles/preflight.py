@@ -1,0 +1,165 @@
+"""The image's own Miles checks the driver's command before the run starts.
+
+Why: Miles changes fast and a site's image may hold another Miles than the one the flag table
+(``flags.SOURCES``) was written against. An image whose Miles does not know a flag (``miles-rl``
+0.0.2 lacks ``--save-trigger-sentinel`` and the NVMe-streaming flags), or whose validation refuses
+the combination, fails only after the allocation was granted, Ray came up on every node and the
+model started loading. Here that Miles's own ``parse_args()`` (argparse plus ``hf_validate_args``,
+Miles's and Megatron's ``validate_args``) runs on the exact argv the driver will get, in a few
+seconds, through the site's container seam (``node.container.container_command``), so the parser
+is the image's.
+
+Two callers, one check:
+
+- in the job, on the head node, before Ray starts: :func:`check_in_job` (``plan -> refusal message
+  or None``); the segment ends with that message when it is not None;
+- on the login node: ``beam-hpc doctor --site S --recipe R`` (:func:`check_recipe`, through the
+  image too).
+
+What runs in the image is ``python -m beam_hpc.backends.miles.parser_check`` (its docstring says
+how a GPU-only call on a CPU node is handled). The argv is the Plan's driver argv after the
+launcher's ``--``, its placeholders filled with harmless values (``{nvme_dir}`` a temporary
+directory, ``{head_ip}`` 127.0.0.1, ...), and a model script only the image can read
+(``--model-script``) read there, exactly as the launcher will.
+
+A refusal quotes Miles's own message; for a flag this Miles does not know it also names the
+beam-hpc setting that produced it (``flags.SOURCES``) and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from beam_hpc.backends.miles.architecture import MODEL_SCRIPT_OPTION, MODEL_SCRIPT_VAR_OPTION
+from beam_hpc.backends.miles.flags import SOURCES
+from beam_hpc.backends.miles.parser_check import RESULT_PREFIX
+from beam_hpc.config.recipe import Recipe
+from beam_hpc.config.site import Site
+from beam_hpc.node.container import container_command
+
+CHECK_MODULE = "beam_hpc.backends.miles.parser_check"
+DEFAULT_TIMEOUT_S = 300.0  # importing Miles + Megatron + SGLang takes 10-30 s on a loaded CPU
+# What to do when the image's Miles does not know a flag beam-hpc emits.
+NEWER_IMAGE = "or build the site's image from a newer Miles (container.image)"
+ADVICE: dict[str, str] = {
+    "--save-trigger-sentinel": "set lifecycle.save_on_request: false (saves then happen only every "
+                               "checkpoint.interval rollouts; a walltime or preemption stop resumes from the last one), "
+                               + NEWER_IMAGE,
+    "--stream-optimizer-state-to-disk": "set training.offload.target: cpu (Megatron's host-RAM optimizer offload) "
+                                        "or none, " + NEWER_IMAGE,
+    "--offload-train-disk-dir": "set training.offload.target: cpu or none, " + NEWER_IMAGE,
+    "--offload-train-target": "set training.offload.target: cpu or none, " + NEWER_IMAGE,
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the image's Miles said about the argv."""
+
+    ok: bool
+    error: str = ""
+    unrecognized: tuple[str, ...] = ()
+    seconds: float = 0.0
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def refusal(self) -> str | None:
+        """None when Miles accepted the command; else Miles's message and, per unknown flag, the
+        beam-hpc setting behind it and what to do."""
+        if self.ok:
+            return None
+        lines = [f"the image's Miles refuses the driver command: {self.error}"]
+        for flag in self.unrecognized:
+            source = SOURCES.get(flag)
+            if source is None:
+                lines.append(f"  {flag}: not set by beam-hpc (model.miles_model_args, the model script or "
+                             "backend_options.extra_args): remove it or use an image whose Miles has it")
+            else:
+                lines.append(f"  {flag}: from {source}; "
+                             + ADVICE.get(flag, f"change {source.split(' ')[0]}, {NEWER_IMAGE}"))
+        return "\n".join(lines)
+
+
+def harmless_values(output_dir: str) -> dict[str, str]:
+    """Placeholder values for a command that is parsed, never run."""
+    return {"job_id": "0", "nvme_dir": os.path.join(tempfile.gettempdir(), "beam-parser-check"),
+            "head_ip": "127.0.0.1", "ray_address": "127.0.0.1:6379", "run_dir": output_dir}
+
+
+def check_argv(driver_argv: list[str] | tuple[str, ...], python: str, output_dir: str) -> list[str]:
+    """The parser-check command for a Plan driver argv: ``python -m parser_check [--model-script ..]
+    -- <entry> <Miles flags>`` with placeholders filled."""
+    from beam_hpc.plan.plan import fill
+
+    argv = list(driver_argv)
+    if "--" not in argv:
+        raise ValueError("driver argv without the launcher's --: not a Miles driver command")
+    cut = argv.index("--")
+    launcher, rest = argv[:cut], argv[cut + 1:]
+    carried: list[str] = []
+    for i, a in enumerate(launcher):
+        if a in (MODEL_SCRIPT_OPTION, MODEL_SCRIPT_VAR_OPTION) and i + 1 < len(launcher):
+            carried += [a, launcher[i + 1]]
+    values = harmless_values(output_dir)
+    return [python, "-m", CHECK_MODULE, *carried, "--", *(fill(a, **values) for a in rest)]
+
+
+def run_check(site: Site, driver_argv: list[str] | tuple[str, ...], output_dir: str, *,
+              env: dict[str, str] | None = None, binds: list[str] | None = None,
+              timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
+    """Run the image's Miles parser on the driver argv through the site's container runtime."""
+    argv = check_argv(driver_argv, site.node_python, output_dir)
+    cmd = container_command(site, argv, env or {}, binds or [])
+    start = time.monotonic()
+    try:
+        res = subprocess.run(cmd.argv, env=cmd.env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return Verdict(False, f"Miles's parser did not answer within {timeout_s:.0f} s", seconds=timeout_s)
+    except FileNotFoundError as err:
+        return Verdict(False, f"cannot run the check: {err}", seconds=time.monotonic() - start)
+    seconds = time.monotonic() - start
+    for line in reversed(res.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            d = json.loads(line[len(RESULT_PREFIX):])
+            return Verdict(bool(d.get("ok")), d.get("error", ""), tuple(d.get("unrecognized", [])), seconds, d)
+    tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
+    return Verdict(False, f"the check printed no verdict (exit {res.returncode}): {' | '.join(tail)}", seconds=seconds)
+
+
+def check_plan(plan: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
+    """The Plan's driver command and environment (Megatron asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1``
+    from it), checked by the image's Miles."""
+    return run_check(plan.site, plan.driver_argv, plan.output_dir, env=_env(plan.driver_env, plan.output_dir),
+                     binds=[plan.output_dir], timeout_s=timeout_s)
+
+
+def check_recipe(recipe: Recipe, site: Site, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
+    """The check for ``beam-hpc doctor --recipe``: the Plan's driver command, through the image
+    (the run directory need not exist yet, so it is not bound)."""
+    from beam_hpc.plan.plan import make_plan
+
+    plan = make_plan(recipe, site)
+    return run_check(site, plan.driver_argv, plan.output_dir, env=_env(plan.driver_env, plan.output_dir),
+                     timeout_s=timeout_s)
+
+
+def check_in_job(plan: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
+    """The in-job hook (head node, before Ray starts): None when the image's Miles accepts the
+    driver command, else the refusal message for the ledger and the log. Reference-backend plans
+    pass unchecked."""
+    if plan.recipe.backend != "miles":
+        return None
+    return check_plan(plan, timeout_s=timeout_s).refusal()
+
+
+def _env(driver_env: dict[str, str], output_dir: str) -> dict[str, str]:
+    """The driver's environment with placeholders filled, minus Ray's address (no Ray here)."""
+    from beam_hpc.plan.plan import fill
+
+    values = harmless_values(output_dir)
+    return {k: fill(v, **values) for k, v in driver_env.items() if k != "RAY_ADDRESS"}

@@ -1,0 +1,355 @@
+"""Architecture flags: Miles model scripts read without bash, derivation from config.json, and the
+field-by-field comparison Miles's ``hf_validate_args`` would make after start-up, made first.
+
+The config.json values are the published ones of public models (Hugging Face: Qwen/Qwen3-30B-A3B,
+Qwen/Qwen3-8B, Qwen/Qwen2.5-7B, deepseek-ai/DeepSeek-V3, zai-org/GLM-4.5-Air); the expected flags
+are the values of Miles's (and slime's) own ``scripts/models/*.sh`` for those families.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from beam_hpc.backends.miles import architecture as arch
+from beam_hpc.backends.miles.args import build_driver
+from beam_hpc.backends.miles.launch import parse_args as launch_parse_args
+from beam_hpc.config.recipe import load_recipe
+from beam_hpc.config.site import Site
+from beam_hpc.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE = Site(name="t", container={"runtime": "host"})
+
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+    "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 12288, "max_position_embeddings": 40960,
+    "max_window_layers": 36, "model_type": "qwen3", "num_attention_heads": 32, "num_hidden_layers": 36,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+QWEN25_7B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+    "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28, "model_type": "qwen2",
+    "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.1", "use_cache": True, "use_mrope": False, "use_sliding_window": False,
+    "vocab_size": 152064,
+}
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3,
+    "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02, "intermediate_size": 18432,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+    "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rms_norm_eps": 1e-06, "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+    "seq_aux": True, "tie_word_embeddings": False, "topk_group": 4, "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": True, "v_head_dim": 128,
+    "vocab_size": 129280,
+}
+GLM45_AIR = {
+    "architectures": ["Glm4MoeForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "pad_token_id": 151329, "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "partial_rotary_factor": 0.5, "initializer_range": 0.02, "intermediate_size": 10944,
+    "max_position_embeddings": 131072, "model_type": "glm4_moe", "moe_intermediate_size": 1408,
+    "norm_topk_prob": True, "num_attention_heads": 96, "n_group": 1, "topk_group": 1, "n_routed_experts": 128,
+    "n_shared_experts": 1, "routed_scaling_factor": 1.0, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+    "num_hidden_layers": 46, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 1000000, "num_nextn_predict_layers": 1, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.54.0", "use_cache": True, "use_qk_norm": False, "vocab_size": 151552,
+}
+
+# Miles main's scripts/models/qwen3-30B-A3B.sh, as a user's image would ship it (its shape: a bash
+# loop builds MOE_LAYER_FREQ, a ${VAR:-default} for the RoPE base, comments, blank lines).
+QWEN3_30B_A3B_SCRIPT = """NLAYERS=48
+FIRST_K_DENSE_REPLACE=0
+
+arr=()
+for ((i=0; i<NLAYERS; i++)); do
+  if (( i < FIRST_K_DENSE_REPLACE )); then
+    arr+=(0)
+  else
+    arr+=(1)
+  fi
+done
+
+printf -v MOE_LAYER_FREQ "[%s]" "$(IFS=', '; echo "${arr[*]}")"
+
+
+MODEL_ARGS=(
+   --disable-bias-linear
+   --qk-layernorm
+   --group-query-attention
+   --num-attention-heads 32
+   --num-query-groups 4
+   --kv-channels 128
+   --num-layers 48
+   --hidden-size 2048
+   --ffn-hidden-size 6144
+
+   --normalization RMSNorm
+   --position-embedding-type rope
+   --norm-epsilon 1e-6
+   --rotary-percent 1.0
+   --swiglu
+   --untie-embeddings-and-output-weights
+   --vocab-size 151936
+
+   --rotary-base "${MODEL_ARGS_ROTARY_BASE:-10000000}"
+
+   # moe
+   --moe-ffn-hidden-size 768
+   --moe-router-score-function softmax
+   --moe-token-dispatcher-type alltoall
+   --moe-router-topk 8
+   --moe-layer-freq $MOE_LAYER_FREQ
+   --num-experts 128
+   --moe-grouped-gemm
+   --moe-token-drop-policy probs
+   --moe-router-dtype fp32
+   --moe-permute-fusion
+   --moe-aux-loss-coeff 0
+)
+"""
+
+# The values Miles's / slime's scripts give (the architecture part; tuning flags aside).
+SCRIPT_VALUES = {
+    "qwen3_moe": {"--num-attention-heads": "32", "--num-query-groups": "4", "--kv-channels": "128",
+                  "--num-layers": "48", "--hidden-size": "2048", "--ffn-hidden-size": "6144", "--vocab-size": "151936",
+                  "--moe-ffn-hidden-size": "768", "--moe-router-topk": "8", "--num-experts": "128",
+                  "--moe-router-score-function": "softmax", "--norm-epsilon": "1e-06", "--qk-layernorm": None,
+                  "--untie-embeddings-and-output-weights": None, "--moe-grouped-gemm": None},
+    "deepseek_v3": {"--num-layers": "61", "--hidden-size": "7168", "--ffn-hidden-size": "18432",
+                    "--num-attention-heads": "128", "--kv-channels": "128", "--vocab-size": "129280",
+                    "--q-lora-rank": "1536", "--kv-lora-rank": "512", "--qk-head-dim": "128",
+                    "--qk-pos-emb-head-dim": "64", "--v-head-dim": "128", "--rotary-scaling-factor": "40",
+                    "--rotary-base": "10000", "--num-experts": "256", "--moe-ffn-hidden-size": "2048",
+                    "--moe-router-topk": "8", "--moe-shared-expert-intermediate-size": "2048",
+                    "--moe-router-score-function": "sigmoid", "--moe-router-group-topk": "4",
+                    "--moe-router-num-groups": "8", "--moe-router-topk-scaling-factor": "2.5",
+                    "--multi-latent-attention": None, "--moe-router-enable-expert-bias": None},
+    "glm4_moe": {"--num-attention-heads": "96", "--num-query-groups": "8", "--kv-channels": "128",
+                 "--num-layers": "46", "--hidden-size": "4096", "--ffn-hidden-size": "10944",
+                 "--rotary-percent": "0.5", "--vocab-size": "151552", "--rotary-base": "1000000",
+                 "--moe-ffn-hidden-size": "1408", "--moe-shared-expert-intermediate-size": "1408",
+                 "--moe-router-topk": "8", "--num-experts": "128", "--moe-router-score-function": "sigmoid",
+                 "--add-qkv-bias": None},
+    "qwen3": {"--num-layers": "36", "--hidden-size": "4096", "--ffn-hidden-size": "12288",
+              "--num-attention-heads": "32", "--num-query-groups": "8", "--kv-channels": "128",
+              "--vocab-size": "151936", "--rotary-base": "1000000", "--qk-layernorm": None},
+    "qwen2": {"--num-layers": "28", "--hidden-size": "3584", "--ffn-hidden-size": "18944",
+              "--num-attention-heads": "28", "--num-query-groups": "4", "--vocab-size": "152064",
+              "--rotary-base": "1000000", "--add-qkv-bias": None, "--untie-embeddings-and-output-weights": None},
+}
+CONFIGS = {"qwen3_moe": QWEN3_30B_A3B, "deepseek_v3": DEEPSEEK_V3, "glm4_moe": GLM45_AIR, "qwen3": QWEN3_8B,
+           "qwen2": QWEN25_7B}
+
+
+def _float(v: str | None) -> float | None:
+    try:
+        return float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def layer_list(expr: str) -> list[int]:
+    """Megatron's --moe-layer-freq list forms ("[1,1,1]", "[0]*3+[1]*58") expanded, without eval."""
+    out: list[int] = []
+    for part in expr.replace(" ", "").split("+"):
+        m = re.fullmatch(r"\[([\d,]*)\](?:\*(\d+))?", part)
+        assert m, expr
+        out += [int(x) for x in m.group(1).split(",") if x] * int(m.group(2) or 1)
+    return out
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_derived_flags_are_miless_script_values(family: str) -> None:
+    args = arch.derive_args(CONFIGS[family])
+    f = arch.flag_values(args)
+    for flag, want in SCRIPT_VALUES[family].items():
+        assert flag in f, (family, flag)
+        if want is not None:
+            assert f[flag] == want or _float(f[flag]) == _float(want), (family, flag, f[flag], want)
+    assert len(args) == sum(1 + (v is not None) for v in f.values()), "a flag repeats"
+    arch.compare_with_config(args, CONFIGS[family], source="derived", config_path="config.json")
+
+
+def test_layer_frequencies() -> None:
+    assert layer_list(arch.flag_values(arch.derive_args(DEEPSEEK_V3))["--moe-layer-freq"]) == [0] * 3 + [1] * 58
+    assert layer_list(arch.flag_values(arch.derive_args(GLM45_AIR))["--moe-layer-freq"]) == [0] + [1] * 45
+    assert layer_list(arch.flag_values(arch.derive_args(QWEN3_30B_A3B))["--moe-layer-freq"]) == [1] * 48
+
+
+def test_model_script_is_read_without_bash() -> None:
+    freq = "[" + ",".join(["1"] * 48) + "]"  # what the script's printf builds
+    words = arch.parse_model_script(QWEN3_30B_A3B_SCRIPT, where="qwen3-30B-A3B.sh",
+                                    overrides={"MOE_LAYER_FREQ": freq})
+    f = arch.flag_values(words)
+    assert f["--rotary-base"] == "10000000"  # the ${VAR:-default}
+    assert f["--moe-layer-freq"] == freq and layer_list(freq) == [1] * 48
+    derived = arch.flag_values(arch.derive_args(QWEN3_30B_A3B))
+    for flag in SCRIPT_VALUES["qwen3_moe"]:
+        assert f[flag] == derived[flag] or _float(f[flag]) == _float(derived[flag]), flag
+    with_base = arch.parse_model_script(QWEN3_30B_A3B_SCRIPT, where="s",
+                                        overrides={"MOE_LAYER_FREQ": freq, "MODEL_ARGS_ROTARY_BASE": "1000000"})
+    arch.compare_with_config(with_base, QWEN3_30B_A3B, source="model.miles_model_script (s)", config_path="c")
+
+
+def test_script_forms() -> None:
+    text = """N_DENSE=3
+N_MOE=89   # trailing comment
+export MODEL_ARGS=( --num-layers $((N_DENSE + N_MOE)) \\
+    --moe-layer-freq [0]*$N_DENSE+[1]*${N_MOE}  # comment with ) in it
+    --normalization "RMSNorm" --x '${literal}' --y ${UNSET-dflt}
+)
+OTHER=(--ignored)
+"""
+    assert arch.parse_model_script(text, where="s") == [
+        "--num-layers", "92", "--moe-layer-freq", "[0]*3+[1]*89", "--normalization", "RMSNorm",
+        "--x", "${literal}", "--y", "dflt"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("MODEL_ARGS=(\n --moe-layer-freq $FREQ\n)\n", r"\$FREQ is not a plain assignment.*miles_model_script_vars"),
+    ("MODEL_ARGS=(\n --n $(python -c 1)\n)\n", "command substitution"),
+    ("X=(1)\n", r"no MODEL_ARGS=\( ... \) array"),
+    ("MODEL_ARGS=(\n --n 1\n", "never closed"),
+    ("MODEL_ARGS=(\n --n $((A / 2))\n)\n", "beyond the arithmetic"),
+])
+def test_script_refusals(text: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        arch.parse_model_script(text, where="s.sh")
+
+
+MISMATCHES = [
+    ("hidden_size", "--hidden-size", "4096"),
+    ("num_attention_heads", "--num-attention-heads", "16"),
+    ("num_key_value_heads", "--num-query-groups", "8"),
+    ("head_dim", "--kv-channels", "64"),
+    ("num_hidden_layers", "--num-layers", "24"),
+    ("intermediate_size", "--ffn-hidden-size", "1"),
+    ("moe_intermediate_size", "--moe-ffn-hidden-size", "1536"),
+    ("num_experts", "--num-experts", "64"),
+    ("num_experts_per_tok", "--moe-router-topk", "4"),
+    ("vocab_size", "--vocab-size", "152064"),
+    ("rope_theta", "--rotary-base", "10000000"),
+    ("rms_norm_eps", "--norm-epsilon", "1e-05"),
+]
+
+
+@pytest.mark.parametrize(("field", "flag", "bad"), MISMATCHES, ids=[m[0] for m in MISMATCHES])
+def test_every_mismatch_is_named(field: str, flag: str, bad: str) -> None:
+    args = arch.derive_args(QWEN3_30B_A3B)
+    i = args.index(flag)
+    args[i + 1] = bad
+    with pytest.raises(InputError) as err:
+        arch.compare_with_config(args, QWEN3_30B_A3B, source="model.miles_model_args", config_path="/m/config.json")
+    msg = str(err.value)
+    assert f"{field} in /m/config.json is" in msg and f"{flag} {bad}" in msg and "Fix: correct" in msg
+
+
+def test_missing_flag_and_tied_embeddings_are_mismatches() -> None:
+    args = [a for a in arch.derive_args(QWEN3_8B) if a != "--untie-embeddings-and-output-weights"]
+    with pytest.raises(InputError, match="tie_word_embeddings .* is false but --untie-embeddings-and-output-weights is not given"):
+        arch.compare_with_config(args, QWEN3_8B, source="s", config_path="c")
+    with pytest.raises(InputError, match="num_hidden_layers in c is 36 but not given"):
+        arch.compare_with_config(["--hidden-size", "4096"], QWEN3_8B, source="s", config_path="c")
+    shared = arch.derive_args(DEEPSEEK_V3)
+    shared[shared.index("--moe-shared-expert-intermediate-size") + 1] = "4096"
+    with pytest.raises(InputError, match="n_shared_experts x moe_intermediate_size in c is 2048"):
+        arch.compare_with_config(shared, DEEPSEEK_V3, source="s", config_path="c")
+
+
+def test_unsupported_family_names_the_ways() -> None:
+    with pytest.raises(InputError, match="model_type 'llama'.*model.miles_model_args.*model.miles_model_script"):
+        arch.derive_args({"model_type": "llama"})
+
+
+# -- through the recipe: render / submit / doctor all build the driver this way ----------------
+
+def write_model(tmp: Path, config: dict) -> Path:
+    d = tmp / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+def driver(tmp: Path, *overrides: str) -> list[str]:
+    r = load_recipe(ROOT / "recipes" / "dedicated.yaml", ["model.miles_model_script=null", *overrides])
+    return build_driver(r, SITE, str(tmp / "plan.json"))[0]
+
+
+def test_recipe_without_any_source_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"model.miles_model_args: a Miles recipe needs .*config.json is not readable"
+                                         r".*model.miles_model_script.*model.hf_config"):
+        driver(tmp_path, f"model.path={tmp_path}/nothing")
+
+
+def test_recipe_derives_from_config_json(tmp_path: Path) -> None:
+    model = write_model(tmp_path, QWEN3_30B_A3B)
+    argv = driver(tmp_path, f"model.path={model}")
+    f = arch.flag_values(argv[argv.index("--") + 2:])
+    assert f["--num-experts"] == "128" and f["--hidden-size"] == "2048"
+    hf = driver(tmp_path, "model.path=/elsewhere", f"model.hf_config={model}/config.json")
+    assert hf[hf.index("--num-layers"):] == argv[argv.index("--num-layers"):]
+
+
+def test_recipe_refuses_flags_of_another_model(tmp_path: Path) -> None:
+    model = write_model(tmp_path, QWEN3_30B_A3B)
+    bad = arch.derive_args(QWEN3_8B)
+    with pytest.raises(InputError, match="hidden_size in .*config.json is 2048 but --hidden-size 4096"):
+        driver(tmp_path, f"model.path={model}", f"model.miles_model_args={json.dumps(bad)}")
+
+
+def test_recipe_reads_a_readable_script_and_checks_it(tmp_path: Path) -> None:
+    model = write_model(tmp_path, QWEN3_30B_A3B)
+    script = tmp_path / "qwen3-30B-A3B.sh"
+    script.write_text(QWEN3_30B_A3B_SCRIPT)
+    with pytest.raises(InputError, match=r"MOE_LAYER_FREQ is not a plain assignment"):
+        driver(tmp_path, f"model.path={model}", f"model.miles_model_script={script}")
+    # Miles's default RoPE base is Qwen3-30B-A3B-2507's: the original model's config.json says 1e6
+    with pytest.raises(InputError, match="rope_theta in .* is 1000000 but --rotary-base 10000000"):
+        driver(tmp_path, f"model.path={model}", f"model.miles_model_script={script}",
+               "model.miles_model_script_vars={MOE_LAYER_FREQ: '[1]*48'}")
+    argv = driver(tmp_path, f"model.path={model}", f"model.miles_model_script={script}",
+                  "model.miles_model_script_vars={MOE_LAYER_FREQ: '[1]*48', MODEL_ARGS_ROTARY_BASE: '1000000'}")
+    assert "--model-script" not in argv and argv[argv.index("--moe-layer-freq") + 1] == "[1]*48"
+
+
+def test_unreadable_script_is_read_by_the_launcher(tmp_path: Path) -> None:
+    """The seed recipes' case: the script lives in the image; the launcher reads it in the job."""
+    r = load_recipe(ROOT / "recipes" / "dedicated.yaml")
+    argv = build_driver(r, SITE, str(tmp_path / "plan.json"))[0]
+    assert argv[argv.index("--model-script") + 1] == r.model.miles_model_script
+    script = tmp_path / "beam.sh"
+    script.write_text("MODEL_ARGS=(\n  --num-layers ${L}\n  --num-experts 64\n)\n")
+    cut = argv.index("--")
+    launcher = argv[3:cut]
+    launcher[launcher.index("--model-script") + 1] = str(script)
+    _, rest = launch_parse_args([*launcher, "--model-script-var", "L=4", *argv[cut:]])
+    assert rest[-4:] == ["--num-layers", "4", "--num-experts", "64"]
+    script.write_text("MODEL_ARGS=(\n  --save /x\n)\n")
+    with pytest.raises(Exception, match="--save"):
+        launch_parse_args([*launcher, *argv[cut:]])
