@@ -104,7 +104,7 @@ def prepare_run(plan: Plan, *, source: str = "") -> Path:
     output directory is missing dies at once with no output at all."""
     plan.write()
     Path(plan.paths.logs).mkdir(parents=True, exist_ok=True)
-    return write_script(plan, Path(plan.output_dir, "job.sbatch"), source=source)
+    return write_script(plan, Path(plan.paths.script), source=source)
 
 
 def check_paths(recipe: Recipe, site: Site) -> None:
@@ -177,8 +177,8 @@ def submit(
     st = site if isinstance(site, Site) else build_site(site)
     if dry_run:
         plan = make_plan(rec, st)
-        return Submission(plan=plan, script=Path(plan.output_dir, "job.sbatch"),
-                          command=sbatch_command(Path(plan.output_dir, "job.sbatch"), resume=resume,
+        return Submission(plan=plan, script=Path(plan.paths.script),
+                          command=sbatch_command(Path(plan.paths.script), resume=resume,
                                                  dependency=dependency, smoke=smoke))
     from beam_hpc.submission.run_guard import check_before_submit  # refuses a live run / incompatible resume
 
