@@ -7,9 +7,9 @@ walltime warning (``--signal=B:USR1@lead``) and Slurm's SIGTERM. What it does, i
    killed job is taken over, see :mod:`beam_hpc.run.lock`), and sets up ``logs/<job>-<restart>/``;
 2. writes the ledger's start line, then checks that the run may go on: the cancel flag,
    ``max_segments``, and the seed's resume rules (:func:`beam_hpc.submission.run_guard.check_resume`:
-   checkpoint *and* dataset state, num_rollout counts all rollouts, and that the checkpoints were
-   made with this plan's model, data and topology, :mod:`beam_hpc.run.identity`: plan.json or the
-   script may have changed since the submit-time check); a refusal is the segment's end line and
+   checkpoint *and* dataset state, num_rollout counts all rollouts, and the checkpoints were made
+   with this plan's model, data and topology: :mod:`beam_hpc.run.identity`, the same check as at
+   submit time, since plan.json or the script may have changed); a refusal is the segment's end line and
    ends the chain. A requeued segment (SLURM_RESTART_COUNT > 0) resumes by itself;
 3. runs the job (:mod:`beam_hpc.job.runner`: Ray on every node, the driver) while the
    :class:`beam_hpc.lifecycle.lifecycle.Watchdog` watches for the walltime lead (USR1 or its own deadline
