@@ -457,8 +457,8 @@ def test_login_node_refuses_a_resume_with_another_model_but_allows_num_rollout(t
     _checkpoint(plan.paths, 4)
     check_before_submit(recipe.model_copy(update={"num_rollout": 50}), resume=True)
     other = recipe.model_copy(update={"model": recipe.model.model_copy(update={"path": "/elsewhere/model"})})
-    with pytest.raises(InputError, match="used a different model"):
-        check_before_submit(other, resume=True)
+    with pytest.raises(InputError, match=r"identity: .* made with another model\.path \(was "):
+        check_before_submit(other, resume=True)  # no run_identity.json yet: plan.json's recipe stands in
     with pytest.raises(InputError, match="5 are already done"):
         check_before_submit(recipe.model_copy(update={"num_rollout": 5}), resume=True)
 
@@ -488,7 +488,7 @@ def test_a_segment_refuses_checkpoints_made_with_another_model_or_topology(tiny_
     """The submit-time check compares with plan.json; a segment that Slurm requeues (or that a
     hand-edited script starts) after plan.json was rewritten for another model or topology must
     compare with what the checkpoints were made with, refuse before the driver, and end the chain."""
-    from beam_hpc.job.segment import identity_path, identity_problem, record_identity
+    from beam_hpc.run.identity import identity_path, identity_problem, record_identity
 
     plan, recipe = tiny_plan("num_rollout=10")
     _checkpoint(plan.paths, 4)
@@ -513,8 +513,13 @@ def test_a_segment_refuses_checkpoints_made_with_another_model_or_topology(tiny_
         assert identity_path(plan.paths).read_text() == recorded  # the record is never rewritten
     identity_path(plan.paths).write_text("{torn")
     assert "unreadable" in identity_problem(plan.paths, recipe.identity())
-    identity_path(plan.paths).unlink()  # checkpoints from before the record: nothing to compare with
+    identity_path(plan.paths).unlink()  # checkpoints from before the record: plan.json's recipe stands in
+    plan.write()
     assert identity_problem(plan.paths, allowed.identity()) is None
+    assert "topology.trainer.nodes (was 1, now 2)" in identity_problem(plan.paths, other.recipe.identity())
+    Path(plan.paths.plan).write_text("{torn")  # nor that: nothing to compare with
+    assert identity_problem(plan.paths, other.recipe.identity()) is None
+    plan.write()
     record_identity(plan.paths, recipe.identity(), "72-0", has_ckpt=True)
     assert json.loads(identity_path(plan.paths).read_text())["recorded_by"] == "72-0"
 

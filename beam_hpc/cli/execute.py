@@ -63,10 +63,11 @@ def _follow_driver_log(logs_dir: Path, since: float, stop: threading.Event) -> N
     """Print the driver's per-rollout lines as they are written (the live view of `execute`);
     the tailing itself is beam_hpc.observe.logs.follow, the same code as `beam-hpc logs --follow`."""
     from beam_hpc.observe.logs import follow
+    from beam_hpc.plan.paths import DRIVER_LOG
 
     current: Path | None = None
     while current is None and not stop.is_set():
-        found = [p for p in logs_dir.glob("*/driver.log") if p.stat().st_mtime >= since - 1]
+        found = [p for p in logs_dir.glob(f"*/{DRIVER_LOG}") if p.stat().st_mtime >= since - 1]
         current = max(found, key=lambda p: p.stat().st_mtime) if found else None
         if current is None:
             stop.wait(0.5)

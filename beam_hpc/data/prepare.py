@@ -27,15 +27,14 @@ from beam_hpc.errors import RuntimeFailure
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from beam_hpc.progress import Progress
+from beam_hpc.run.files import atomic_path, write_atomic
 
 
 class PrepareError(RuntimeFailure):
@@ -267,16 +266,9 @@ def _progress(total: int, desc: str, enabled: bool) -> Progress | _NoProgress:
     return Progress(desc, total, unit="rows") if enabled else _NoProgress()
 
 
-@contextmanager
-def atomic_target(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` to write; renamed onto ``path`` only if the block succeeds,
-    so a reader (or a rerun) never sees a half-written file under the final name."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+# A temporary path beside ``path`` to write; renamed onto ``path`` only if the block succeeds, so a
+# reader (or a rerun) never sees a half-written file under the final name (beam_hpc.run.files).
+atomic_target = atomic_path
 
 
 def _write_jsonl_atomically(path: Path, records: Iterable[dict[str, Any]]) -> tuple[int, str, int]:
@@ -289,14 +281,11 @@ def _write_jsonl_atomically(path: Path, records: Iterable[dict[str, Any]]) -> tu
             digest.update(line)
             rows += 1
             size += len(line)
-        f.flush()
-        os.fsync(f.fileno())
     return rows, digest.hexdigest(), size
 
 
 def _write_json_atomically(path: Path, obj: Any) -> None:
-    with atomic_target(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def _rows(sources: list[_Source], desc: str, progress: bool) -> Iterator[tuple[_Source, int, dict[str, Any]]]:

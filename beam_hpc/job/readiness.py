@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from beam_hpc.plan.plan import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX, Plan
-from beam_hpc.node.ray_node import ClusterRuntime, write_json_atomic
+from beam_hpc.node.ray_node import ClusterRuntime
+from beam_hpc.run.files import write_json_atomic
 
 log = logging.getLogger("beam_hpc.job.readiness")
 

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from beam_hpc.node.container import container_command
+from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import GroupPlan, Plan, fill
 from beam_hpc.node.ray_node import (
     LOOPBACK_MAX_NODES,
@@ -204,9 +205,9 @@ class SrunLauncher:
         cmd += [
             f"--nodes={group.nodes}", f"--ntasks={group.nodes}", "--ntasks-per-node=1",
             "--kill-on-bad-exit=1", "--overlap", "--mpi=none", f"--job-name=beam-{group.name}",
-            f"--output={rt.segment_dir}/node-{group.name}-%t.log",
+            f"--output={SegmentPaths(rt.segment_dir).node_log(group.name, '%t')}",
         ]
-        out = Path(rt.segment_dir, f"srun-{group.name}.log")
+        out = SegmentPaths(rt.segment_dir).srun_log(group.name)
         with open(out, "ab") as fh:
             proc = subprocess.Popen(cmd + argv, env=env, stdin=subprocess.DEVNULL, stdout=fh,
                                     stderr=subprocess.STDOUT)
@@ -301,7 +302,7 @@ class JobOutcome:
     segment_dir: str = ""
 
     def write(self) -> Path:
-        path = Path(self.segment_dir, "outcome.json")
+        path = SegmentPaths(self.segment_dir).outcome
         write_json_atomic(path, asdict(self))
         return path
 
@@ -334,7 +335,8 @@ class JobRunner:
         self.ready_timeout_s, self.stop_grace_s = ready_timeout_s, stop_grace_s
         self.driver_stdout = driver_stdout
         self.t0 = time.time() if t0 is None else t0
-        self.segment_dir = Path(plan.paths.segment_logs(ctx.job_id, ctx.restart))
+        self.seg = plan.paths.segment(ctx.job_id, ctx.restart)
+        self.segment_dir = Path(self.seg.root)
         self.rt: ClusterRuntime | None = None
         self.steps: list[StepHandle] = []
         self.readiness: subprocess.Popen | None = None
@@ -411,11 +413,11 @@ class JobRunner:
                 log.info("starting node steps of group %s (%d nodes: %s)", g.name, g.nodes,
                          ",".join(rt.nodelists.get(g.name, [])))
                 self.steps += self.launcher.launch(g, step_argv + ["--group", g.name], step_env, rt)
-        ready_json = self.segment_dir / "ready.json"
+        ready_json = self.seg.ready
         argv, env = self._ray_process([self._container_python(), "-m", "beam_hpc.job.readiness",
                                        "--plan", self.plan.paths.plan, "--runtime", str(rt.path),
                                        "--output", str(ready_json)])
-        with open(self.segment_dir / "readiness.log", "ab") as fh:
+        with open(self.seg.readiness_log, "ab") as fh:
             self.readiness = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=fh,
                                               stderr=subprocess.STDOUT, preexec_fn=set_parent_death_signal)
         while True:
@@ -431,9 +433,9 @@ class JobRunner:
                     return report
                 self.check()  # a node step that died explains it better
                 raise NotReady(report.get("summary") or
-                               f"readiness check failed (exit {rc}); see {self.segment_dir / 'readiness.log'}")
+                               f"readiness check failed (exit {rc}); see {self.seg.readiness_log}")
             if time.time() > rt.deadline + 60:
-                raise NotReady(f"readiness check did not finish by its deadline; see {self.segment_dir / 'readiness.log'}")
+                raise NotReady(f"readiness check did not finish by its deadline; see {self.seg.readiness_log}")
             time.sleep(POLL_S)
 
     def check(self) -> None:

@@ -7,9 +7,9 @@ walltime warning (``--signal=B:USR1@lead``) and Slurm's SIGTERM. What it does, i
    killed job is taken over, see :mod:`beam_hpc.run.lock`), and sets up ``logs/<job>-<restart>/``;
 2. writes the ledger's start line, then checks that the run may go on: the cancel flag,
    ``max_segments``, and the seed's resume rules (:func:`beam_hpc.submission.run_guard.check_resume`:
-   checkpoint *and* dataset state, num_rollout counts all rollouts), and that the checkpoints were
-   made with this plan's model, data and topology (:func:`identity_problem`: plan.json or the
-   script may have changed since the submit-time check); a refusal is the segment's end line and
+   checkpoint *and* dataset state, num_rollout counts all rollouts, and the checkpoints were made
+   with this plan's model, data and topology: :mod:`beam_hpc.run.identity`, the same check as at
+   submit time, since plan.json or the script may have changed); a refusal is the segment's end line and
    ends the chain. A requeued segment (SLURM_RESTART_COUNT > 0) resumes by itself;
 3. runs the job (:mod:`beam_hpc.job.runner`: Ray on every node, the driver) while the
    :class:`beam_hpc.lifecycle.lifecycle.Watchdog` watches for the walltime lead (USR1 or its own deadline
@@ -29,7 +29,6 @@ run may not continue (bad resume, refused lock).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import socket
@@ -52,15 +51,13 @@ from beam_hpc.lifecycle.lifecycle import (
     SlurmUnavailable,
     Watchdog,
 )
-from beam_hpc.plan.plan import Plan, RunPaths, compute_lead_s
+from beam_hpc.plan.plan import Plan, compute_lead_s
 from beam_hpc.errors import InputError
+from beam_hpc.run.identity import IdentityError, record_identity
 from beam_hpc.run.lock import Holder, RunLockError, acquire, release
 
 log = logging.getLogger("beam_hpc.job.segment")
 
-SEGMENT_LOG = "segment.log"
-SCRIPT_NAME = "job.sbatch"  # written into the run directory by every beam-hpc submission
-IDENTITY_FILE = "run_identity.json"  # under checkpoints/: see identity_path
 EXIT_OK, EXIT_ERROR, EXIT_REFUSED = 0, 1, 2
 # The runtime's outcome statuses (beam_hpc.job.runner.STATUSES) as ledger reasons, when no interrupt explains them.
 _STATUS_REASON = {"node-failure": "node-failure", "not-ready": "node-failure", "driver-failed": "error", "error": "error"}
@@ -116,9 +113,9 @@ class Segment:
             except RunLockError as err:  # not a segment of this run: no log dir, no ledger line
                 log.error("refused: %s", err)
                 return EXIT_REFUSED
-            logs = Path(self.paths.segment_logs(self.ledger_job_id, self.restart))
-            logs.mkdir(parents=True, exist_ok=True)
-            handler = _log_to(logs / SEGMENT_LOG)
+            seg = self.paths.segment(self.ledger_job_id, self.restart)
+            Path(seg.root).mkdir(parents=True, exist_ok=True)
+            handler = _log_to(seg.segment_log)
             log.info("segment %s of run %s (%s) on %s", ledger.segment_id(self.ledger_job_id, self.restart),
                      self.plan.run_id, self.plan.output_dir, socket.gethostname())
             if previous is not None:
@@ -176,13 +173,12 @@ class Segment:
         try:
             from beam_hpc.submission.run_guard import check_resume
 
-            check_resume(recipe, resume=resume)
+            check_resume(recipe, resume=resume)  # with checkpoints, also what they were made with
+        except IdentityError as err:  # a changed plan.json or a hand-edited script: another run's checkpoints
+            self._finish_now("error", str(err), retryable=False)
+            return EXIT_REFUSED
         except InputError as err:
             self._finish_now("error", str(err))
-            return EXIT_REFUSED
-        problem = identity_problem(self.paths, recipe.identity()) if has_ckpt else None
-        if problem is not None:  # a changed plan.json or a hand-edited script: another run's checkpoints
-            self._finish_now("error", problem, retryable=False)
             return EXIT_REFUSED
         record_identity(self.paths, recipe.identity(), ledger.segment_id(self.ledger_job_id, self.restart),
                         has_ckpt=has_ckpt)
@@ -250,8 +246,7 @@ class Segment:
                 ctx, launcher = runtime.JobContext.local(self.plan), runtime.LocalLauncher()
         except runtime.JobError as err:
             return self._finish_now("error", str(err), retryable=False)
-        logs = Path(self.paths.segment_logs(self.ledger_job_id, self.restart))
-        with open(logs / "driver.log", "ab") as driver_out:
+        with open(self.paths.segment(self.ledger_job_id, self.restart).driver_log, "ab") as driver_out:
             self.runner = runtime.JobRunner(self.plan, launcher, ctx, driver_stdout=driver_out)
             self._tick(self.runner)  # a signal during the checks above
             if self.interrupt is not None:
@@ -389,7 +384,7 @@ class Segment:
 
     def _act(self, decision: Decision) -> tuple[Decision, str | None]:
         if decision.action == "resubmit":
-            script = Path(self.plan.output_dir, SCRIPT_NAME)
+            script = Path(self.paths.script)
             if self.job_id is None:
                 return Decision("none", decision.detail + " (not in Slurm: nothing to resubmit)"), None
             if not script.is_file():
@@ -423,60 +418,6 @@ class Segment:
         if self.reason in ("completed", "walltime", "preempted", "cancelled"):
             return EXIT_OK
         return EXIT_ERROR
-
-
-# -- what the checkpoints were made with ---------------------------------------------------------------
-def identity_path(paths: RunPaths) -> Path:
-    """``checkpoints/run_identity.json``: the recipe identity (model, data, topology, ...) that the
-    checkpoints were made with. It lives beside them, not in plan.json, because plan.json is what a
-    segment is told to run and may have been changed since (by hand, or by another submission)."""
-    return Path(paths.checkpoints, IDENTITY_FILE)
-
-
-def _flatten(value: object, prefix: str = "") -> dict[str, object]:
-    if isinstance(value, dict) and value:
-        out: dict[str, object] = {}
-        for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: value}
-
-
-def identity_problem(paths: RunPaths, identity: dict) -> str | None:
-    """Why a segment with ``identity`` must not resume from the run's checkpoints (None when it
-    may): the fields (dotted, e.g. ``model.path``, ``topology.trainer.nodes``) whose value differs
-    from the one the checkpoints were made with. Nothing recorded (checkpoints from before the
-    record existed) is nothing to compare with."""
-    p = identity_path(paths)
-    try:
-        recorded = json.loads(p.read_text())["identity"]
-    except FileNotFoundError:
-        return None
-    except (ValueError, KeyError, TypeError) as err:
-        return (f"identity: {p} is unreadable ({err}); it records what the checkpoints were made with: "
-                "restore it, or start a new --output-dir")
-    old, new = _flatten(recorded), _flatten(identity)
-    changed = [f"{k} (was {old.get(k)!r}, now {new.get(k)!r})" for k in sorted(old.keys() | new.keys())
-               if old.get(k) != new.get(k)]
-    if not changed:
-        return None
-    return (f"identity: the checkpoints in {paths.checkpoints} were made with another {'; '.join(changed)}. "
-            "A run keeps its model, data and topology (num_rollout, walltime and partitions may change): "
-            "restore plan.json (resubmit with the run's recipe and --resume), or run this configuration "
-            "in a new --output-dir")
-
-
-def record_identity(paths: RunPaths, identity: dict, segment: str, *, has_ckpt: bool) -> None:
-    """Record the identity the checkpoints are made with, before the driver starts: once per run (a
-    later segment only compares with it), or again while no checkpoint exists yet (nothing was
-    made with the old one). Written atomically: a torn record would refuse every later segment."""
-    p = identity_path(paths)
-    if has_ckpt and p.is_file():
-        return
-    if has_ckpt:
-        log.warning("%s is missing (checkpoints from an older beam-hpc?): recording this plan's identity", p)
-    checkpoint_layout.write_atomic(p, json.dumps({"identity": identity, "recorded_by": segment,
-                                                  "time": time.time()}, indent=1, sort_keys=True) + "\n")
 
 
 def _log_to(path: Path | None) -> logging.Handler | None:

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from beam_hpc.plan.plan import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX, Plan
-from beam_hpc.node.ray_node import write_json_atomic
+from beam_hpc.plan.paths import SegmentPaths
+from beam_hpc.run.files import write_json_atomic
 
 log = logging.getLogger("beam_hpc.job.smoke")
 PG_TIMEOUT_S = 120.0
@@ -105,10 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     t = time.time()
     result = run_smoke(plan, args.ray_address)
     seg = os.environ.get("BEAM_SEGMENT_DIR")
-    ready = json.loads(Path(seg, "ready.json").read_text()) if seg and Path(seg, "ready.json").exists() else {}
+    ready_json = SegmentPaths(seg).ready if seg else None
+    ready = json.loads(ready_json.read_text()) if ready_json is not None and ready_json.exists() else {}
     result.update(ok=not result["misplaced"], ready_s=ready.get("ready_s"), smoke_s=round(time.time() - t, 3),
                   job_id=os.environ.get("BEAM_JOB_ID"), address=args.ray_address)
-    out = Path(args.output or Path(plan.output_dir, "smoke.json"))
+    out = Path(args.output or plan.paths.smoke)
     write_json_atomic(out, result)
     for task in result["misplaced"]:
         log.error("misplaced: %s task on %s (group %s)", task["role"], task["hostname"], task["node_group"])

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from beam_hpc.errors import RuntimeFailure
 
-import contextlib
-import fcntl
 import hashlib
 import importlib
 import importlib.metadata
@@ -30,6 +28,8 @@ import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from beam_hpc.run.files import atomic_path, locked, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +123,7 @@ def write_checksum(image: str | Path, digest: str | None = None) -> str:
     """``<image>.sha256`` in sha256sum's format, written atomically."""
     p = Path(image)
     digest = digest or sha256_file(p)
-    tmp = _sidecar(p).with_name(f".{p.name}.sha256.{os.getpid()}.tmp")
-    tmp.write_text(f"{digest}  {p.name}\n")
-    os.replace(tmp, _sidecar(p))
+    write_atomic(_sidecar(p), f"{digest}  {p.name}\n")
     return digest
 
 
@@ -156,13 +154,12 @@ def stage(src: str | Path, dest_dir: str | Path) -> StageResult:
     dest_root = Path(dest_dir)
     dest_root.mkdir(parents=True, exist_ok=True)
     dest = dest_root / f"{source.stem}-{expected[:12]}{source.suffix or '.sif'}"
-    with _locked(dest_root / ".stage.lock"):
+    with locked(dest_root / ".stage.lock"):
         removed = tuple(_remove_older(dest_root, source, keep=dest))
         if _valid_copy(dest, expected):
             return StageResult(dest, False, removed)
-        tmp = dest_root / f".{dest.name}.{os.getpid()}.tmp"
         h = hashlib.sha256()
-        try:
+        with atomic_path(dest) as tmp:  # published only once the checksum matched
             with open(source, "rb") as fin, open(tmp, "wb") as fout:
                 for block in iter(lambda: fin.read(CHUNK), b""):
                     h.update(block)
@@ -170,11 +167,8 @@ def stage(src: str | Path, dest_dir: str | Path) -> StageResult:
             if h.hexdigest() != expected:
                 raise ImageError(f"{source}: sha256 {h.hexdigest()} does not match its recorded {expected}; "
                                  "the image changed or was damaged: rebuild it or remove its .sha256 file")
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
         st = dest.stat()
-        _marker(dest).write_text(f"{expected} {st.st_size} {st.st_mtime_ns}\n")
+        write_atomic(_marker(dest), f"{expected} {st.st_size} {st.st_mtime_ns}\n")
         return StageResult(dest, True, removed)
 
 
@@ -199,16 +193,6 @@ def _remove_older(dest_root: Path, source: Path, keep: Path) -> Iterator[Path]:
             old.unlink(missing_ok=True)
             _marker(old).unlink(missing_ok=True)
             yield old
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 # -- verify -----------------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from __future__ import annotations
 from beam_hpc.errors import RuntimeFailure
 
 import contextlib
-import fcntl
 import logging
 import os
 import shutil
@@ -32,6 +31,8 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from beam_hpc.run.files import locked, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +202,7 @@ def _marker(d: Path) -> str | None:
 
 
 def _write_marker(d: Path, segment: str) -> None:
-    tmp = d / f"{MARKER}.{os.getpid()}.tmp"
-    tmp.write_text(segment + "\n")
-    os.replace(tmp, d / MARKER)
+    write_atomic(d / MARKER, segment + "\n")
 
 
 def _remove_run_root_if_empty(run_root: Path) -> None:
@@ -220,10 +219,5 @@ def _remove_run_root_if_empty(run_root: Path) -> None:
 @contextlib.contextmanager
 def _locked(run_root: Path) -> Iterator[None]:
     """Serialise staging and removal between node steps sharing this disk."""
-    run_root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_root / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with locked(run_root / LOCK, mode=0o600):
         yield
-    finally:
-        os.close(fd)

@@ -37,6 +37,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from beam_hpc.run.files import write_atomic, write_json_atomic  # write_json_atomic: re-exported
+from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
 from beam_hpc.config.site import NetworkSpec, RayPortSpec
 
@@ -311,11 +313,7 @@ def write_token(directory: str | Path) -> Path:
         p.mkdir(mode=0o700, exist_ok=True)
         os.chmod(p, 0o700)
     target = d / "token"
-    tmp = d / f".token.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secrets.token_hex(32))
-    os.replace(tmp, target)
+    write_atomic(target, secrets.token_hex(32), mode=0o600)
     return target
 
 
@@ -419,17 +417,17 @@ class ClusterRuntime:
 
     @property
     def path(self) -> Path:
-        return Path(self.segment_dir, "runtime.json")
+        return SegmentPaths(self.segment_dir).runtime
 
     @property
     def node_dir(self) -> Path:
-        return Path(self.segment_dir, "nodes")
+        return SegmentPaths(self.segment_dir).node_reports
 
     def node_report(self, group: str, index: int) -> Path:
-        return self.node_dir / f"{group}-{index}.json"
+        return SegmentPaths(self.segment_dir).node_report(group, index)
 
     def node_log(self, group: str, index: int) -> Path:
-        return Path(self.segment_dir, f"node-{group}-{index}.log")
+        return SegmentPaths(self.segment_dir).node_log(group, index)
 
     def node_name(self, group: str, index: int) -> str:
         names = self.nodelists.get(group) or []
@@ -443,11 +441,3 @@ class ClusterRuntime:
     def load(cls, path: str | Path) -> "ClusterRuntime":
         return cls(**json.loads(Path(path).read_text()))
 
-
-def write_json_atomic(path: str | Path, data: object) -> None:
-    """Readers on other nodes must never see half a file: write beside it, then rename."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, p)

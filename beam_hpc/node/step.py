@@ -40,6 +40,7 @@ from typing import IO
 
 from beam_hpc.node import nvme
 from beam_hpc.node.container import container_command
+from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import GroupPlan, Plan, fill
 from beam_hpc.node.ray_node import (
     GB,
@@ -286,7 +287,7 @@ class NodeStep:
         src = Path(node.temp_dir, "session_latest", "logs")
         if not src.is_dir():
             return
-        dest = Path(self.rt.segment_dir, "ray-logs", f"{self.group.name}-{self.local_index}")
+        dest = SegmentPaths(self.rt.segment_dir).ray_logs(self.group.name, self.local_index)
         dest.mkdir(parents=True, exist_ok=True)
         for f in src.iterdir():
             if f.is_file() and f.stat().st_size <= RAY_LOG_COPY_MAX_BYTES:

@@ -1,7 +1,7 @@
 """Find the right log of a run without hunting through directories (`beam-hpc logs`).
 
-Layout (DESIGN.md: ``logs/<jobid>-<restart>/``), one directory per segment, as the job writes it
-(beam_hpc/job/runner.py, ray_node.ClusterRuntime.node_log):
+Layout (DESIGN.md: ``logs/<jobid>-<restart>/``), one directory per segment, as the job writes it;
+every name comes from beam_hpc.plan.paths (RunPaths, SegmentPaths), the same as the writers use:
 
     <run>/logs/slurm-<jobid>.out                 the batch shell and, unless the segment gives the
                                                  driver a file of its own, the driver's output
@@ -19,16 +19,15 @@ from __future__ import annotations
 
 from beam_hpc.errors import InputError
 
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from beam_hpc.plan.plan import RunPaths
+from beam_hpc.plan import paths as run_paths
+from beam_hpc.plan.paths import DRIVER_LOG, RunPaths  # DRIVER_LOG re-exported
 
 GROUPS = ("trainer", "rollout")
-DRIVER_LOG = "driver.log"
-_SEGMENT_RE = re.compile(r"^(\d+)-(\d+)$")
+_SEGMENT_RE = run_paths.SEGMENT_DIR_RE
 
 
 class LogNotFoundError(InputError, FileNotFoundError):
@@ -39,11 +38,11 @@ def node_log_name(group: str, node_index: int) -> str:
     """File name of one node step's log inside its segment directory (ray_node's name for it)."""
     if group not in GROUPS:
         raise ValueError(f"group {group!r}: expected one of {', '.join(GROUPS)}")
-    return f"node-{group}-{node_index}.log"
+    return run_paths.node_log_name(group, node_index)
 
 
 def batch_log(run_dir: str | Path, job_id: str) -> Path:
-    return Path(RunPaths(str(run_dir)).logs) / f"slurm-{job_id}.out"
+    return Path(RunPaths(str(run_dir)).batch_log(job_id))
 
 
 def segments(run_dir: str | Path) -> list[str]:
@@ -57,7 +56,7 @@ def resolve_segment(run_dir: str | Path, segment: str | int | None) -> str:
     """``None`` -> the latest; an int -> that position (0 first, -1 latest); "JOB-RESTART" -> itself."""
     segs = segments(run_dir)
     if not segs:
-        raise LogNotFoundError(f"{Path(run_dir, 'logs')}: no segment log directory yet "
+        raise LogNotFoundError(f"{RunPaths(str(run_dir)).logs}: no segment log directory yet "
                                "(has the job started? `beam-hpc status` shows whether it is pending)")
     if segment is None:
         return segs[-1]
@@ -75,7 +74,7 @@ def resolve_segment(run_dir: str | Path, segment: str | int | None) -> str:
 
 def available(run_dir: str | Path, segment: str) -> list[Path]:
     """Every log file of one segment, its batch log first."""
-    seg_dir = Path(RunPaths(str(run_dir)).logs) / segment
+    seg_dir = Path(RunPaths(str(run_dir)).segment_named(segment).root)
     files = sorted(p for p in seg_dir.iterdir() if p.is_file()) if seg_dir.is_dir() else []
     batch = batch_log(run_dir, segment.split("-")[0])
     return ([batch] if batch.exists() else []) + files
@@ -86,11 +85,12 @@ def find_log(run_dir: str | Path, *, group: str | None = None, node: int | None 
     """The log asked for: a node step's (``group``/``node``, node 0 and group trainer by default
     once either is given), else the driver's, else the segment's batch log."""
     seg = resolve_segment(run_dir, segment)
-    seg_dir = Path(RunPaths(str(run_dir)).logs) / seg
+    seg_paths = RunPaths(str(run_dir)).segment_named(seg)
     if group is not None or node is not None:
-        candidates = [seg_dir / node_log_name(group or "trainer", node or 0)]
+        node_log_name(group or "trainer", node or 0)  # checks the group
+        candidates = [seg_paths.node_log(group or "trainer", node or 0)]
     else:
-        candidates = [seg_dir / DRIVER_LOG, batch_log(run_dir, seg.split("-")[0])]
+        candidates = [seg_paths.driver_log, batch_log(run_dir, seg.split("-")[0])]
     for c in candidates:
         if c.is_file():
             return c
@@ -151,7 +151,7 @@ def _newer_same_log(run_dir: str | Path, path: Path) -> Path | None:
     if path.parent.name not in segs:
         return None
     for seg in segs[segs.index(path.parent.name) + 1:]:
-        cand = Path(RunPaths(str(run_dir)).logs) / seg / path.name
+        cand = Path(RunPaths(str(run_dir)).segment_named(seg).root, path.name)
         if cand.is_file():
             return cand
     return None

@@ -183,7 +183,7 @@ def slurm_job_state(job_id: str, timeout: float = 10.0) -> dict[str, Any]:
 
 # -- gather ------------------------------------------------------------------------------------
 def _load_plan(run_dir: Path) -> dict[str, Any] | None:
-    p = run_dir / "plan.json"
+    p = Path(RunPaths(str(run_dir)).plan)
     try:
         return json.loads(p.read_text())
     except FileNotFoundError:
@@ -198,7 +198,7 @@ def _last_activity(run_dir: Path, segment: str, scalars: Scalars, start: float,
     """Best estimate of when a segment without an end line stopped working: the newest of its
     log files' mtimes and of the metric wall times inside its window."""
     times = [start]
-    seg_logs = Path(RunPaths(str(run_dir)).logs, segment)
+    seg_logs = Path(RunPaths(str(run_dir)).segment_named(segment).root)
     if seg_logs.is_dir():
         times += [f.stat().st_mtime for f in seg_logs.rglob("*") if f.is_file()]
     for pts in scalars.series.values():

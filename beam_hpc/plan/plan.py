@@ -23,61 +23,12 @@ from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime, reci
 from beam_hpc.config.site import Site, site_from_dict
 from beam_hpc.errors import InputError, shorten
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX  # noqa: F401 (re-exported)
+from beam_hpc.plan.paths import PLAN_FILE, RunPaths  # noqa: F401 (RunPaths re-exported: its old home)
 
 PLAN_VERSION = 1
 
 # Placeholders a job fills in (beam_hpc.plan.plan.fill); nothing else is templated.
 PLACEHOLDERS = ("job_id", "nvme_dir", "head_ip", "ray_address", "run_dir")
-
-
-@dataclass(frozen=True)
-class RunPaths:
-    """The run directory layout (DESIGN.md vocabulary)."""
-
-    root: str
-
-    def _p(self, *parts: str) -> str:
-        return str(Path(self.root, *parts))
-
-    @property
-    def plan(self) -> str:
-        return self._p("plan.json")
-
-    @property
-    def ledger(self) -> str:
-        return self._p("ledger.jsonl")
-
-    @property
-    def checkpoints(self) -> str:
-        return self._p("checkpoints")
-
-    @property
-    def dumps(self) -> str:
-        return self._p("dumps")
-
-    @property
-    def tensorboard(self) -> str:
-        return self._p("tensorboard")
-
-    @property
-    def logs(self) -> str:
-        return self._p("logs")
-
-    @property
-    def sentinel(self) -> str:
-        """Miles's --save-trigger-sentinel: if it exists at a rollout boundary, save and delete it."""
-        return self._p("SAVE_NOW")
-
-    @property
-    def lock(self) -> str:
-        return self._p("run.lock")
-
-    @property
-    def cancel_flag(self) -> str:
-        return self._p("CANCELLED")
-
-    def segment_logs(self, job_id: str, restart: int) -> str:
-        return self._p("logs", f"{job_id}-{restart}")
 
 
 @dataclass(frozen=True)
@@ -189,16 +140,15 @@ class Plan:
     def load(cls, path: str | Path) -> "Plan":
         p = Path(path)
         if p.is_dir():
-            p = p / "plan.json"
+            p = p / PLAN_FILE
         return cls.from_dict(json.loads(p.read_text()))
 
     def write(self) -> Path:
         """Write plan.json atomically (the only I/O this module does, and only when asked)."""
+        from beam_hpc.run.files import write_atomic  # stdlib-only helper; lazy: plan stays import-light
+
         out = Path(self.paths.plan)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".plan.json.{os.getpid()}.tmp")
-        tmp.write_text(self.to_json())
-        os.replace(tmp, out)
+        write_atomic(out, self.to_json())
         return out
 
 
@@ -256,7 +206,7 @@ def make_plan(recipe: Recipe, site: Site, *, measured: dict[str, float] | None =
         job_dir=f"{nvme_root.rstrip('/')}/{run_id}/{{job_id}}",
         min_free_gb=off.min_free_gb,
     )
-    plan_path = str(Path(output_dir, "plan.json"))
+    plan_path = RunPaths(output_dir).plan
     argv, env = driver_command(recipe, site, plan_path)
     return Plan(
         version=PLAN_VERSION,

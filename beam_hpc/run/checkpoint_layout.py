@@ -16,8 +16,9 @@ Rollouts done after checkpoint ``k`` is ``k + 1`` (Miles resumes at ``start_roll
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from beam_hpc.run.files import write_atomic  # re-exported: callers that write layout files use it from here
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 
@@ -56,18 +57,6 @@ def latest_iteration(ckpt_dir: str | Path) -> int | None:
 def rollouts_done(ckpt_dir: str | Path) -> int:
     it = latest_iteration(ckpt_dir)
     return 0 if it is None else it + 1
-
-
-def write_atomic(path: str | Path, data: bytes | str) -> None:
-    """Write a file so that readers see the old content or the new, never a torn one."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, p)
 
 
 def mark_latest(ckpt_dir: str | Path, iteration: int) -> None:

@@ -21,16 +21,16 @@ from __future__ import annotations
 from beam_hpc.errors import RuntimeFailure
 
 import contextlib
-import fcntl
 import json
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from beam_hpc.lifecycle.lifecycle import JobInfo, SlurmUnavailable, job_info
+from beam_hpc.run.files import locked, write_atomic
 
 
 class RunLockError(RuntimeFailure):
@@ -94,24 +94,22 @@ def stale_reason(holder: Holder, *, query: Callable[[str], JobInfo | None] = job
     return None
 
 
-@contextlib.contextmanager
-def _guard(path: Path) -> Iterator[None]:
-    with open(path.with_name(path.name + ".guard"), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def _guard(path: Path) -> contextlib.AbstractContextManager:
+    """The flock under which the lock is judged and taken over (``run.lock.guard``)."""
+    return locked(path.with_name(path.name + ".guard"))
 
 
 def _write(path: Path, holder: Holder, *, exclusive: bool) -> None:
+    body = json.dumps(asdict(holder), sort_keys=True) + "\n"
+    if not exclusive:
+        write_atomic(path, body)
+        return
+    # create-if-absent, not replace: a hard link of a finished temporary is atomic also on NFS, and
+    # fails with FileExistsError when someone holds the lock (write_atomic's rename would overwrite)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(holder), sort_keys=True) + "\n")
+    tmp.write_text(body)
     try:
-        if exclusive:
-            os.link(tmp, path)  # atomic create-if-absent, also on NFS
-        else:
-            os.replace(tmp, path)
+        os.link(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 

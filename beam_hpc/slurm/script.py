@@ -78,7 +78,7 @@ def job_flags(plan: Plan) -> list[str]:
         f"--time={sbatch_time(plan)}",
         f"--signal=B:USR1@{plan.lead_s}",
         "--open-mode=append",
-        f"--output={plan.paths.logs}/slurm-%j.out",
+        f"--output={plan.paths.batch_log('%j')}",
     ]
     flags.append("--requeue" if plan.recipe.lifecycle.requeue_on_preemption else "--no-requeue")
     return flags

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from beam_hpc.job.segment import SCRIPT_NAME, SegmentArgs
+from beam_hpc.job.segment import SegmentArgs
 from beam_hpc.plan.plan import Plan
 
 
@@ -38,7 +38,7 @@ class SubmitRequest:
     @property
     def script(self) -> Path:
         """The run directory's batch script (written by every submission, used by resubmissions)."""
-        return Path(self.plan.output_dir, SCRIPT_NAME)
+        return Path(self.plan.paths.script)
 
     def sbatch_argv(self) -> list[str]:
         """The sbatch command line of this request (``--via sbatch``, and ``--smoke``)."""

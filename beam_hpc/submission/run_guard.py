@@ -3,18 +3,19 @@
 The seed's rules: resuming keeps the same model, data, output directory and topology (num_rollout,
 walltime and partitions may change), and needs both the checkpoint and its dataset state. A fresh
 submission onto an output directory that already holds checkpoints is refused, so that a typo
-cannot silently continue (or clobber) someone else's run.
+cannot silently continue (or clobber) someone else's run. What the checkpoints were made with is
+compared by :func:`beam_hpc.run.identity.check_identity`, the same check a segment makes in the job.
 """
 
 from __future__ import annotations
 
 from beam_hpc.errors import InputError
 
-import json
 from pathlib import Path
 
 from beam_hpc.run import checkpoint_layout
-from beam_hpc.plan.plan import RunPaths, identity_sha
+from beam_hpc.run.identity import check_identity
+from beam_hpc.plan.plan import RunPaths
 from beam_hpc.config.recipe import Recipe
 
 
@@ -35,8 +36,8 @@ def check_not_in_use(output_dir: str) -> None:
 
 
 def check_resume(recipe: Recipe, *, resume: bool) -> None:
-    """The seed's resume rules (also checked inside the job, by beam_hpc.job.segment, for a segment
-    that Slurm or a resubmission started)."""
+    """The seed's resume rules, identity included (also checked inside the job, by
+    beam_hpc.job.segment, for a segment that Slurm or a resubmission started)."""
     paths = RunPaths(recipe.output_dir)
     ckpt = Path(paths.checkpoints)
     has_ckpt = checkpoint_layout.latest_iteration(ckpt) is not None
@@ -56,21 +57,4 @@ def check_resume(recipe: Recipe, *, resume: bool) -> None:
             f"num_rollout: {recipe.num_rollout} counts all rollouts (the seed's semantics) and "
             f"{done} are already done; pass --num-rollout larger than {done}"
         )
-    plan_file = Path(paths.plan)
-    if plan_file.is_file():
-        old = json.loads(plan_file.read_text())
-        if old.get("identity_sha") != identity_sha(recipe):
-            changed = _changed_fields(old.get("recipe", {}), recipe)
-            raise InputError(
-                f"--resume: the run in {recipe.output_dir} used a different {', '.join(changed) or 'model/data/topology'}; "
-                "keep the same model, data and topology to resume (num_rollout, walltime and partitions may change)"
-            )
-
-
-def _changed_fields(old_recipe: dict, recipe: Recipe) -> list[str]:
-    try:
-        old_identity = Recipe.model_validate(old_recipe).identity()
-    except Exception:  # an older or hand-edited plan: report generically
-        return []
-    new_identity = recipe.identity()
-    return sorted(k for k in new_identity if old_identity.get(k) != new_identity.get(k))
+    check_identity(paths, recipe.identity())  # the checkpoints' run_identity.json (IdentityError)

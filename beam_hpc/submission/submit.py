@@ -111,7 +111,7 @@ def prepare_run(plan: Plan, *, source: str = "") -> Path:
     output directory is missing dies at once with no output at all."""
     plan.write()
     Path(plan.paths.logs).mkdir(parents=True, exist_ok=True)
-    return write_script(plan, Path(plan.output_dir, "job.sbatch"), source=source)
+    return write_script(plan, Path(plan.paths.script), source=source)
 
 
 def check_paths(recipe: Recipe, site: Site) -> None:

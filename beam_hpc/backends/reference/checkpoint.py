@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.run import checkpoint_layout as layout
+from beam_hpc.run import files
 
 DRIVER_FILE = "driver.pt"
 META_FILE = "meta.json"
@@ -78,13 +79,13 @@ def publish(ckpt_dir: str, iteration: int, staged: Path, dataset_state: dict[str
     """Make ``staged`` checkpoint ``iteration``: rename, dataset state, pointer (in that order)."""
     final = layout.iteration_dir(ckpt_dir, iteration)
     for f in staged.iterdir():  # the trainer wrote these from another process: make them durable
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+        files.fsync_file(f)
     manifest = {f.name: _digest(f) for f in sorted(staged.iterdir()) if f.is_file()}
     layout.write_atomic(staged / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True))
     if final.exists():  # left by a save that died before its pointer was written: never published
         shutil.rmtree(final)
-    os.replace(staged, final)
+    os.replace(staged, final)  # a directory: staged whole and renamed (write_atomic is for files)
+    files.fsync_dir(final.parent)
     layout.write_atomic(layout.dataset_state_path(ckpt_dir, iteration), torch_bytes(dataset_state))
     layout.mark_latest(ckpt_dir, iteration)
     if keep_last:

@@ -27,6 +27,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from beam_hpc.run.files import atomic_path
+
 if TYPE_CHECKING:
     import torch
 
@@ -102,9 +104,9 @@ class OptimizerOffload:
             big = {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
             if self.target == "nvme":
                 path = self._file(i)
-                tmp = path.with_name(path.name + ".tmp")
-                torch.save({k: v.to("cpu") for k, v in big.items()}, tmp)
-                os.replace(tmp, path)
+                # node-local scratch, reloaded by this process only: the rename matters, not durability
+                with atomic_path(path, durable=False) as tmp:
+                    torch.save({k: v.to("cpu") for k, v in big.items()}, tmp)
                 for k in big:
                     del state[k]  # the disk copy is now the only one
             else:

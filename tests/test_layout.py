@@ -1,0 +1,242 @@
+"""The package's shape, held by a test (DESIGN.md "Layout"): no import cycles, and the
+dependency rules that keep each stage replaceable.
+
+Every module of ``beam_hpc`` is parsed (not imported) and every import is counted, at the top
+level and inside function bodies alike: an import hidden in a function is still a dependency,
+and hiding one is how the cycles this test now forbids used to survive.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "beam_hpc"
+
+# Stages, top to bottom; an import of a stage listed earlier is an upward import. One change from
+# DESIGN.md's list: backends sit above node, because a backend runs on the nodes and uses the
+# node's own seams (the container command for Miles's conversion job, the Ray node's address
+# helpers), while nothing in node knows a backend.
+LAYERS = ("cli", "observe", "submission", "job", "lifecycle", "backends", "node", "reward", "data",
+          "run", "slurm", "plan", "config")
+# Leaf modules every stage may use.
+LEAVES = ("beam_hpc.errors", "beam_hpc.progress", "beam_hpc")
+HEAVY = ("ray", "submitit", "torch")
+ALLOCATION_STAGES = ("job", "node", "lifecycle")
+# Upward imports that are the design, each with its reason.
+ALLOWED_UPWARD = {
+    # plan reaches a backend only through the registry (DESIGN.md); builders are pure
+    ("beam_hpc.plan.plan", "beam_hpc.backends.registry"),
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # importing module
+    target: str  # imported module (beam_hpc.*) or top-level package name (third party)
+    line: int
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def _resolve(base: str, name: str, modules: dict[str, Path]) -> str:
+    """``from base import name``: the submodule base.name if there is one, else base."""
+    return f"{base}.{name}" if f"{base}.{name}" in modules else base
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> Iterator[Import]:
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(module, alias.name if alias.name.startswith("beam_hpc") else alias.name.split(".")[0],
+                             node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if not base.startswith("beam_hpc"):
+                yield Import(module, base.split(".")[0], node.lineno)
+                continue
+            for alias in node.names:
+                yield Import(module, _resolve(base, alias.name, modules), node.lineno)
+
+
+def graph() -> tuple[dict[str, Path], list[Import]]:
+    modules = all_modules()
+    edges = [imp for name, path in modules.items() for imp in imports_of(name, path, modules)]
+    return modules, edges
+
+
+def stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def _describe(imp: Import, modules: dict[str, Path]) -> str:
+    return f"{modules[imp.source].relative_to(PACKAGE_DIR.parent)}:{imp.line}: {imp.source} imports {imp.target}"
+
+
+def find_cycle(nodes: list[str], edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle in the module graph, or None (iterative DFS with colours)."""
+    colour = {n: 0 for n in nodes}
+    for start in nodes:
+        if colour[start]:
+            continue
+        stack: list[tuple[str, Iterator[str]]] = [(start, iter(sorted(edges.get(start, ()))))]
+        path = [start]
+        colour[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                colour[node] = 2
+                stack.pop()
+                path.pop()
+            elif colour.get(child) == 1:
+                return path[path.index(child):] + [child]
+            elif colour.get(child) == 0:
+                colour[child] = 1
+                stack.append((child, iter(sorted(edges.get(child, ())))))
+                path.append(child)
+    return None
+
+
+def test_no_import_cycles_counting_imports_in_function_bodies() -> None:
+    modules, edges = graph()
+    internal: dict[str, set[str]] = {}
+    for imp in edges:
+        if imp.target in modules and imp.target != imp.source and imp.target != "beam_hpc":
+            internal.setdefault(imp.source, set()).add(imp.target)
+    cycle = find_cycle(sorted(modules), internal)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_imports_point_down_the_layers() -> None:
+    modules, edges = graph()
+    bad = []
+    for imp in edges:
+        src, dst = stage(imp.source), stage(imp.target)
+        if src is None or dst is None or src == dst or (imp.source, imp.target) in ALLOWED_UPWARD:
+            continue
+        if LAYERS.index(dst) < LAYERS.index(src):
+            bad.append(_describe(imp, modules))
+    assert not bad, "upward imports (DESIGN.md Layout):\n" + "\n".join(bad)
+
+
+def _reachable(start: str, edges: list[Import], modules: dict[str, Path]) -> dict[str, list[str]]:
+    """Every module and third-party package reachable from ``start``, with one path to it."""
+    by_source: dict[str, list[str]] = {}
+    for imp in edges:
+        by_source.setdefault(imp.source, []).append(imp.target)
+    seen = {start: [start]}
+    todo = [start]
+    while todo:
+        cur = todo.pop()
+        for nxt in by_source.get(cur, []):
+            if nxt not in seen:
+                seen[nxt] = seen[cur] + [nxt]
+                if nxt in modules:
+                    todo.append(nxt)
+    return seen
+
+
+@pytest.mark.parametrize("layer", ["config", "plan"])
+def test_config_and_plan_reach_no_slurm_ray_submitit_or_torch(layer: str) -> None:
+    modules, edges = graph()
+    bad = []
+    for name in modules:
+        if stage(name) != layer:
+            continue
+        for target, path in _reachable(name, edges, modules).items():
+            if target in HEAVY or stage(target) == "slurm":
+                bad.append(" -> ".join(path))
+    assert not bad, f"{layer} must stay pure:\n" + "\n".join(bad)
+
+
+def test_code_in_the_allocation_never_imports_submission_or_script_rendering() -> None:
+    modules, edges = graph()
+    bad = []
+    for name in modules:
+        if stage(name) not in ALLOCATION_STAGES:
+            continue
+        for target, path in _reachable(name, edges, modules).items():
+            if stage(target) == "submission" or target == "beam_hpc.slurm.script":
+                bad.append(" -> ".join(path))
+    assert not bad, "inside the allocation:\n" + "\n".join(bad)
+
+
+def test_plan_reaches_backends_only_through_the_registry() -> None:
+    modules, edges = graph()
+    bad = [_describe(i, modules) for i in edges
+           if stage(i.source) == "plan" and stage(i.target) == "backends" and i.target != "beam_hpc.backends.registry"]
+    assert not bad, "\n".join(bad)
+
+
+def _in_main_block(tree: ast.Module) -> set[int]:
+    """Line numbers inside ``if __name__ == "__main__":`` blocks (a program's own entry)."""
+    lines: set[int] = set()
+    for node in tree.body:
+        if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"):
+            for sub in ast.walk(node):
+                if hasattr(sub, "lineno"):
+                    lines.add(sub.lineno)
+    return lines
+
+
+def test_only_the_cli_prints_for_people_and_picks_exit_codes() -> None:
+    """``print`` and ``sys.exit``/``SystemExit`` belong to the CLI (and to a module's own
+    ``__main__`` block: the programs the job starts on nodes); everywhere else errors are raised
+    as beam_hpc.errors classes and messages go to logging."""
+    bad = []
+    for name, path in all_modules().items():
+        if stage(name) == "cli":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        main_lines = _in_main_block(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or node.lineno in main_lines:
+                continue
+            f = node.func
+            called = f.id if isinstance(f, ast.Name) else (
+                f"{f.value.id}.{f.attr}" if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else "")
+            if called in ("print", "sys.exit", "SystemExit", "exit", "quit"):
+                bad.append(f"{path.relative_to(PACKAGE_DIR.parent)}:{node.lineno}: {called}(...)")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_walker_sees_imports_inside_functions(tmp_path: Path) -> None:
+    """The checker itself: a cycle made only of function-body imports is found."""
+    pkg = tmp_path / "beam_hpc"
+    (pkg / "plan").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "plan" / "__init__.py").write_text("")
+    (pkg / "plan" / "a.py").write_text("def f():\n    from beam_hpc.plan import b\n")
+    (pkg / "plan" / "b.py").write_text("def g():\n    from beam_hpc.plan.a import f\n")
+    modules = {module_name_in(p, tmp_path): p for p in pkg.rglob("*.py")}
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        for imp in imports_of(name, path, modules):
+            if imp.target in modules:
+                edges.setdefault(name, set()).add(imp.target)
+    assert find_cycle(sorted(modules), edges) is not None
+
+
+def module_name_in(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

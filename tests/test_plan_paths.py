@@ -1,0 +1,33 @@
+"""beam_hpc.plan.paths: every run- and segment-directory name, spelled once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from beam_hpc.plan.paths import RunPaths, SegmentPaths, batch_log_name, node_log_name
+
+
+def test_run_and_segment_paths_spell_every_name() -> None:
+    run = RunPaths("/r")
+    assert (run.plan, run.ledger, run.script, run.smoke) == ("/r/plan.json", "/r/ledger.jsonl", "/r/job.sbatch",
+                                                             "/r/smoke.json")
+    assert (run.sentinel, run.cancel_flag, run.lock) == ("/r/SAVE_NOW", "/r/CANCELLED", "/r/run.lock")
+    assert run.identity == "/r/checkpoints/run_identity.json"
+    assert run.batch_log("%j") == "/r/logs/slurm-%j.out" and batch_log_name("7") == "slurm-7.out"
+    seg = run.segment("7", 1)
+    assert seg == run.segment_named("7-1") == SegmentPaths(run.segment_logs("7", 1)) and seg.name == "7-1"
+    assert seg.segment_log == Path("/r/logs/7-1/segment.log") and seg.driver_log == Path("/r/logs/7-1/driver.log")
+    assert seg.ready.name == "ready.json" and seg.readiness_log.name == "readiness.log"
+    assert seg.outcome.name == "outcome.json" and seg.runtime.name == "runtime.json"
+    assert seg.node_log("trainer", 0) == Path("/r/logs/7-1", node_log_name("trainer", 0)) == Path(
+        "/r/logs/7-1/node-trainer-0.log")
+    assert seg.node_log("rollout", "%t").name == "node-rollout-%t.log"
+    assert seg.node_report("rollout", 2) == Path("/r/logs/7-1/nodes/rollout-2.json")
+    assert seg.srun_log("trainer").name == "srun-trainer.log"
+    assert seg.ray_logs("trainer", 3) == Path("/r/logs/7-1/ray-logs/trainer-3")
+
+
+def test_plan_module_reexports_run_paths() -> None:
+    from beam_hpc.plan import plan
+
+    assert plan.RunPaths is RunPaths
