@@ -23,8 +23,9 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "beam_hpc"
 # helpers), while nothing in node knows a backend.
 LAYERS = ("cli", "observe", "submission", "job", "lifecycle", "backends", "node", "reward", "data",
           "run", "slurm", "plan", "config")
-# Leaf modules every stage may use.
-LEAVES = ("beam_hpc.errors", "beam_hpc.progress", "beam_hpc")
+# Leaf modules every stage may use: they import nothing of beam_hpc (errors, the progress bar, and
+# run/files.py's atomic write and file lock, which plan.json's writer needs as much as the ledger).
+LEAVES = ("beam_hpc.errors", "beam_hpc.progress", "beam_hpc", "beam_hpc.run.files")
 HEAVY = ("ray", "submitit", "torch")
 ALLOCATION_STAGES = ("job", "node", "lifecycle")
 # Upward imports that are the design, each with its reason.
@@ -131,7 +132,7 @@ def test_imports_point_down_the_layers() -> None:
     bad = []
     for imp in edges:
         src, dst = stage(imp.source), stage(imp.target)
-        if src is None or dst is None or src == dst or (imp.source, imp.target) in ALLOWED_UPWARD:
+        if src is None or dst is None or src == dst or imp.target in LEAVES or (imp.source, imp.target) in ALLOWED_UPWARD:
             continue
         if LAYERS.index(dst) < LAYERS.index(src):
             bad.append(_describe(imp, modules))
@@ -200,15 +201,20 @@ def _in_main_block(tree: ast.Module) -> set[int]:
 
 
 def test_only_the_cli_prints_for_people_and_picks_exit_codes() -> None:
-    """``print`` and ``sys.exit``/``SystemExit`` belong to the CLI (and to a module's own
-    ``__main__`` block: the programs the job starts on nodes); everywhere else errors are raised
-    as beam_hpc.errors classes and messages go to logging."""
+    """``print`` and ``sys.exit``/``SystemExit`` belong to the CLI (and to the ``main`` of a module
+    that is a program of its own: what the job starts on nodes or in the container, whose stdout
+    is a protocol, not text for people); everywhere else errors are raised as beam_hpc.errors
+    classes and messages go to logging."""
     bad = []
     for name, path in all_modules().items():
         if stage(name) == "cli":
             continue
         tree = ast.parse(path.read_text(), str(path))
         main_lines = _in_main_block(tree)
+        if main_lines:  # a program of its own (started on a node or in a container): its main() speaks
+            for fn in tree.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == "main":
+                    main_lines |= {n.lineno for n in ast.walk(fn) if hasattr(n, "lineno")}
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call) or node.lineno in main_lines:
                 continue
@@ -217,6 +223,13 @@ def test_only_the_cli_prints_for_people_and_picks_exit_codes() -> None:
                 f"{f.value.id}.{f.attr}" if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else "")
             if called in ("print", "sys.exit", "SystemExit", "exit", "quit"):
                 bad.append(f"{path.relative_to(PACKAGE_DIR.parent)}:{node.lineno}: {called}(...)")
+    assert not bad, "\n".join(bad)
+
+
+def test_leaves_import_nothing_of_beam_hpc() -> None:
+    modules, edges = graph()
+    bad = [_describe(i, modules) for i in edges
+           if i.source in LEAVES and i.source != "beam_hpc" and i.target.startswith("beam_hpc")]
     assert not bad, "\n".join(bad)
 
 

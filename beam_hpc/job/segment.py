@@ -6,7 +6,7 @@ walltime warning (``--signal=B:USR1@lead``) and Slurm's SIGTERM. What it does, i
 1. takes the run lock (a second segment on the same output directory is refused; a lock of a
    killed job is taken over, see :mod:`beam_hpc.run.lock`), and sets up ``logs/<job>-<restart>/``;
 2. writes the ledger's start line, then checks that the run may go on: the cancel flag,
-   ``max_segments``, and the seed's resume rules (:func:`beam_hpc.submission.run_guard.check_resume`:
+   ``max_segments``, and the seed's resume rules (:func:`beam_hpc.run.resume.check_resume`:
    checkpoint *and* dataset state, num_rollout counts all rollouts, and the checkpoints were made
    with this plan's model, data and topology: :mod:`beam_hpc.run.identity`, the same check as at
    submit time, since plan.json or the script may have changed); a refusal is the segment's end line and
@@ -171,7 +171,7 @@ class Segment:
             return self._finish_now("error", f"lifecycle.max_segments ({recipe.lifecycle.max_segments}) reached "
                                              "before this segment; raise it and resubmit with --resume")
         try:
-            from beam_hpc.submission.run_guard import check_resume
+            from beam_hpc.run.resume import check_resume
 
             check_resume(recipe, resume=resume)  # with checkpoints, also what they were made with
         except IdentityError as err:  # a changed plan.json or a hand-edited script: another run's checkpoints
