@@ -13,15 +13,14 @@ from beam_hpc.errors import InputError
 from beam_hpc.errors import RuntimeFailure
 
 import os
-import re
 import shlex
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from beam_hpc.plan.plan import Plan, make_plan
 from beam_hpc.config.recipe import Recipe, apply_overrides, load_yaml, recipe_from_dict
+from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.script import write_script
 from beam_hpc.config.site import Site, find_site
 
@@ -128,9 +127,8 @@ def check_paths(recipe: Recipe, site: Site) -> None:
 
 def sbatch_command(script: Path, *, resume: bool = False, dependency: str | None = None,
                    smoke: bool = False) -> list[str]:
-    cmd = ["sbatch", "--parsable"]
-    if dependency:
-        cmd.append(f"--dependency={dependency}")
+    """The ``sbatch --parsable`` line that submits the rendered script (what a dry run prints)."""
+    cmd = slurm_client.sbatch_argv([f"--dependency={dependency}"] if dependency else [])
     cmd.append(str(script))
     if resume:
         cmd.append("--resume")
@@ -140,14 +138,14 @@ def sbatch_command(script: Path, *, resume: bool = False, dependency: str | None
 
 
 def run_sbatch(cmd: list[str], env: dict[str, str] | None = None) -> str:
-    """Run sbatch, return the job id; Slurm's own message on refusal."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
-    if proc.returncode != 0:
-        raise SubmitError(f"sbatch refused the job: {proc.stderr.strip() or proc.stdout.strip()}")
-    match = re.match(r"\s*(\d+)", proc.stdout)
-    if not match:
-        raise SubmitError(f"could not read a job id from sbatch's output: {proc.stdout!r}")
-    return match.group(1)
+    """Run an ``sbatch`` line of :func:`sbatch_command` through the Slurm client, return the job
+    id; Slurm's own message on refusal."""
+    try:
+        return slurm_client.sbatch(cmd[1:], env={**os.environ, **(env or {})}, timeout=None)
+    except slurm_client.NoJobId as err:
+        raise SubmitError(f"could not read a job id from sbatch's output: {err.stdout!r}") from err
+    except slurm_client.SlurmError as err:
+        raise SubmitError(f"sbatch refused the job: {err.detail}") from err
 
 
 def submit(
