@@ -26,7 +26,9 @@ from beam_hpc.run import checkpoint_layout
 from beam_hpc.run import ledger
 
 from beam_hpc.run import metric_names
+from beam_hpc.errors import InputError
 from beam_hpc.lifecycle.actions import resubmit_command
+from beam_hpc.lifecycle.cancel import cancel_run
 from beam_hpc.lifecycle.decide import Action, Outcome, decide
 from beam_hpc.lifecycle.save import save_and_wait
 from beam_hpc.lifecycle.segment_metrics import segment_metrics
@@ -414,6 +416,15 @@ def test_segment_refuses_a_fresh_start_onto_checkpoints_and_a_total_already_reac
     code, seg = _run_segment(plan, resume=True, num_rollout=5)  # --num-rollout N counts all rollouts
     assert code == 0 and seg["end"]["reason"] == "completed" and seg["start"]["num_rollout"] == 5
     assert json.loads(Path(plan.paths.plan).read_text())["recipe"]["num_rollout"] == 5
+
+
+def test_cancel_of_a_directory_that_is_no_run_is_an_input_error(tmp_path: Path) -> None:
+    from beam_hpc.cli.app import main
+
+    with pytest.raises(InputError, match="no plan.json and no ledger.jsonl"):
+        cancel_run(str(tmp_path / "nothing"))
+    assert not (tmp_path / "nothing").exists()  # no flag written anywhere
+    assert main(["cancel", str(tmp_path / "nothing")]) == 2
 
 
 def test_segment_honours_the_cancel_flag_and_max_segments(tiny_plan) -> None:
