@@ -1,4 +1,6 @@
-"""Fast tests of the lifecycle's pieces: ledger, run lock, watchdog, save-now, the decision rules.
+"""Fast tests of the lifecycle's pieces: ledger, run lock, watchdog (lifecycle.watchdog), save-now
+(lifecycle.save), segment metrics, the decision rules (lifecycle.decide), the resubmission line
+(lifecycle.actions).
 
 Real files, real signals, real processes. The one seam is the Slurm query (``query=``): these
 tests hand the lock and the watchdog a JobInfo instead of running ``scontrol``, so that the rules
@@ -24,18 +26,14 @@ from beam_hpc.run import checkpoint_layout
 from beam_hpc.run import ledger
 
 from beam_hpc.run import metric_names
-from beam_hpc.lifecycle.lifecycle import (
-    JobInfo,
-    Outcome,
-    SlurmUnavailable,
-    Watchdog,
-    decide,
-    parse_job,
-    resubmit_command,
-    save_and_wait,
-    segment_metrics,
-    slurm_env_free,
-)
+from beam_hpc.errors import InputError
+from beam_hpc.lifecycle.actions import resubmit_command
+from beam_hpc.lifecycle.cancel import cancel_run
+from beam_hpc.lifecycle.decide import Action, Outcome, decide
+from beam_hpc.lifecycle.save import save_and_wait
+from beam_hpc.lifecycle.segment_metrics import segment_metrics
+from beam_hpc.lifecycle.watchdog import InterruptKind, Watchdog
+from beam_hpc.slurm.client import JobInfo, JobState, SlurmUnavailable
 from beam_hpc.plan.plan import RunPaths
 from beam_hpc.run.lock import Holder, RunLockError, acquire, read_holder, release
 
@@ -122,8 +120,8 @@ def _query(states: dict[str, str | None]):
     def query(job_id: str) -> JobInfo | None:
         state = states.get(job_id)
         if state == "UNAVAILABLE":
-            raise SlurmUnavailable("controller down")
-        return None if state is None else JobInfo(job_id, state, 0, None, None)
+            raise SlurmUnavailable(["scontrol", "show", "job", job_id], "controller down")
+        return None if state is None else JobInfo(job_id, JobState(state), 0, None, None)
     return query
 
 
@@ -166,28 +164,8 @@ def test_lock_outside_slurm_is_stale_when_its_pid_is_gone(tmp_path: Path) -> Non
     assert acquire(lock, Holder.me(None)) is not None  # unreadable: nobody's
 
 
-# -- Slurm's answers ----------------------------------------------------------------------------------
-
-# `scontrol --oneliner show job` of a preempted job on the local cluster (trimmed to the fields that matter)
-SCONTROL_PREEMPTED = (
-    "JobId=17 JobName=sig.sh UserId=root(0) JobState=RUNNING Reason=None Requeue=1 Restarts=0 "
-    "SubmitTime=2026-12-02T16:55:29 StartTime=2026-12-02T16:55:30 EndTime=2026-12-02T16:56:41 "
-    "PreemptEligibleTime=2026-12-02T16:55:30 PreemptTime=2026-12-02T16:56:21 NodeList=n[2-3]\n"
-)
-
-
-def test_parse_job_reads_the_het_leader_and_slurm_times() -> None:
-    info = parse_job(SCONTROL_PREEMPTED + "JobId=18 JobState=PENDING Restarts=0 EndTime=Unknown PreemptTime=None\n")
-    assert info is not None and info.job_id == "17" and info.state == "RUNNING" and info.restarts == 0
-    assert info.preempt_time is not None and info.end_time - info.preempt_time == 20
-    assert parse_job("") is None
-    assert parse_job("JobId=5 JobState=PENDING EndTime=Unknown PreemptTime=None").end_time is None
-
-
-def test_slurm_env_free_keeps_only_the_config() -> None:
-    env = slurm_env_free({"SLURM_JOB_ID": "3", "SLURM_RESTART_COUNT": "1", "SBATCH_PARTITION": "x",
-                          "SLURM_CONF": "/etc/s.conf", "PATH": "/bin"})
-    assert env == {"SLURM_CONF": "/etc/s.conf", "PATH": "/bin"}
+# -- acting on a decision ------------------------------------------------------------------------------
+# (parsing Slurm's answers: tests/test_slurm_client.py)
 
 
 def test_resubmit_command_chains_with_resume() -> None:
@@ -229,19 +207,20 @@ def _deliver(sig: int) -> None:
 
 
 def test_watchdog_tells_walltime_from_preemption(watchdog_factory) -> None:
-    wd = watchdog_factory(JobInfo("40", "RUNNING", 0, 1100.0, None))
+    wd = watchdog_factory(JobInfo("40", JobState.RUNNING, 0, 1100.0, None))
     assert wd.check() is None
     _deliver(signal.SIGUSR1)
     intr = wd.check()
     assert intr.kind == "walltime" and intr.source == "USR1" and intr.hard_end == 1100.0
-    wd2 = watchdog_factory(JobInfo("40", "RUNNING", 0, 1020.0, 1000.0))
+    assert intr.kind is InterruptKind.WALLTIME
+    wd2 = watchdog_factory(JobInfo("40", JobState.RUNNING, 0, 1020.0, 1000.0))
     _deliver(signal.SIGUSR1)
     assert wd2.check().kind == "preempted"
 
 
 def test_watchdog_keeps_its_own_deadline(watchdog_factory) -> None:
     clock = FakeClock(1000.0)
-    wd = watchdog_factory(JobInfo("40", "RUNNING", 0, 1100.0, None), clock=clock)
+    wd = watchdog_factory(JobInfo("40", JobState.RUNNING, 0, 1100.0, None), clock=clock)
     assert wd.check() is None and wd.deadline == 1040.0
     clock.t = 1040.0
     intr = wd.check()
@@ -250,34 +229,34 @@ def test_watchdog_keeps_its_own_deadline(watchdog_factory) -> None:
 
 
 def test_watchdog_classifies_sigterm(watchdog_factory, tmp_path: Path) -> None:
-    wd = watchdog_factory(JobInfo("40", "COMPLETING", 1, 2000.0, None))
+    wd = watchdog_factory(JobInfo("40", JobState.COMPLETING, 1, 2000.0, None))
     _deliver(signal.SIGTERM)
     assert wd.check().kind == "requeued"
-    wd = watchdog_factory(JobInfo("40", "COMPLETING", 0, 1001.0, None))
+    wd = watchdog_factory(JobInfo("40", JobState.COMPLETING, 0, 1001.0, None))
     _deliver(signal.SIGTERM)
     assert wd.check().kind == "timelimit"
-    wd = watchdog_factory(JobInfo("40", "RUNNING", 0, 1000.0, 980.0))  # a preemption's grace is over
+    wd = watchdog_factory(JobInfo("40", JobState.RUNNING, 0, 1000.0, 980.0))  # a preemption's grace is over
     _deliver(signal.SIGTERM)
     assert wd.check().kind == "requeued"
-    wd = watchdog_factory(JobInfo("40", "RUNNING", 1, 1000.0, 900.0, submit_time=950.0), restart=1)
+    wd = watchdog_factory(JobInfo("40", JobState.RUNNING, 1, 1000.0, 900.0, submit_time=950.0), restart=1)
     _deliver(signal.SIGTERM)  # the PreemptTime of the incarnation before the requeue does not count
     assert wd.check().kind == "timelimit"
-    wd = watchdog_factory(JobInfo("40", "COMPLETING", 0, 2000.0, None))
+    wd = watchdog_factory(JobInfo("40", JobState.COMPLETING, 0, 2000.0, None))
     _deliver(signal.SIGTERM)
     assert wd.check().kind == "cancelled"
     (tmp_path / "CANCELLED").write_text("x")
-    wd = watchdog_factory(JobInfo("40", "COMPLETING", 1, 2000.0, None))
+    wd = watchdog_factory(JobInfo("40", JobState.COMPLETING, 1, 2000.0, None))
     _deliver(signal.SIGTERM)
     assert wd.check().detail.startswith("cancelled with beam-hpc cancel")
 
 
 def test_sigterm_overrides_a_walltime_save_in_progress(watchdog_factory) -> None:
-    wd = watchdog_factory(JobInfo("40", "RUNNING", 0, 1100.0, None))
+    wd = watchdog_factory(JobInfo("40", JobState.RUNNING, 0, 1100.0, None))
     _deliver(signal.SIGUSR1)
     assert wd.check().kind == "walltime"
     _deliver(signal.SIGUSR1)
     assert wd.check() is None  # the same thing again: nothing new
-    wd._query = lambda _j: JobInfo("40", "COMPLETING", 1, 1100.0, None)
+    wd._query = lambda _j: JobInfo("40", JobState.COMPLETING, 1, 1100.0, None)
     _deliver(signal.SIGTERM)
     assert wd.check().kind == "requeued"
 
@@ -354,6 +333,7 @@ def _seg(reason: str | None, start: int, end: int) -> dict:
 
 def test_decide_resubmits_after_walltime_progress_and_stops_when_done() -> None:
     assert _decide("walltime", 4, 8).action == "resubmit"
+    assert _decide("walltime", 4, 8).action is Action.RESUBMIT  # an enum whose value is the ledger's string
     assert _decide("walltime", 4, 20).action == "none"
     assert "num_rollout 20 reached" in _decide("error", 4, 20).detail
 
@@ -439,6 +419,15 @@ def test_segment_refuses_a_fresh_start_onto_checkpoints_and_a_total_already_reac
     assert json.loads(Path(plan.paths.plan).read_text())["recipe"]["num_rollout"] == 10
 
 
+def test_cancel_of_a_directory_that_is_no_run_is_an_input_error(tmp_path: Path) -> None:
+    from beam_hpc.cli.app import main
+
+    with pytest.raises(InputError, match="no plan.json and no ledger.jsonl"):
+        cancel_run(str(tmp_path / "nothing"))
+    assert not (tmp_path / "nothing").exists()  # no flag written anywhere
+    assert main(["cancel", str(tmp_path / "nothing")]) == 2
+
+
 def test_segment_honours_the_cancel_flag_and_max_segments(tiny_plan) -> None:
     plan, _ = tiny_plan("lifecycle.max_segments=1")
     Path(plan.paths.cancel_flag).write_text("x")
@@ -474,7 +463,7 @@ def test_a_submission_after_the_cancel_flag_clears_it(tiny_plan) -> None:
     flagged = flag.stat().st_mtime
 
     def submitted(at: float):
-        return lambda job_id: JobInfo(job_id, "RUNNING", 0, None, None, submit_time=at)
+        return lambda job_id: JobInfo(job_id, JobState.RUNNING, 0, None, None, submit_time=at)
 
     assert Segment(plan.paths.plan, env={"SLURM_JOB_ID": "55"}, query=submitted(flagged - 60)).run() == 0
     assert flag.exists() and ledger.read_ledger(plan.paths.ledger)[0][-1]["end"]["reason"] == "cancelled"
@@ -499,7 +488,7 @@ def test_a_segment_refuses_checkpoints_made_with_another_model_or_topology(tiny_
     requeued = {"SLURM_JOB_ID": "71", "SLURM_RESTART_COUNT": "1"}
 
     def query(job_id: str) -> JobInfo:
-        return JobInfo(job_id, "RUNNING", 1, None, None)
+        return JobInfo(job_id, JobState.RUNNING, 1, None, None)
 
     for overrides, field in ((("model.path=/elsewhere/model",), "model.path (was "),
                              (("topology.trainer.nodes=2",), "topology.trainer.nodes (was 1, now 2)")):
@@ -535,7 +524,7 @@ def test_without_save_on_request_the_lead_is_ignored_and_the_time_limit_is_recor
     _checkpoint(plan.paths, 4)
     end_time = time.time() + 3600
     seg = Segment(plan.paths.plan, resume=True, env={"SLURM_JOB_ID": "80"},
-                  query=lambda j: JobInfo(j, "RUNNING", 0, end_time, None))
+                  query=lambda j: JobInfo(j, JobState.RUNNING, 0, end_time, None))
     seg.watchdog.install()
     try:
         assert seg._prepare() is None  # the checks a segment makes before its job

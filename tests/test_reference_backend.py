@@ -100,13 +100,13 @@ def test_sync_resume_is_bitwise_equal_and_the_sentinel_saves(tmp_path, tiny_asse
     """The save sentinel both ways: as the lifecycle writes it ("then": "stop": save at the next
     boundary and exit, so nothing is trained that nobody keeps) and as a user's ``touch`` (Miles's
     semantics: save and go on). Three processes, one run, bitwise equal to an uninterrupted one."""
-    from beam_hpc.lifecycle import lifecycle
+    from beam_hpc.lifecycle import save
     from beam_hpc.plan.plan import Plan
 
     base = ["num_rollout=4", "checkpoint.interval=3", "training.async_training=false"]
     whole, _ = _run(tmp_path, "whole", tiny_assets, reference_ray, base)
     cut = tmp_path / "cut"
-    lifecycle.request_save(Plan.load(make_plan(cut, tiny_assets, [*SMALL, *base])).paths, "walltime")
+    save.request_save(Plan.load(make_plan(cut, tiny_assets, [*SMALL, *base])).paths, "walltime")
     _, out = _run(tmp_path, "cut", tiny_assets, reference_ray, base)
     assert "save sentinel honoured at rollout 0 and removed; stopping, as it asks" in out
     assert _iter(cut, 0).is_dir() and not _iter(cut, 1).exists() and not (cut / "SAVE_NOW").exists()

@@ -1,7 +1,7 @@
 """``beam-hpc cancel RUN_DIR``: the CLI face of a run's lifecycle.
 
 Registered by beam_hpc/cli/app.py (PLUGIN_MODULES); prints for people and picks exit codes, while
-:func:`beam_hpc.lifecycle.lifecycle.cancel_run` does the work. Exit codes: 0 cancelled, 1 a scancel failed,
+:func:`beam_hpc.lifecycle.cancel.cancel_run` does the work. Exit codes: 0 cancelled, 1 a scancel failed,
 2 not a run directory.
 """
 
@@ -19,13 +19,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from beam_hpc.lifecycle.lifecycle import cancel_run
+    from beam_hpc.lifecycle.cancel import cancel_run
 
-    try:
-        res = cancel_run(args.run_dir)
-    except FileNotFoundError as err:
-        print(f"beam-hpc: error: {err}", file=sys.stderr)
-        return 2
+    res = cancel_run(args.run_dir)  # not a run directory: InputError, exit 2 (the CLI maps it)
     print(f"cancel flag written: {res.flag} (no segment of this run resubmits, requeues or starts after it)")
     if res.job_ids:
         print(f"scancel sent to job(s) {', '.join(res.job_ids)}" + (f" and jobs named {res.job_name}" if res.job_name else ""))

@@ -47,12 +47,14 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from glob import glob
 from pathlib import Path
 from typing import IO, Protocol
 
 from beam_hpc.node.container import container_command
 from beam_hpc.plan.paths import SegmentPaths
+from beam_hpc.slurm import client as slurm_client
 from beam_hpc.plan.plan import GroupPlan, Plan, fill
 from beam_hpc.node.ray_node import (
     LOOPBACK_MAX_NODES,
@@ -77,13 +79,26 @@ DEFAULT_STOP_GRACE_S = 20.0
 POLL_S = 0.2
 NODE_FAILURE_GRACE_S = 1.5  # after a driver failure, look this long for the dead node behind it
 
-STATUSES = ("completed", "driver-failed", "node-failure", "not-ready", "stopped", "error")
+
+
+class JobStatus(StrEnum):
+    """How the job ended (``outcome.json``'s ``status``; the values are the strings it always had)."""
+
+    COMPLETED = "completed"
+    DRIVER_FAILED = "driver-failed"
+    NODE_FAILURE = "node-failure"
+    NOT_READY = "not-ready"
+    STOPPED = "stopped"
+    ERROR = "error"
+
+
+STATUSES = tuple(s.value for s in JobStatus)
 
 
 class JobError(RuntimeFailure):
-    """The job cannot go on; ``status`` is one of STATUSES, ``node``/``log`` name the culprit."""
+    """The job cannot go on; ``status`` says how (a JobStatus), ``node``/``log`` name the culprit."""
 
-    status = "error"
+    status = JobStatus.ERROR
 
     def __init__(self, message: str, *, node: str | None = None, log_path: str | None = None) -> None:
         super().__init__(message)
@@ -91,15 +106,15 @@ class JobError(RuntimeFailure):
 
 
 class NodeStepFailed(JobError):
-    status = "node-failure"
+    status = JobStatus.NODE_FAILURE
 
 
 class NotReady(JobError):
-    status = "not-ready"
+    status = JobStatus.NOT_READY
 
 
 class StopRequested(JobError):
-    status = "stopped"
+    status = JobStatus.STOPPED
 
 
 # -- where we are ---------------------------------------------------------------------------------
@@ -147,13 +162,11 @@ class JobContext:
 
 
 def expand_nodelist(text: str) -> list[str]:
-    """``n[1-2],n4`` -> [n1, n2, n4], through Slurm's own parser."""
-    if not text:
-        return []
-    res = subprocess.run(["scontrol", "show", "hostnames", text], capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        raise JobError(f"scontrol show hostnames {text!r} failed: {res.stderr.strip()}")
-    return res.stdout.split()
+    """``n[1-2],n4`` -> [n1, n2, n4], through Slurm's own parser (:mod:`beam_hpc.slurm.client`)."""
+    try:
+        return slurm_client.expand_hostnames(text)
+    except slurm_client.SlurmError as err:
+        raise JobError(f"scontrol show hostnames {text!r} failed: {err.detail}") from err
 
 
 # -- launchers --------------------------------------------------------------------------------------
@@ -222,8 +235,10 @@ class SrunLauncher:
             if not steps:  # no task reported yet: only srun knows the step; it kills it
                 h.proc.terminate()
             for step in steps:
-                subprocess.run(["scancel", "--signal=TERM", f"{comp}.{step}"], capture_output=True,
-                               check=False, timeout=30)
+                try:
+                    slurm_client.cancel([f"{comp}.{step}"], signal="TERM", timeout=30)
+                except slurm_client.SlurmError as err:  # the step may be gone; force_stop follows
+                    log.warning("%s", err)
 
     def force_stop(self, handles: list[StepHandle]) -> None:
         for h in handles:
@@ -292,7 +307,7 @@ def _reports(rt: ClusterRuntime, group: GroupPlan) -> list[dict]:
 class JobOutcome:
     """How the segment ended. Written to ``<segment dir>/outcome.json``; lifecycle code reads it."""
 
-    status: str  # one of STATUSES
+    status: JobStatus
     returncode: int
     message: str
     node: str | None = None
@@ -585,22 +600,22 @@ def run_job(runner: JobRunner, on_tick: Callable[[JobRunner], None] | None = Non
     try:
         runner.start()
         rc = runner.run_driver(on_tick)
-        status = "completed" if rc == 0 else "driver-failed"
+        status = JobStatus.COMPLETED if rc == 0 else JobStatus.DRIVER_FAILED
         outcome = JobOutcome(status, rc, f"driver exited with code {rc}")
     except JobError as err:
         outcome = JobOutcome(err.status, 1, str(err), node=err.node, log=err.log_path)
     except KeyboardInterrupt:
-        outcome = JobOutcome("stopped", 130, "interrupted")
+        outcome = JobOutcome(JobStatus.STOPPED, 130, "interrupted")
     except Exception as err:  # noqa: BLE001 - teardown must still run; the outcome says what broke
         log.exception("job failed")
-        outcome = JobOutcome("error", 1, f"{type(err).__name__}: {err}")
+        outcome = JobOutcome(JobStatus.ERROR, 1, f"{type(err).__name__}: {err}")
     finally:
         teardown_s = runner.stop()
     outcome.ready_s = None if runner.ready_s is None else round(runner.ready_s, 3)
     outcome.teardown_s = round(teardown_s, 3)
     outcome.segment_dir = str(runner.segment_dir)
     outcome.write()
-    (log.info if outcome.status == "completed" else log.error)("job %s: %s", outcome.status, outcome.message)
+    (log.info if outcome.status == JobStatus.COMPLETED else log.error)("job %s: %s", outcome.status, outcome.message)
     return outcome
 
 

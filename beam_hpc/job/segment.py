@@ -12,12 +12,12 @@ walltime warning (``--signal=B:USR1@lead``) and Slurm's SIGTERM. What it does, i
    submit time, since plan.json or the script may have changed); a refusal is the segment's end line and
    ends the chain. A requeued segment (SLURM_RESTART_COUNT > 0) resumes by itself;
 3. runs the job (:mod:`beam_hpc.job.runner`: Ray on every node, the driver) while the
-   :class:`beam_hpc.lifecycle.lifecycle.Watchdog` watches for the walltime lead (USR1 or its own deadline
+   :class:`beam_hpc.lifecycle.watchdog.Watchdog` watches for the walltime lead (USR1 or its own deadline
    from the job's EndTime), preemption (USR1 with a PreemptTime) and SIGTERM;
 4. on walltime or preemption, asks the backend to save now (sentinel), waits for that checkpoint,
    stops the driver and tears down; on SIGTERM it has only Slurm's KillWait, so it writes the
    ledger end line first and relies on the last complete checkpoint;
-5. decides (:func:`beam_hpc.lifecycle.lifecycle.decide`) and acts: resubmit itself with ``--resume``
+5. decides (:func:`beam_hpc.lifecycle.decide.decide`) and acts: resubmit itself with ``--resume``
    (dependency afterany on itself), requeue (same job id), or stop; writes the ledger end line;
    releases the lock.
 
@@ -42,15 +42,11 @@ from beam_hpc.run import checkpoint_layout
 
 from beam_hpc.run import ledger
 
-from beam_hpc.lifecycle import lifecycle
-from beam_hpc.lifecycle.lifecycle import (
-    Decision,
-    Interrupt,
-    JobInfo,
-    Outcome,
-    SlurmUnavailable,
-    Watchdog,
-)
+from beam_hpc.lifecycle import actions, cancel, save
+from beam_hpc.lifecycle.decide import Action, Decision, Outcome, decide
+from beam_hpc.lifecycle.segment_metrics import metrics_offset, segment_metrics
+from beam_hpc.lifecycle.watchdog import Interrupt, Watchdog
+from beam_hpc.slurm.client import JobInfo, SlurmUnavailable, show_job
 from beam_hpc.plan.plan import Plan, compute_lead_s
 from beam_hpc.errors import InputError
 from beam_hpc.run.identity import IdentityError, record_identity
@@ -75,7 +71,7 @@ class Segment:
         resume: bool = False,
         num_rollout: int | None = None,
         env: Mapping[str, str] | None = None,
-        query: Callable[[str], JobInfo | None] = lifecycle.job_info,
+        query: Callable[[str], JobInfo | None] = show_job,
     ) -> None:
         self.env = dict(os.environ if env is None else env)
         self.plan = Plan.load(plan_path)
@@ -96,7 +92,7 @@ class Segment:
         self.lead_s = self.plan.lead_s
         self.history: list[dict] = []
         self.interrupt: Interrupt | None = None
-        self.save_result: lifecycle.SaveResult | None = None
+        self.save_result: save.SaveResult | None = None
         self.finished = False  # the end line is written
         self._finishing = False
         self._requeue_self = False
@@ -138,7 +134,7 @@ class Segment:
                 return code
             return self._run_job()
         finally:
-            lifecycle.clear_save_request(self.paths)
+            save.clear_save_request(self.paths)
             release(self.paths.lock, self.me)
 
     # -- before the job ---------------------------------------------------------------------------
@@ -162,7 +158,7 @@ class Segment:
             job_id=self.ledger_job_id, restart=self.restart, host=socket.gethostname(),
             rollouts_at_start=self.rollouts_at_start, num_rollout=recipe.num_rollout, resume=resume,
             walltime_s=self.plan.walltime_s, lead_s=self.lead_s))
-        lifecycle.clear_save_request(self.paths)  # left by a killed segment: it no longer applies
+        save.clear_save_request(self.paths)  # left by a killed segment: it no longer applies
         if self._cancelled():
             return self._finish_now("cancelled", "the run was cancelled (beam-hpc cancel); not starting")
         if self.rollouts_at_start >= recipe.num_rollout:
@@ -236,7 +232,7 @@ class Segment:
     def _run_job(self) -> int:
         from beam_hpc.job import runner as runtime
 
-        self.metrics_offset = lifecycle.metrics_offset(self.paths)
+        self.metrics_offset = metrics_offset(self.paths)
         try:
             if self.job_id is not None:
                 ctx = runtime.JobContext.from_slurm(self.plan, self.env)
@@ -300,7 +296,7 @@ class Segment:
         lc = self.plan.recipe.lifecycle
         now = time.time()
         hard_end = intr.hard_end if intr.hard_end is not None else now + lc.save_timeout_s
-        deadline = min(now + lc.save_timeout_s, hard_end - lifecycle.TEARDOWN_RESERVE_S)
+        deadline = min(now + lc.save_timeout_s, hard_end - save.TEARDOWN_RESERVE_S)
         driver = self.runner.driver
 
         def more_urgent() -> bool:
@@ -314,11 +310,11 @@ class Segment:
             return self.finished
 
         if deadline <= now:
-            self.save_result = lifecycle.SaveResult(False, checkpoint_layout.latest_iteration(self.paths.checkpoints), 0.0,
-                                                    "no time left to save; relying on the last checkpoint")
+            self.save_result = save.SaveResult(False, checkpoint_layout.latest_iteration(self.paths.checkpoints), 0.0,
+                                               "no time left to save; relying on the last checkpoint")
             log.warning("%s", self.save_result.detail)
             return
-        self.save_result = lifecycle.save_and_wait(
+        self.save_result = save.save_and_wait(
             self.paths, deadline=deadline, driver_running=lambda: driver.poll() is None,
             reason=intr.kind, interrupted=more_urgent)
         (log.info if self.save_result.saved else log.warning)("%s (%.1f s)", self.save_result.detail,
@@ -351,12 +347,12 @@ class Segment:
         try:
             recipe = self.plan.recipe
             done = checkpoint_layout.rollouts_done(self.paths.checkpoints)
-            metrics = lifecycle.segment_metrics(self.paths, self.metrics_offset)
+            metrics = segment_metrics(self.paths, self.metrics_offset)
             outcome = Outcome(reason=reason, rollouts_at_start=self.rollouts_at_start, rollouts_at_end=done,
                               num_rollout=recipe.num_rollout, rollouts_run=metrics.rollouts_run, retryable=retryable)
-            decision = lifecycle.decide(outcome, history=self.history, max_segments=recipe.lifecycle.max_segments,
-                                        cancelled=lifecycle.cancel_requested(self.paths),
-                                        requeue_on_preemption=recipe.lifecycle.requeue_on_preemption)
+            decision = decide(outcome, history=self.history, max_segments=recipe.lifecycle.max_segments,
+                              cancelled=cancel.cancel_requested(self.paths),
+                              requeue_on_preemption=recipe.lifecycle.requeue_on_preemption)
             decision, next_job = self._act(decision)
             save_s = self.save_result.seconds if self.save_result and self.save_result.saved else metrics.save_s
             ledger.append(self.paths.ledger, ledger.end_record(
@@ -383,25 +379,25 @@ class Segment:
         return at if at >= self.started_at else None
 
     def _act(self, decision: Decision) -> tuple[Decision, str | None]:
-        if decision.action == "resubmit":
+        if decision.action == Action.RESUBMIT:
             script = Path(self.paths.script)
             if self.job_id is None:
-                return Decision("none", decision.detail + " (not in Slurm: nothing to resubmit)"), None
+                return Decision(Action.NONE, decision.detail + " (not in Slurm: nothing to resubmit)"), None
             if not script.is_file():
-                return Decision("none", f"{decision.detail}, but {script} is missing; resubmit by hand"), None
+                return Decision(Action.NONE, f"{decision.detail}, but {script} is missing; resubmit by hand"), None
             has_ckpt = checkpoint_layout.latest_iteration(self.paths.checkpoints) is not None
             try:
-                job = lifecycle.resubmit(str(script), lead_s=self.lead_s, resume=has_ckpt,
+                job = actions.resubmit(str(script), lead_s=self.lead_s, resume=has_ckpt,
                                          dependency=f"afterany:{self.job_id}")
             except (RuntimeError, OSError) as err:
                 log.error("%s", err)
-                return Decision("none", f"{decision.detail}, but the resubmission failed: {err}"), None
-            if lifecycle.cancel_requested(self.paths):  # cancelled while we were submitting
-                lifecycle.withdraw(job)
-                return Decision("none", f"the run was cancelled; withdrew the resubmitted job {job}"), None
+                return Decision(Action.NONE, f"{decision.detail}, but the resubmission failed: {err}"), None
+            if cancel.cancel_requested(self.paths):  # cancelled while we were submitting
+                cancel.withdraw(job)
+                return Decision(Action.NONE, f"the run was cancelled; withdrew the resubmitted job {job}"), None
             log.info("resubmitted as job %s (after this one, %s)", job, "--resume" if has_ckpt else "fresh")
             return decision, job
-        if decision.action == "requeue":
+        if decision.action == Action.REQUEUE:
             if self.interrupt is not None and self.interrupt.kind == "preempted":
                 self._requeue_self = True  # we end inside the grace time: Slurm would not requeue
             return decision, self.job_id
@@ -409,7 +405,7 @@ class Segment:
 
     def _do_requeue_self(self) -> None:
         try:
-            lifecycle.requeue_self(self.job_id or "")
+            actions.requeue_self(self.job_id or "")
             log.info("requeued job %s", self.job_id)
         except (RuntimeError, OSError) as err:
             log.error("%s; Slurm requeues the job itself when the grace time ends", err)

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Literal
 
 from beam_hpc.node import nvme
 from beam_hpc.config.site import Site
+from beam_hpc.slurm import client as slurm_client
+from beam_hpc.slurm.client import gres_counts
 
 if TYPE_CHECKING:
     from beam_hpc.config.recipe import Recipe
@@ -145,13 +147,14 @@ def _slurm_checks(site: Site) -> list[Check]:
         return [Check("slurm commands", "fail", f"not on PATH: {', '.join(missing)}",
                       "load Slurm's module or add its bin directory to PATH (on a login node of the cluster)")]
     checks = [Check("slurm commands", "pass", ", ".join(SLURM_COMMANDS) + " found")]
-    ping = _run(["scontrol", "ping"])
-    if "UP" not in ping.stdout:
-        checks.append(Check("slurm controller", "fail", f"scontrol ping: {_last_line(ping)}",
+    try:
+        ping = slurm_client.ping()
+    except slurm_client.SlurmUnavailable as err:
+        checks.append(Check("slurm controller", "fail", f"scontrol ping: {err.last_line}",
                             "check SLURM_CONF and that slurmctld runs (`scontrol ping` must say UP)"))
         return checks
-    checks.append(Check("slurm controller", "pass", ping.stdout.strip().splitlines()[0]))
-    names = _run(["sinfo", "--noheader", "--format=%R"]).stdout.split()
+    checks.append(Check("slurm controller", "pass", ping))
+    names = slurm_client.partition_names()
     for groups, part in _partitions(site):
         checks += _partition_checks(site, groups, part, names)
     return checks
@@ -162,11 +165,10 @@ def _partition_checks(site: Site, groups: str, part: str | None, known: list[str
     if part is None:
         return [Check(label, "warn", f"{groups}: no partition in the site; Slurm's default partition is used",
                       f"set partitions.{groups.split('+')[0]} in the site to pin it")]
-    res = _run(["scontrol", "--oneliner", "show", "partition", part])
-    if res.returncode != 0 or f"PartitionName={part}" not in res.stdout:
+    fields = slurm_client.show_partition(part)
+    if fields is None:
         return [Check(label, "fail", f"{groups}: partition {part!r} does not exist",
                       f"set partitions.{groups.split('+')[0]} in the site to one of: {', '.join(known) or '(none)'}")]
-    fields = dict(tok.split("=", 1) for tok in res.stdout.split() if "=" in tok)
     if fields.get("State") != "UP":
         return [Check(label, "fail", f"{groups}: partition {part} is {fields.get('State')}",
                       "pick a partition that is UP (`sinfo -s`) or wait for the admins to bring it up")]
@@ -180,20 +182,8 @@ def _partition_checks(site: Site, groups: str, part: str | None, known: list[str
     return checks
 
 
-def gres_counts(sinfo_gres: str, name: str) -> list[int]:
-    """Counts of GRES ``name`` per node set, from `sinfo -o %G` lines such as ``gpu:2``,
-    ``gpu:h200:8(S:0-1)`` or ``gpu:a100:4,shard:8``."""
-    counts = []
-    for line in sinfo_gres.split():
-        for item in line.split(","):
-            parts = item.split("(")[0].split(":")
-            if parts[0] == name and len(parts) >= 2 and parts[-1].isdigit():
-                counts.append(int(parts[-1]))
-    return counts
-
-
 def _gres_check(site: Site, part: str) -> Check:
-    gres = _run(["sinfo", "--noheader", f"--partition={part}", "--format=%G"]).stdout
+    gres = slurm_client.partition_gres(part)
     counts = gres_counts(gres, site.gres)
     label = f"gres {site.gres} on {part}"
     if not counts or max(counts) < site.gpus_per_node:
@@ -204,9 +194,7 @@ def _gres_check(site: Site, part: str) -> Check:
 
 
 def _constraint_check(part: str, group: str, constraint: str) -> Check:
-    features = set()
-    for line in _run(["sinfo", "--noheader", f"--partition={part}", "--format=%f"]).stdout.split():
-        features.update(f for f in line.split(",") if f and f != "(null)")
+    features = slurm_client.partition_features(part)
     wanted = {w.strip("[]() ").split("*")[0] for w in constraint.replace("|", "&").split("&")}
     missing = sorted(w for w in wanted if w and w not in features)
     label = f"constraint {group}"

@@ -30,7 +30,6 @@ import json
 import math
 import shutil
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from beam_hpc.run import checkpoint_layout
 from beam_hpc.run import metric_names
 from beam_hpc.observe.eval_set import EvalData, eval_set_of
 from beam_hpc.run.ledger import read_ledger
+from beam_hpc.slurm import client as slurm_client
 from beam_hpc.plan.plan import RunPaths
 from beam_hpc.progress import duration, text_table
 
@@ -150,28 +150,22 @@ def slurm_job_state(job_id: str, timeout: float = 10.0) -> dict[str, Any]:
     """
     out: dict[str, Any] = {"reachable": False, "job_id": job_id, "state": None, "reason": None,
                            "components": [], "note": ""}
-    exe = shutil.which("scontrol")
-    if exe is None:
+    if shutil.which("scontrol") is None:
         out["note"] = "scontrol not found on PATH: no live Slurm state"
         return out
     try:
-        res = subprocess.run([exe, "--oneliner", "show", "job", str(job_id)], capture_output=True,
-                             text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        out["note"] = f"scontrol did not answer within {timeout:.0f} s"
+        records = slurm_client.show_job_records(str(job_id), timeout=timeout)
+    except slurm_client.SlurmUnavailable as err:
+        out["note"] = (f"scontrol did not answer within {timeout:.0f} s" if err.timed_out
+                       else f"scontrol failed: {err.last_line}")
         return out
-    if res.returncode != 0:
-        err = (res.stderr or res.stdout).strip()
-        if "Invalid job id" in err:
-            out.update(reachable=True, state="GONE",
-                       note="Slurm no longer knows this job (it ended a while ago)")
-        else:
-            out["note"] = f"scontrol failed: {err.splitlines()[-1] if err else res.returncode}"
+    if records is None:
+        out.update(reachable=True, state="GONE",
+                   note="Slurm no longer knows this job (it ended a while ago)")
         return out
     keys = ("JobId", "HetJobOffset", "JobState", "Reason", "NodeList", "Partition", "RunTime",
             "TimeLimit", "Restarts", "StartTime", "EndTime")
-    for line in res.stdout.splitlines():
-        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+    for fields in records:
         if "JobState" in fields:
             out["components"].append({k: fields.get(k) for k in keys})
     out["reachable"] = True

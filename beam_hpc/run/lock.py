@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from beam_hpc.lifecycle.lifecycle import JobInfo, SlurmUnavailable, job_info
+from beam_hpc.slurm.client import JobInfo, JobState, SlurmUnavailable, show_job
 from beam_hpc.run.files import locked, write_atomic
 
 
@@ -77,7 +77,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def stale_reason(holder: Holder, *, query: Callable[[str], JobInfo | None] = job_info) -> str | None:
+def stale_reason(holder: Holder, *, query: Callable[[str], JobInfo | None] = show_job) -> str | None:
     """Why ``holder`` no longer holds the run (None when it may still be working). Raises
     SlurmUnavailable when Slurm cannot say."""
     if holder.pid == -1:
@@ -89,7 +89,7 @@ def stale_reason(holder: Holder, *, query: Callable[[str], JobInfo | None] = job
     info = query(holder.job_id)
     if info is None:
         return f"Slurm no longer knows job {holder.job_id}"
-    if info.state != "RUNNING":
+    if info.state != JobState.RUNNING:
         return f"job {holder.job_id} is {info.state}, not RUNNING"
     return None
 
@@ -114,7 +114,7 @@ def _write(path: Path, holder: Holder, *, exclusive: bool) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def acquire(path: str | Path, me: Holder, *, query: Callable[[str], JobInfo | None] = job_info) -> Holder | None:
+def acquire(path: str | Path, me: Holder, *, query: Callable[[str], JobInfo | None] = show_job) -> Holder | None:
     """Take the run lock for ``me``. Returns the previous holder when a stale lock (or our own job's
     lock from before a requeue) was taken over, None when the lock was free. Raises RunLockError
     when a live segment holds it, or when Slurm cannot tell whether it is live."""
@@ -160,7 +160,7 @@ def release(path: str | Path, me: Holder) -> bool:
         return True
 
 
-def check_free(path: str | Path, *, query: Callable[[str], JobInfo | None] = job_info) -> None:
+def check_free(path: str | Path, *, query: Callable[[str], JobInfo | None] = show_job) -> None:
     """Raise RunLockError if a live segment holds the run (login-node check before a submission)."""
     p = Path(path)
     holder = read_holder(p)

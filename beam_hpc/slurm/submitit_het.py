@@ -216,6 +216,9 @@ class HetSlurmInfoWatcher(core.InfoWatcher):
         if not self._registered - self._finished:
             return None
         # No --jobs: squeue fails outright when any listed id is already purged.
+        # Not through beam_hpc.slurm.client: submitit's InfoWatcher.update() runs the command this
+        # returns itself (throttled, with its own error handling) and hands the text to read_info;
+        # running it here instead would mean replacing update(), i.e. changing submitit's behaviour.
         return ["squeue", "--noheader", "--states=all", f"--user={getpass.getuser()}",
                 "--format=%i|%T|%N"]
 

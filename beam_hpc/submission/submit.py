@@ -11,8 +11,6 @@ allocation imports this module.
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from beam_hpc.job.segment import SegmentArgs
 from beam_hpc.plan.plan import Plan, make_plan
 from beam_hpc.run import accounting, checkpoint_layout, ledger
 from beam_hpc.run.accounting import Estimate
+from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.script import write_script
 from beam_hpc.submission.request import SubmitRequest, Via
 from beam_hpc.submission.run_guard import check_before_submit
@@ -134,14 +133,14 @@ def check_paths(recipe: Recipe, site: Site) -> None:
 
 
 def run_sbatch(cmd: list[str], env: dict[str, str] | None = None) -> str:
-    """Run sbatch, return the job id; Slurm's own message on refusal."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
-    if proc.returncode != 0:
-        raise SubmitError(f"sbatch refused the job: {proc.stderr.strip() or proc.stdout.strip()}")
-    match = re.match(r"\s*(\d+)", proc.stdout)
-    if not match:
-        raise SubmitError(f"could not read a job id from sbatch's output: {proc.stdout!r}")
-    return match.group(1)
+    """Run an ``sbatch`` line (:meth:`SubmitRequest.sbatch_argv`) through the Slurm client, return the job
+    id; Slurm's own message on refusal."""
+    try:
+        return slurm_client.sbatch(cmd[1:], env={**os.environ, **(env or {})}, timeout=None)
+    except slurm_client.NoJobId as err:
+        raise SubmitError(f"could not read a job id from sbatch's output: {err.stdout!r}") from err
+    except slurm_client.SlurmError as err:
+        raise SubmitError(f"sbatch refused the job: {err.detail}") from err
 
 
 def submit(

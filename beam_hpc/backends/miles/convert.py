@@ -59,6 +59,7 @@ from beam_hpc.node.container import Command, container_command
 from beam_hpc.errors import RuntimeFailure
 from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime
 from beam_hpc.config.site import Site
+from beam_hpc.slurm import client as slurm_client
 
 log = logging.getLogger("beam_hpc.miles_convert")
 
@@ -286,10 +287,10 @@ class ConvertResult:
 
 def queued_jobs(job_name: str) -> list[str]:
     """Job ids of this name that Slurm still has (pending or running)."""
-    proc = subprocess.run(["squeue", "-h", "-n", job_name, "-o", "%i"], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise ConvertError(f"squeue failed: {proc.stderr.strip() or proc.stdout.strip()}")
-    return [line.split("+")[0].strip() for line in proc.stdout.splitlines() if line.strip()]
+    try:
+        return slurm_client.queued_job_ids(job_name)
+    except slurm_client.SlurmError as err:
+        raise ConvertError(f"squeue failed: {err.detail}") from err
 
 
 def submit_convert(recipe: Recipe, site: Site, *, walltime: str = DEFAULT_WALLTIME) -> ConvertResult:
@@ -308,13 +309,12 @@ def submit_convert(recipe: Recipe, site: Site, *, walltime: str = DEFAULT_WALLTI
     write_atomic(spec.spec_path, spec.to_json())
     write_atomic(spec.script_path, render_script(spec))
     spec.script_path.chmod(0o755)
-    cmd = ["sbatch", "--parsable", str(spec.script_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise ConvertError(f"sbatch refused the conversion job: {proc.stderr.strip() or proc.stdout.strip()}")
-    job_id = proc.stdout.strip().split(";")[0]
-    if not job_id.isdigit():
-        raise ConvertError(f"could not read a job id from sbatch's output {proc.stdout!r}")
+    try:
+        job_id = slurm_client.sbatch([str(spec.script_path)], timeout=None)
+    except slurm_client.NoJobId as err:
+        raise ConvertError(f"could not read a job id from sbatch's output {err.stdout!r}") from err
+    except slurm_client.SlurmError as err:
+        raise ConvertError(f"sbatch refused the conversion job: {err.detail}") from err
     return ConvertResult(spec, "submitted", job_id, f"{state} -> converting in job {job_id}; log {spec.log_dir}")
 
 

@@ -1,0 +1,96 @@
+"""What follows a segment: the pure rule book (no I/O), so that every case is a fast test.
+
+The segment (:mod:`beam_hpc.job.segment`) hands in what it did (:class:`Outcome`) and the ledger's
+earlier segments; :func:`decide` answers with a :class:`Decision` whose ``action`` is written to
+the ledger's end line as ``next.action`` (the :class:`Action` values are those strings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+FAILURES = ("error", "node-failure")
+
+
+class Action(StrEnum):
+    """What the segment does next (the ledger's ``next.action`` strings)."""
+
+    RESUBMIT = "resubmit"  # a new job, after this one, with --resume
+    REQUEUE = "requeue"  # the same job id again (preemption)
+    NONE = "none"  # the chain ends here
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a segment did, as far as the decision is concerned."""
+
+    reason: str  # a ledger reason
+    rollouts_at_start: int
+    rollouts_at_end: int
+    num_rollout: int
+    rollouts_run: int = 0  # rollout steps finished in this segment (0: failed before its first)
+    retryable: bool = True  # False for errors that another segment would repeat (bad input)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    detail: str
+
+
+def _failed_without_progress(seg: dict[str, Any]) -> bool:
+    start, end = seg.get("start") or {}, seg.get("end")
+    if end is None:  # killed hard: its successor cannot tell, so count it as a failure
+        return True
+    return end.get("reason") in FAILURES and end.get("rollouts_at_end", 0) <= start.get("rollouts_at_start", 0)
+
+
+def decide(
+    outcome: Outcome,
+    *,
+    history: list[dict[str, Any]],
+    max_segments: int,
+    cancelled: bool,
+    requeue_on_preemption: bool,
+) -> Decision:
+    """The rule book (issue 4, guards), in order:
+
+    1. ``num_rollout`` reached -> none; cancelled -> none; not retryable -> none.
+    2. ``max_segments`` segments run (this one included) -> none.
+    3. preempted -> requeue (same job id), unless the recipe turned requeueing off.
+    4. failed (error, node-failure) without progress: retried once; two such segments in a row
+       (e.g. twice before the first rollout) -> none, because a third would fail the same way.
+    5. otherwise no progress (the checkpoint did not advance over a whole segment) -> none: the
+       walltime is too short for one rollout and its save, so resubmitting would loop forever.
+    6. walltime, or a failure after progress -> resubmit with --resume.
+
+    ``history`` is the ledger's segments before this one (:func:`beam_hpc.run.ledger.read_ledger`).
+    """
+    o = outcome
+    if o.rollouts_at_end >= o.num_rollout:
+        return Decision(Action.NONE, f"num_rollout {o.num_rollout} reached")
+    if cancelled or o.reason == "cancelled":
+        return Decision(Action.NONE, "the run was cancelled; no further segment")
+    if not o.retryable:
+        return Decision(Action.NONE, "this error would repeat in another segment; fix it and resubmit with --resume")
+    run = len(history) + 1
+    if run >= max_segments:
+        return Decision(Action.NONE, f"lifecycle.max_segments ({max_segments}) segments have run; raise it and resubmit with --resume")
+    progress = o.rollouts_at_end > o.rollouts_at_start
+    if o.reason == "preempted":
+        if not requeue_on_preemption:
+            return Decision(Action.NONE, "preempted, and lifecycle.requeue_on_preemption is false")
+        return Decision(Action.REQUEUE, "preempted: the same job id is requeued and resumes from the last checkpoint")
+    if o.reason in FAILURES and not progress:
+        before = "before its first rollout" if o.rollouts_run == 0 else "without a new checkpoint"
+        if history and _failed_without_progress(history[-1]):
+            return Decision(Action.NONE, f"{o.reason} {before}, and the segment before failed without progress too; "
+                                         "stopping instead of failing again (see the segment logs)")
+        return Decision(Action.RESUBMIT, f"{o.reason} {before}; retrying once")
+    if not progress:
+        return Decision(Action.NONE, f"no progress in this segment ({o.reason} with the checkpoint still at "
+                                     f"{o.rollouts_at_end} rollouts); raise lifecycle.walltime or lower the lead")
+    return Decision(Action.RESUBMIT, f"{o.reason} after {o.rollouts_at_end - o.rollouts_at_start} new rollouts; "
+                                     "continuing with --resume")

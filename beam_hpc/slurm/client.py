@@ -1,0 +1,375 @@
+"""The one Slurm client: every ``sbatch``, ``scontrol``, ``squeue``, ``scancel`` and ``sinfo`` call
+beam-hpc makes, and every parse of their output.
+
+Why one module: the same outputs (``sbatch --parsable``'s ``<id>[;cluster]``, ``scontrol --oneliner
+show job``'s ``Key=Value`` lines, ``squeue``'s het components ``<leader>+<offset>``) were read in
+several places, each with its own idea of what a failure looks like. Here each is parsed once, job
+states are an enum (:class:`JobState`), and a failure is one error type carrying Slurm's own words
+(:class:`SlurmError`; :class:`SlurmUnavailable` when Slurm could not be asked at all).
+
+What stays outside: ``srun`` (the job launcher, :class:`beam_hpc.job.runner.SrunLauncher`, owns its
+steps), and submitit's own squeue poll in :mod:`beam_hpc.slurm.submitit_het` (submitit's
+InfoWatcher runs the command it is given; see that module).
+
+Environment: a client run from inside a job inherits the job's SLURM_* variables, which e.g. make
+a resubmitted job believe it is a requeue; callers in a job pass ``env=slurm_env_free()``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from beam_hpc.errors import RuntimeFailure
+
+# What scontrol/scancel say about a job id the controller no longer (or never) knew.
+_GONE = "Invalid job id"
+
+
+class SlurmError(RuntimeFailure):
+    """A Slurm command refused or failed; ``detail`` is Slurm's own words (stderr, else stdout)."""
+
+    def __init__(self, argv: Sequence[str], detail: str, returncode: int | None = None) -> None:
+        self.argv = list(argv)
+        self.detail = detail
+        self.returncode = returncode
+        super().__init__(f"{' '.join(self.argv)}: {detail}")
+
+    @property
+    def last_line(self) -> str:
+        """The line of Slurm's message that says what went wrong (the last one)."""
+        lines = self.detail.strip().splitlines()
+        return lines[-1] if lines else f"exit status {self.returncode}"
+
+
+class SlurmUnavailable(SlurmError):
+    """Slurm did not answer (no such command, a timeout, or the controller is down): nothing can be
+    concluded about the job. ``timed_out`` tells a silent controller from a missing command."""
+
+    def __init__(self, argv: Sequence[str], detail: str, returncode: int | None = None,
+                 *, timed_out: bool = False) -> None:
+        super().__init__(argv, detail, returncode)
+        self.timed_out = timed_out
+
+
+class JobState(StrEnum):
+    """A job's state as ``scontrol``/``squeue`` spell it (long form). A str, so comparisons with
+    and JSON of the plain strings stay as they were. A state not listed here comes back as a
+    member named UNKNOWN whose value is Slurm's raw text (``JobState("NEW_STATE").value`` ==
+    ``"NEW_STATE"``); :attr:`known` tells it apart."""
+
+    PENDING = "PENDING"
+    CONFIGURING = "CONFIGURING"
+    RUNNING = "RUNNING"
+    COMPLETING = "COMPLETING"
+    SUSPENDED = "SUSPENDED"
+    STOPPED = "STOPPED"
+    SIGNALING = "SIGNALING"
+    STAGE_OUT = "STAGE_OUT"
+    RESIZING = "RESIZING"
+    REQUEUED = "REQUEUED"
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    REQUEUE_FED = "REQUEUE_FED"
+    RESV_DEL_HOLD = "RESV_DEL_HOLD"
+    REVOKED = "REVOKED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    PREEMPTED = "PREEMPTED"
+    NODE_FAIL = "NODE_FAIL"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    SPECIAL_EXIT = "SPECIAL_EXIT"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def _missing_(cls, value: object) -> "JobState | None":
+        if not isinstance(value, str):
+            return None
+        text = value.strip()
+        if text in cls._value2member_map_:  # " RUNNING" or similar
+            return cls._value2member_map_[text]  # type: ignore[return-value]
+        member = str.__new__(cls, text)
+        member._name_ = "UNKNOWN"
+        member._value_ = text
+        return member
+
+    @property
+    def known(self) -> bool:
+        return self.name != "UNKNOWN"
+
+    @property
+    def terminal(self) -> bool:
+        """The job will not run again (unless requeued by hand)."""
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({
+    JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.PREEMPTED,
+    JobState.NODE_FAIL, JobState.BOOT_FAIL, JobState.DEADLINE, JobState.OUT_OF_MEMORY,
+    JobState.SPECIAL_EXIT,
+})
+
+
+# -- running a command ----------------------------------------------------------------------------
+def slurm_env_free(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a Slurm client run from inside a job: without the job's SLURM_* and
+    SBATCH_* variables (a resubmitted job would otherwise inherit e.g. SLURM_RESTART_COUNT and
+    think it is a requeue), keeping SLURM_CONF so that it talks to the same cluster."""
+    base = dict(os.environ if env is None else env)
+    out = {k: v for k, v in base.items() if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_"))}
+    if "SLURM_CONF" in base:
+        out["SLURM_CONF"] = base["SLURM_CONF"]
+    return out
+
+
+def _words(proc: subprocess.CompletedProcess) -> str:
+    return (proc.stderr or "").strip() or (proc.stdout or "").strip()
+
+
+def _call(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+          timeout: float | None = 60) -> subprocess.CompletedProcess:
+    """Run one Slurm command; SlurmUnavailable when it cannot run or does not answer in time.
+    A non-zero exit is left to the caller, which knows what it means for its command."""
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, check=False,
+                              env=None if env is None else dict(env), timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        raise SlurmUnavailable(argv, f"{argv[0]} did not answer within {timeout:.0f} s", timed_out=True) from err
+    except FileNotFoundError as err:
+        raise SlurmUnavailable(argv, f"{argv[0]}: not found") from err
+    except OSError as err:
+        raise SlurmUnavailable(argv, f"{argv[0]}: {err}") from err
+
+
+def _checked(argv: Sequence[str], **kw: object) -> subprocess.CompletedProcess:
+    proc = _call(argv, **kw)  # type: ignore[arg-type]
+    if proc.returncode != 0:
+        raise SlurmError(argv, _words(proc), proc.returncode)
+    return proc
+
+
+# -- sbatch -----------------------------------------------------------------------------------------
+def sbatch_argv(args: Sequence[str]) -> list[str]:
+    """The command line ``sbatch --parsable <args>`` (``--parsable``: the one output we parse)."""
+    return ["sbatch", "--parsable", *[a for a in args if a != "--parsable"]]
+
+
+def parse_sbatch_id(stdout: str) -> str | None:
+    """The job id in ``sbatch --parsable`` output (``<id>`` or ``<id>;<cluster>``); None if absent."""
+    first = stdout.strip().split(";", 1)[0].strip() if stdout.strip() else ""
+    return first if first.isdigit() else None
+
+
+class NoJobId(SlurmError):
+    """sbatch exited 0 but printed no job id; ``stdout`` is what it printed instead."""
+
+    def __init__(self, argv: Sequence[str], stdout: str) -> None:
+        self.stdout = stdout
+        super().__init__(argv, f"no job id in sbatch's output {stdout!r}", 0)
+
+
+def sbatch(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float | None = 60) -> str:
+    """Submit ``sbatch --parsable <args>``; returns the job id. Raises SlurmError with sbatch's
+    words when it refuses, NoJobId when its output holds no id."""
+    argv = sbatch_argv(args)
+    proc = _checked(argv, env=env, timeout=timeout)
+    job_id = parse_sbatch_id(proc.stdout)
+    if job_id is None:
+        raise NoJobId(argv, proc.stdout)
+    return job_id
+
+
+# -- scontrol show job ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobInfo:
+    """The fields of ``scontrol show job`` that beam-hpc needs (het leader's line)."""
+
+    job_id: str
+    state: JobState
+    restarts: int  # Slurm's restart count: bumped as soon as a requeue is ordered
+    end_time: float | None  # when Slurm will stop the job (moves to now + GraceTime on preemption)
+    preempt_time: float | None  # set once the job was chosen for preemption
+    submit_time: float | None = None  # when it was (re)submitted; a requeue resets it
+
+
+def slurm_time(value: str | None) -> float | None:
+    """A Slurm timestamp (controller's local time, no zone) as epoch seconds; None for unset."""
+    if not value or value in ("None", "Unknown", "N/A", "(null)"):
+        return None
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def parse_key_values(line: str) -> dict[str, str]:
+    """``Key=Value Key2=Value2`` (one ``--oneliner`` record) as a dict; tokens without ``=`` skipped."""
+    return dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+
+
+def parse_show_job_records(text: str) -> list[dict[str, str]]:
+    """``scontrol --oneliner show job`` output as one dict per component (het leader first)."""
+    return [f for f in (parse_key_values(line) for line in text.splitlines()) if "JobId" in f or "JobState" in f]
+
+
+def parse_show_job(text: str) -> JobInfo | None:
+    """The het leader's :class:`JobInfo` from ``scontrol --oneliner show job`` output."""
+    for fields in parse_show_job_records(text):
+        if "JobId" not in fields:
+            continue
+        return JobInfo(
+            job_id=fields["JobId"],
+            state=JobState(fields.get("JobState", "UNKNOWN")),
+            restarts=int(fields.get("Restarts", "0") or 0),
+            end_time=slurm_time(fields.get("EndTime")),
+            preempt_time=slurm_time(fields.get("PreemptTime")),
+            submit_time=slurm_time(fields.get("SubmitTime")),
+        )
+    return None
+
+
+def _show_job_text(job_id: str, timeout: float | None) -> str | None:
+    argv = ["scontrol", "--oneliner", "show", "job", str(job_id)]
+    proc = _call(argv, timeout=timeout)
+    if proc.returncode != 0:
+        if _GONE in (proc.stderr or "") + (proc.stdout or ""):
+            return None
+        raise SlurmUnavailable(argv, _words(proc), proc.returncode)
+    return proc.stdout
+
+
+def show_job_records(job_id: str, *, timeout: float | None = 15) -> list[dict[str, str]] | None:
+    """Every component's ``scontrol show job`` fields; None once Slurm no longer knows the job.
+    Raises SlurmUnavailable when Slurm cannot be asked."""
+    text = _show_job_text(job_id, timeout)
+    return None if text is None else parse_show_job_records(text)
+
+
+def show_job(job_id: str, timeout: float | None = 15) -> JobInfo | None:
+    """What Slurm knows about ``job_id``; None once the job is gone (finished and purged, or never
+    existed). Raises SlurmUnavailable when Slurm cannot be asked."""
+    text = _show_job_text(job_id, timeout)
+    return None if text is None else parse_show_job(text)
+
+
+def job_state(job_id: str, timeout: float | None = 15) -> JobState | None:
+    """The job's (het leader's) state; None once Slurm no longer knows the job."""
+    info = show_job(job_id, timeout=timeout)
+    return None if info is None else info.state
+
+
+# -- squeue ---------------------------------------------------------------------------------------
+def parse_squeue_ids(text: str) -> list[str]:
+    """Job ids from ``squeue -h -o %i`` lines; het components ``7+1`` count as their leader ``7``
+    (each job once, in squeue's order)."""
+    ids: list[str] = []
+    for line in text.splitlines():
+        job = line.strip().split("+", 1)[0].strip()
+        if job and job not in ids:
+            ids.append(job)
+    return ids
+
+
+def queued_job_ids(name: str, *, timeout: float | None = 60) -> list[str]:
+    """Ids of the jobs named ``name`` that Slurm still has (pending or running)."""
+    proc = _checked(["squeue", "-h", "-n", name, "-o", "%i"], timeout=timeout)
+    return parse_squeue_ids(proc.stdout)
+
+
+# -- scancel / scontrol requeue ---------------------------------------------------------------------
+def cancel(job_ids: Sequence[str] = (), *, name: str | None = None, signal: str | None = None,
+           env: Mapping[str, str] | None = None, timeout: float | None = 60) -> None:
+    """``scancel`` the given jobs (or steps, ``<job>.<step>``), or every job named ``name``; with
+    ``signal`` (e.g. ``TERM``) only that signal is sent. A job Slurm no longer knows is no error.
+    Raises SlurmError with scancel's words otherwise."""
+    if not job_ids and not name:
+        return
+    argv = ["scancel"]
+    if signal:
+        argv.append(f"--signal={signal}")
+    argv += [f"--name={name}"] if name else [str(j) for j in job_ids]
+    proc = _call(argv, env=env, timeout=timeout)
+    if proc.returncode != 0 and _GONE not in proc.stderr:
+        raise SlurmError(argv, (proc.stderr or "").strip(), proc.returncode)
+
+
+def requeue(job_id: str, *, env: Mapping[str, str] | None = None, timeout: float | None = 60) -> None:
+    """``scontrol requeue <job>`` (same id, restart count + 1); SlurmError with Slurm's words."""
+    _checked(["scontrol", "requeue", str(job_id)], env=env, timeout=timeout)
+
+
+# -- scontrol show hostnames ------------------------------------------------------------------------
+def expand_hostnames(nodelist: str, *, timeout: float | None = 60) -> list[str]:
+    """``n[1-2],n4`` -> [n1, n2, n4], through Slurm's own parser."""
+    if not nodelist:
+        return []
+    proc = _checked(["scontrol", "show", "hostnames", nodelist], timeout=timeout)
+    return proc.stdout.split()
+
+
+# -- controller and partitions (doctor) -------------------------------------------------------------
+def ping(*, timeout: float = 20) -> str:
+    """``scontrol ping``'s first line when the controller is UP; SlurmUnavailable (with the line
+    that says why) otherwise."""
+    argv = ["scontrol", "ping"]
+    proc = _call(argv, timeout=timeout)
+    if "UP" not in proc.stdout:
+        raise SlurmUnavailable(argv, _words(proc), proc.returncode)
+    return proc.stdout.strip().splitlines()[0]
+
+
+def _output(argv: Sequence[str], timeout: float) -> str:
+    """stdout of a query whose failure just means "nothing to report" ("" then)."""
+    try:
+        return _call(argv, timeout=timeout).stdout
+    except SlurmUnavailable:
+        return ""
+
+
+def partition_names(*, timeout: float = 20) -> list[str]:
+    """Every partition's name (``sinfo -o %R``); empty when sinfo cannot say."""
+    return _output(["sinfo", "--noheader", "--format=%R"], timeout).split()
+
+
+def show_partition(name: str, *, timeout: float = 20) -> dict[str, str] | None:
+    """``scontrol show partition <name>`` as fields (``State``, ``Nodes``, ...); None when Slurm
+    does not know the partition (or cannot say)."""
+    try:
+        proc = _call(["scontrol", "--oneliner", "show", "partition", name], timeout=timeout)
+    except SlurmUnavailable:
+        return None
+    if proc.returncode != 0 or f"PartitionName={name}" not in proc.stdout:
+        return None
+    return parse_key_values(proc.stdout)
+
+
+def partition_gres(partition: str, *, timeout: float = 20) -> str:
+    """The partition's GRES lines (``sinfo -o %G``), e.g. ``gpu:h200:8(S:0-1)``; "" when unknown."""
+    return _output(["sinfo", "--noheader", f"--partition={partition}", "--format=%G"], timeout)
+
+
+def gres_counts(sinfo_gres: str, name: str) -> list[int]:
+    """Counts of GRES ``name`` per node set, from `sinfo -o %G` lines such as ``gpu:2``,
+    ``gpu:h200:8(S:0-1)`` or ``gpu:a100:4,shard:8``."""
+    counts = []
+    for line in sinfo_gres.split():
+        for item in line.split(","):
+            parts = item.split("(")[0].split(":")
+            if parts[0] == name and len(parts) >= 2 and parts[-1].isdigit():
+                counts.append(int(parts[-1]))
+    return counts
+
+
+def partition_features(partition: str, *, timeout: float = 20) -> set[str]:
+    """Node features available in the partition (``sinfo -o %f``)."""
+    features: set[str] = set()
+    for line in _output(["sinfo", "--noheader", f"--partition={partition}", "--format=%f"], timeout).split():
+        features.update(f for f in line.split(",") if f and f != "(null)")
+    return features

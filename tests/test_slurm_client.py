@@ -1,0 +1,174 @@
+"""beam_hpc.slurm.client: the parsers on Slurm's real output (fast), and every call against the
+real local Slurm cluster (slow): sbatch -> show_job -> requeue -> cancel, with states as enums.
+
+The fast tests put a stand-in ``scontrol``/``sbatch`` on PATH that prints what the real command
+printed on the local cluster (captured strings), so the error paths are checked without a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from beam_hpc.slurm import client
+from beam_hpc.slurm.client import JobState, SlurmError, SlurmUnavailable
+
+# -- captured output ---------------------------------------------------------------------------------
+
+# `scontrol --oneliner show job` of a preempted job on the local cluster (trimmed to the fields that matter)
+SCONTROL_PREEMPTED = (
+    "JobId=17 JobName=sig.sh UserId=root(0) JobState=RUNNING Reason=None Requeue=1 Restarts=0 "
+    "SubmitTime=2026-12-02T16:55:29 StartTime=2026-12-02T16:55:30 EndTime=2026-12-02T16:56:41 "
+    "PreemptEligibleTime=2026-12-02T16:55:30 PreemptTime=2026-12-02T16:56:21 NodeList=n[2-3]\n"
+)
+SCONTROL_GONE = "slurm_load_jobs error: Invalid job id specified\n"
+SCONTROL_PING_DOWN = ("Slurmctld(primary) at vm is DOWN\n*****************************************\n"
+                      "** RESTORE SLURMCTLD DAEMON TO SERVICE **\n*****************************************\n")
+SBATCH_REFUSED = "sbatch: error: Batch job submission failed: Invalid partition name specified\n"
+
+
+def test_parse_job_reads_the_het_leader_and_slurm_times() -> None:
+    info = client.parse_show_job(SCONTROL_PREEMPTED + "JobId=18 JobState=PENDING Restarts=0 EndTime=Unknown PreemptTime=None\n")
+    assert info is not None and info.job_id == "17" and info.state == "RUNNING" and info.restarts == 0
+    assert info.state is JobState.RUNNING
+    assert info.preempt_time is not None and info.end_time - info.preempt_time == 20
+    assert client.parse_show_job("") is None
+    assert client.parse_show_job("JobId=5 JobState=PENDING EndTime=Unknown PreemptTime=None").end_time is None
+    records = client.parse_show_job_records(SCONTROL_PREEMPTED + "JobId=18 JobState=PENDING HetJobOffset=1\n")
+    assert [r["JobId"] for r in records] == ["17", "18"] and records[1]["HetJobOffset"] == "1"
+
+
+def test_job_state_is_an_enum_with_the_plain_strings_and_an_unknown_that_keeps_the_text() -> None:
+    assert JobState("COMPLETED") is JobState.COMPLETED and JobState.COMPLETED == "COMPLETED"
+    assert json.dumps({"s": JobState.NODE_FAIL}) == '{"s": "NODE_FAIL"}' and f"{JobState.TIMEOUT}" == "TIMEOUT"
+    odd = JobState("SOME_NEW_STATE")
+    assert odd.name == "UNKNOWN" and odd.value == "SOME_NEW_STATE" and odd == "SOME_NEW_STATE" and not odd.known
+    assert JobState.RUNNING.known and JobState.CANCELLED.terminal and not JobState.PENDING.terminal
+
+
+def test_slurm_env_free_keeps_only_the_config() -> None:
+    env = client.slurm_env_free({"SLURM_JOB_ID": "3", "SLURM_RESTART_COUNT": "1", "SBATCH_PARTITION": "x",
+                                 "SLURM_CONF": "/etc/s.conf", "PATH": "/bin"})
+    assert env == {"SLURM_CONF": "/etc/s.conf", "PATH": "/bin"}
+
+
+def test_sbatch_and_squeue_parsers() -> None:
+    assert client.parse_sbatch_id("123\n") == "123" and client.parse_sbatch_id("124;beamlab\n") == "124"
+    assert client.parse_sbatch_id("Submitted batch job 5\n") is None and client.parse_sbatch_id("") is None
+    assert client.sbatch_argv(["--parsable", "x.sh"]) == ["sbatch", "--parsable", "x.sh"]
+    assert client.parse_squeue_ids("7+0\n7+1\n9\n\n") == ["7", "9"]  # het components count as their leader
+    assert client.gres_counts("gpu:2\ngpu:h200:8(S:0-1),shard:4\n(null)", "gpu") == [2, 8]
+
+
+def _fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, stdout: str = "", stderr: str = "",
+          rc: int = 0) -> None:
+    """A stand-in Slurm command on PATH that prints captured output."""
+    (tmp_path / f"{name}.out").write_text(stdout)
+    (tmp_path / f"{name}.err").write_text(stderr)
+    script = tmp_path / name
+    script.write_text(f"#!/bin/sh\ncat {tmp_path}/{name}.out\ncat {tmp_path}/{name}.err >&2\nexit {rc}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_errors_carry_slurms_words(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake(tmp_path, monkeypatch, "scontrol", stderr=SCONTROL_GONE, rc=1)
+    assert client.show_job("999") is None and client.job_state("999") is None
+    assert client.show_job_records("999") is None
+    _fake(tmp_path, monkeypatch, "scontrol", stdout=SCONTROL_PING_DOWN, rc=1)
+    with pytest.raises(SlurmUnavailable) as err:
+        client.ping()
+    assert err.value.last_line.startswith("**") and "DOWN" in err.value.detail
+    _fake(tmp_path, monkeypatch, "scontrol", stderr="slurm_load_jobs error: Unable to contact slurm controller\n", rc=1)
+    with pytest.raises(SlurmUnavailable, match="Unable to contact"):
+        client.show_job("5")
+    _fake(tmp_path, monkeypatch, "sbatch", stderr=SBATCH_REFUSED, rc=1)
+    with pytest.raises(SlurmError, match="Invalid partition name") as refused:
+        client.sbatch(["job.sh"])
+    assert refused.value.argv == ["sbatch", "--parsable", "job.sh"]
+    _fake(tmp_path, monkeypatch, "sbatch", stdout="Submitted batch job 5\n")
+    with pytest.raises(client.NoJobId):
+        client.sbatch(["job.sh"])
+    _fake(tmp_path, monkeypatch, "scancel", stderr="scancel: error: Kill job error on job id 9: Invalid job id specified\n", rc=1)
+    client.cancel(["9"])  # already gone: nothing to do
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(SlurmUnavailable, match="scontrol: not found"):
+        client.show_job("5")
+
+
+# -- against the local cluster ---------------------------------------------------------------------------
+
+
+def _wait(what: str, cond, timeout: float = 90.0):  # type: ignore[no-untyped-def]
+    end = time.time() + timeout
+    while time.time() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _script(tmp_path: Path) -> Path:
+    script = tmp_path / "sleep.sh"
+    script.write_text("#!/bin/bash\nsleep 600\n")
+    return script
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_sbatch_show_requeue_cancel_on_the_cluster(tmp_path: Path) -> None:
+    name = f"beam-client-{os.getpid()}"
+    job = client.sbatch([f"--job-name={name}", "--requeue", "--nodes=1", "--time=00:10:00",
+                         f"--output={tmp_path}/%j.out", str(_script(tmp_path))])
+    assert job.isdigit()
+    try:
+        assert client.queued_job_ids(name) == [job]
+        info = _wait("the job to run", lambda: (i := client.show_job(job)) is not None and i.state is JobState.RUNNING and i)
+        assert info.job_id == job and info.restarts == 0 and info.end_time is not None
+        client.requeue(job)
+        after = _wait("the requeue to count", lambda: (i := client.show_job(job)) is not None and i.restarts == 1 and i)
+        assert after.state in (JobState.PENDING, JobState.REQUEUED, JobState.RUNNING, JobState.COMPLETING)
+    finally:
+        client.cancel([job])
+    state = _wait("the cancel to land", lambda: client.job_state(job) in (JobState.CANCELLED, None) and "done")
+    assert state == "done"
+    assert client.job_state(job) in (JobState.CANCELLED, None)
+    with pytest.raises(SlurmError, match="Invalid partition"):
+        client.sbatch(["--partition=nosuch", str(_script(tmp_path))])
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_cancel_by_name_and_with_a_signal(tmp_path: Path) -> None:
+    name = f"beam-client-name-{os.getpid()}"
+    jobs = [client.sbatch([f"--job-name={name}", "--time=00:10:00", f"--output={tmp_path}/%j.out",
+                           str(_script(tmp_path))]) for _ in range(2)]
+    try:
+        assert sorted(client.queued_job_ids(name)) == sorted(jobs)
+        _wait("the first job to run", lambda: client.job_state(jobs[0]) is JobState.RUNNING)
+        client.cancel([jobs[0]], signal="TERM")  # without -b only the job's steps get it (it has none)
+        assert client.job_state(jobs[0]) is not None
+    finally:
+        client.cancel(name=name)
+    _wait("every job of the name to go", lambda: client.queued_job_ids(name) == [] or
+          all(client.job_state(j) in (JobState.CANCELLED, JobState.FAILED, None) for j in jobs))
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_controller_partitions_and_hostnames(slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+    assert "UP" in client.ping()
+    assert set(slurm_cluster.partitions) <= set(client.partition_names())
+    debug = client.show_partition("debug")
+    assert debug is not None and debug["State"] == "UP"
+    assert client.show_partition("nosuch") is None
+    assert max(client.gres_counts(client.partition_gres("debug"), "gpu")) == slurm_cluster.spec.gpus_per_node
+    assert isinstance(client.partition_features("debug"), set)
+    assert client.expand_hostnames("n[1-3],n7") == ["n1", "n2", "n3", "n7"]
+    assert client.expand_hostnames("") == []
