@@ -172,6 +172,13 @@ def test_resubmit_command_chains_with_resume() -> None:
     assert resubmit_command("/r/job.sbatch", lead_s=75, resume=True, dependency="afterany:8") == [
         "sbatch", "--parsable", "--dependency=afterany:8", "--signal=B:USR1@75", "/r/job.sbatch", "--resume"]
     assert resubmit_command("/r/job.sbatch", lead_s=75, resume=False, dependency="afterany:9")[-1] == "/r/job.sbatch"
+    # a total given with --num-rollout is passed on (the job never rewrites plan.json), and it is
+    # exactly what the next segment's own parser reads back
+    cmd = resubmit_command("/r/job.sbatch", lead_s=75, resume=True, dependency="afterany:8", num_rollout=200)
+    assert cmd[-3:] == ["--resume", "--num-rollout", "200"]
+    from beam_hpc.job.segment import SegmentArgs
+
+    assert cmd[cmd.index("/r/job.sbatch") + 1:] == SegmentArgs(resume=True, num_rollout=200).argv()
 
 
 # -- watchdog --------------------------------------------------------------------------------------------

@@ -155,3 +155,22 @@ def test_doctor_line(fake_miles: Path) -> None:
     bad = doctor.miles_parser_check(site, load_recipe(ROOT / "recipes" / "dedicated.yaml", [
         "model.miles_model_script=null", f"model.path={fake_miles}/none"]))
     assert bad.status == "fail" and "architecture flags" in bad.detail
+
+
+@pytest.mark.slow  # a check process imports torch and transformers: 3-8 s each
+def test_a_segment_ends_before_ray_when_the_images_miles_refuses(fake_miles: Path) -> None:
+    """The hook in the job (beam_hpc.job.segment via backends.prestart): the segment ends with
+    Miles's own refusal in its ledger line, never starts a node step, and the chain stops."""
+    from beam_hpc.job.segment import Segment
+    from beam_hpc.run import ledger
+
+    plan = plan_for(fake_miles, "colocated")
+    plan.write()
+    seg = Segment(plan.paths.plan, env={"PATH": os.environ["PATH"]})
+    assert seg.run() == 1
+    (record,), _ = ledger.read_ledger(plan.paths.ledger)
+    end = record["end"]
+    assert end["reason"] == "error" and end["next"]["action"] == "none"
+    assert "unrecognized arguments" in end["detail"] and "lifecycle.save_on_request" in end["detail"]
+    segment_dir = plan.paths.segment(record["start"]["job_id"], 0)
+    assert not Path(segment_dir.driver_log).exists() and not list(Path(segment_dir.root).glob("node-*.log"))

@@ -21,3 +21,4 @@ def driver_command(recipe: Recipe, site: Site, plan_path: str) -> tuple[list[str
     from beam_hpc.backends.miles import args  # pure argv builder, no Miles import
 
     return args.build_driver(recipe, site, plan_path)
+

@@ -233,6 +233,9 @@ class Segment:
         from beam_hpc.job import runner as runtime
 
         self.metrics_offset = metrics_offset(self.paths)
+        refusal = self._backend_refuses()
+        if refusal is not None:  # the backend itself would stop at its first line: no Ray, no retry
+            return self._finish_now("error", refusal, retryable=False)
         try:
             if self.job_id is not None:
                 ctx = runtime.JobContext.from_slurm(self.plan, self.env)
@@ -251,6 +254,24 @@ class Segment:
         if self.finished:
             return self._exit_code()
         return self._finish_after(outcome.status, outcome.message, outcome.returncode)
+
+    def _backend_refuses(self) -> str | None:
+        """The backend's own check of the exact driver command, before Ray starts on any node
+        (beam_hpc.backends.prestart.check_before_start): seconds here instead of the whole
+        allocation held through Ray bring-up until the driver stops. A check that cannot run is
+        logged and the segment goes on: the driver then reports the problem itself."""
+        from beam_hpc.backends.prestart import check_before_start
+
+        t0 = time.monotonic()
+        try:
+            refusal = check_before_start(self.plan)
+        except Exception as err:  # noqa: BLE001 - never let the checker block a run that may be fine
+            log.warning("the backend's pre-start check could not run (%s: %s); starting anyway",
+                        type(err).__name__, err)
+            return None
+        if refusal is None and self.plan.recipe.backend != "reference":
+            log.info("backend check of the driver command: accepted (%.1f s)", time.monotonic() - t0)
+        return refusal
 
     def _tick(self, _runner) -> None:
         """Called by the runtime every poll while the driver runs."""
@@ -388,7 +409,7 @@ class Segment:
             has_ckpt = checkpoint_layout.latest_iteration(self.paths.checkpoints) is not None
             try:
                 job = actions.resubmit(str(script), lead_s=self.lead_s, resume=has_ckpt,
-                                         dependency=f"afterany:{self.job_id}")
+                                       dependency=f"afterany:{self.job_id}", num_rollout=self.num_rollout_arg)
             except (RuntimeError, OSError) as err:
                 log.error("%s", err)
                 return Decision(Action.NONE, f"{decision.detail}, but the resubmission failed: {err}"), None

@@ -10,21 +10,26 @@ from __future__ import annotations
 from beam_hpc.slurm import client
 
 
-def resubmit_command(script: str, *, lead_s: int, resume: bool, dependency: str) -> list[str]:
+def resubmit_command(script: str, *, lead_s: int, resume: bool, dependency: str,
+                     num_rollout: int | None = None) -> list[str]:
     """sbatch line for the next segment: the same script, after this job (``afterany:<this job>``),
     with the walltime warning at the current lead (options on the command line override the
     script's #SBATCH lines). Not ``singleton``: on a heterogeneous job (Slurm 22.05) each
-    component waits for the other, which has the same name, and the job pends forever."""
+    component waits for the other, which has the same name, and the job pends forever.
+    ``num_rollout``: a total this segment was given with ``--num-rollout`` (plan.json is never
+    rewritten in the job, so the next segment is told again)."""
     cmd = client.sbatch_argv([f"--dependency={dependency}", f"--signal=B:USR1@{int(lead_s)}", script])
     if resume:
         cmd.append("--resume")
+    if num_rollout is not None:
+        cmd += ["--num-rollout", str(int(num_rollout))]
     return cmd
 
 
-def resubmit(script: str, *, lead_s: int, resume: bool, dependency: str) -> str:
+def resubmit(script: str, *, lead_s: int, resume: bool, dependency: str, num_rollout: int | None = None) -> str:
     """Submit the next segment; returns its job id. Raises SlurmError (a RuntimeError) with
     sbatch's words."""
-    cmd = resubmit_command(script, lead_s=lead_s, resume=resume, dependency=dependency)
+    cmd = resubmit_command(script, lead_s=lead_s, resume=resume, dependency=dependency, num_rollout=num_rollout)
     return client.sbatch(cmd[1:], env=client.slurm_env_free(), timeout=60)
 
 
