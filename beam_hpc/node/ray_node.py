@@ -39,19 +39,11 @@ from pathlib import Path
 
 from beam_hpc.run.files import write_atomic, write_json_atomic  # write_json_atomic: re-exported
 from beam_hpc.plan.paths import SegmentPaths
+from beam_hpc.plan.ports import RAY_PORT_KINDS, band_port, highest_port
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
 from beam_hpc.config.site import NetworkSpec, RayPortSpec
 
-PORT_KINDS = (
-    "gcs",
-    "client_server",
-    "node_manager",
-    "object_manager",
-    "dashboard_agent_grpc",
-    "dashboard_agent_listen",
-    "runtime_env_agent",
-    "metrics_export",
-)
+PORT_KINDS = RAY_PORT_KINDS  # the port bands: beam_hpc.plan.ports
 LOOPBACK_FIRST_HOST = 10  # node i of a loopback simulation is 127.0.0.(10 + i)
 LOOPBACK_MAX_NODES = 16  # Ray nodes of one job sharing a host; also the per-job slot stride
 SOCKET_PATH_MAX = 107  # AF_UNIX sun_path limit (108 bytes with the NUL)
@@ -98,7 +90,7 @@ def ray_ports(spec: RayPortSpec, job_num: int, host_slot: int = 0, host_stride: 
     The GCS and client-server ports are the head's (slot 0).
     """
     span, base = spec.port_span, spec.gcs_port_base
-    top = base + len(PORT_KINDS) * span - 1
+    top = highest_port(spec)
     if top > 65535:
         raise RayNodeError(
             f"site ray.gcs_port_base={base} with ray.port_span={span} needs ports up to {top} "
@@ -108,7 +100,7 @@ def ray_ports(spec: RayPortSpec, job_num: int, host_slot: int = 0, host_stride: 
         raise RayNodeError(f"node slot {host_slot} outside 0..{host_stride - 1}")
 
     def port(kind: str, slot: int) -> int:
-        return base + PORT_KINDS.index(kind) * span + (job_num * host_stride + slot) % span
+        return band_port(spec, kind, job_num * host_stride + slot)
 
     per_node = {k: port(k, host_slot) for k in PORT_KINDS}
     per_node["gcs"] = port("gcs", 0)

@@ -233,12 +233,12 @@ def backend_for(device: str) -> str:
 
 
 def weight_sync_port(spec: "RayPortSpec", job_num: int) -> int:
-    """The rendezvous port of a job: the band after Ray's own bands in the site's port plan
-    (ray_node.ray_ports), slot ``job_num % port_span``, so concurrent jobs on shared nodes never
+    """The rendezvous port of a job: its slot in the weight-sync band, the band after Ray's own
+    in the site's port plan (beam_hpc.plan.ports), so concurrent jobs on shared nodes never
     clash with each other or with Ray."""
-    from beam_hpc.node.ray_node import PORT_KINDS
+    from beam_hpc.plan.ports import WEIGHT_SYNC, band_port
 
-    port = spec.gcs_port_base + len(PORT_KINDS) * spec.port_span + job_num % spec.port_span
+    port = band_port(spec, WEIGHT_SYNC, job_num)
     if port > 65535:
         raise WeightSyncError(
             f"site ray.gcs_port_base={spec.gcs_port_base} with ray.port_span={spec.port_span} puts the "
