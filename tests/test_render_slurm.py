@@ -69,13 +69,18 @@ def test_rendered_hetjob_lands_each_group_on_its_nodes(tmp_path: Path, slurm_clu
 
 
 def test_trainer_local_disk_reaches_the_scheduler(tmp_path: Path, slurm_cluster) -> None:  # type: ignore[no-untyped-def]
-    """Issue 16 item 2: the local site names no `tmp`, yet the dedicated recipe's trainer group asks
-    Slurm for its optimizer state's disk (training.offload.min_free_gb: 2,000 GB -> --tmp=1863G)
-    and the rollout group asks for none. On the local cluster the last two nodes declare 100 GB of
-    TmpDisk: ten trainer nodes can be placed, eleven cannot (only ten nodes have the disk)."""
+    """Issue 16 item 2: the local site names no `tmp`, yet a trainer group that stages optimizer
+    state asks Slurm for its disk (training.offload.min_free_gb: 2,000 GB, the dedicated recipe's,
+    -> --tmp=1863G) and the rollout group asks for none. On the local cluster the last two nodes
+    declare 100 GB of TmpDisk: ten trainer nodes (plus one rollout node) can be placed, eleven
+    cannot, although the cluster has the twelve nodes (only ten have the disk)."""
+    assert "#SBATCH --tmp=1863G" in render_script(local_plan("dedicated", tmp_path / "seed"))
+
     def test_only(trainer_nodes: int) -> subprocess.CompletedProcess:
-        plan = local_plan("dedicated", tmp_path / str(trainer_nodes), f"topology.trainer.nodes={trainer_nodes}",
-                          "topology.rollout.nodes=1")
+        plan = local_plan("tiny", tmp_path / str(trainer_nodes), f"topology.trainer.nodes={trainer_nodes}",
+                          "topology.trainer.gpus_per_node=1", "topology.rollout.nodes=1",
+                          "topology.rollout.gpus_per_node=1", "training.offload.target=nvme",
+                          "training.offload.min_free_gb=2000")
         script = tmp_path / f"t{trainer_nodes}.sbatch"
         text = render_script(plan)
         script.write_text(text)
