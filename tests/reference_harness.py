@@ -1,6 +1,6 @@
 """Helpers for the reference backend's tests: the tiny assets, plans, runs and bitwise comparison.
 
-The tiny model and data are built by the project's own code (``tiny_data`` + ``prepare`` +
+The tiny model and data are built by the project's own code (``data.tiny`` + ``data.prepare`` +
 ``tiny_model``), deterministically, and cached under ``$BEAM_TINY_CACHE`` (default
 ``~/.cache/beam-hpc``) keyed by the source of the modules that make them, so a developer pays the
 ~90 s warm start once and CI once per machine.

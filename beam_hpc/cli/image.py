@@ -1,5 +1,5 @@
 """``beam-hpc image build|stage|verify``: the CLI face of :mod:`beam_hpc.node.image` (registered by
-beam_hpc/cli/app.py). Errors are :class:`beam_hpc.node.image.ImageError`; cli.py turns them into an exit code.
+beam_hpc/cli/app.py). Errors are :class:`beam_hpc.node.image.ImageError`; cli/app.py turns them into an exit code.
 """
 
 from __future__ import annotations

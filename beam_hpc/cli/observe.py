@@ -1,7 +1,7 @@
 """``beam-hpc status | plot | logs | doctor``: the CLI face of watching a run and checking a cluster.
 
 Registered by beam_hpc/cli/app.py (PLUGIN_MODULES). Like the rest of the CLI layer it prints for
-people and picks exit codes; the modules behind it (run_status, run_plot, run_logs, doctor)
+people and picks exit codes; the modules behind it (beam_hpc.observe: status, plot, logs, doctor)
 only compute and raise. Their imports happen inside the handlers, so `beam-hpc --help` stays fast.
 Exit codes: 0 fine, 1 a check failed or nothing to show, 2 bad input (a path or flag).
 """
@@ -113,7 +113,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from beam_hpc.observe import doctor
     from beam_hpc.submission.submit import build_site
 
-    site = build_site(args.site)  # a bad site is a InputError: cli.py prints it, exit 2
+    site = build_site(args.site)  # a bad site is an InputError: cli/app.py prints it, exit 2
     recipe = None
     if args.recipe:
         from beam_hpc.submission.submit import build_recipe

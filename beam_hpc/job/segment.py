@@ -1,6 +1,6 @@
 """``python -m beam_hpc.job.segment --plan RUN/plan.json [--resume] [--num-rollout N]``: one segment.
 
-The batch script execs into this (render.py), so this process is the batch shell: it receives the
+The batch script execs into this (beam_hpc.slurm.script), so this process is the batch shell: it receives the
 walltime warning (``--signal=B:USR1@lead``) and Slurm's SIGTERM. What it does, in order:
 
 1. takes the run lock (a second segment on the same output directory is refused; a lock of a

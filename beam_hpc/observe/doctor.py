@@ -17,7 +17,7 @@ Each check carries the fix for its failure. Nothing here prints for people: the 
 checks (``format_checks``) and turns any failure into a non-zero exit. The node half is in this
 module too (``python -m beam_hpc.observe.doctor --node``, which prints one machine-readable line for the
 login side); it needs only the site schema and the runtime's own stdlib-only rules (nvme.py for
-filesystems, ray_node.py for addresses and ports), so the checks cannot drift from what a job does
+filesystems, beam_hpc.node.ray_node for addresses and ports), so the checks cannot drift from what a job does
 and a node needs no more than a job does.
 """
 

@@ -173,7 +173,7 @@ def _model(out: _Argv, recipe: Recipe) -> None:
     m = recipe.model
     out.add("--hf-checkpoint", m.path)
     if recipe.training.mode == "full":
-        out.add("--ref-load", m.ref_load)  # presence checked in miles_checks
+        out.add("--ref-load", m.ref_load)  # presence checked in backends.miles.checks
     out.add("--tensor-model-parallel-size", m.tensor_parallel)
     # Megatron warns "When using expert parallelism and tensor parallelism for training, sequence
     # parallelism must be used", and turns it off by itself at TP 1.

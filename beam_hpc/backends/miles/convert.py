@@ -61,7 +61,7 @@ from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime
 from beam_hpc.config.site import Site
 from beam_hpc.slurm import client as slurm_client
 
-log = logging.getLogger("beam_hpc.miles_convert")
+log = logging.getLogger("beam_hpc.backends.miles.convert")
 
 CONVERTER = "tools/convert_hf_to_torch_dist.py"  # under the Miles tree
 RELEASE = "release"  # Megatron's name for a checkpoint that is not a training iteration

@@ -20,7 +20,7 @@ Environment it sets for itself (the values come from the Plan, filled by the job
 ``MASTER_ADDR`` and ``MILES_HOST_IP`` = the head's address (Miles's HTTP servers and router
 advertise ``MILES_HOST_IP`` instead of guessing an interface), and with a site network interface
 ``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``, ``NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME`` (what slime's
-Slurm notes list). The job-wide part of its environment (``miles_args.WORKER_ENV``) is passed to
+Slurm notes list). The job-wide part of its environment (``beam_hpc.backends.miles.args.WORKER_ENV``) is passed to
 every Ray worker of the job through ``ray.init(runtime_env=...)``; per-node values such as each
 node's own ``MILES_HOST_IP`` belong to the node step's ``ray start`` environment.
 
@@ -113,7 +113,7 @@ def driver_environment(head_ip: str, ifname: str | None) -> dict[str, str]:
 
 
 def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The job-wide variables every Ray worker of this job gets (see ``miles_args.WORKER_ENV``)."""
+    """The job-wide variables every Ray worker of this job gets (see ``beam_hpc.backends.miles.args.WORKER_ENV``)."""
     return {k: environ[k] for k in WORKER_ENV if k in environ}
 
 
