@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from beam_hpc.run import files
 from beam_hpc.run.files import atomic_path, locked, write_atomic
 
 log = logging.getLogger(__name__)
@@ -108,11 +109,7 @@ def build_image(def_file: str | Path = DEFAULT_DEF, output: str | Path = DEFAULT
 
 # -- checksums and staging --------------------------------------------------------------------------
 def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK), b""):
-            h.update(block)
-    return h.hexdigest()
+    return files.sha256_file(path, CHUNK)
 
 
 def _sidecar(image: Path) -> Path:

@@ -260,34 +260,18 @@ def _groups(recipe: Recipe, site: Site) -> tuple[GroupPlan, ...]:
     topo = recipe.topology
     colocated = recipe.training.colocated
     stage = recipe.training.offload.target == "nvme"
-    out = [
-        GroupPlan(
-            name="trainer",
-            het_index=0,
-            nodes=topo.trainer.nodes,
-            gpus_per_node=topo.trainer.gpus_per_node,
-            cpus_per_node=topo.trainer.cpus_per_node or site.cpus_per_node,
-            partition=site.partitions.for_group("trainer"),
-            roles=("trainer", "rollout") if colocated else ("trainer",),
-            stage_nvme=stage,
-            constraint=site.constraints.for_group("trainer"),
-            tmp=local_disk_request(site.tmp, recipe.training.offload.min_free_gb) if stage else None,
+
+    def group(name: str, het_index: int, spec: Any, roles: tuple[str, ...], stage_nvme: bool) -> GroupPlan:
+        return GroupPlan(
+            name=name, het_index=het_index, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
+            cpus_per_node=spec.cpus_per_node or site.cpus_per_node, partition=site.partitions.for_group(name),
+            roles=roles, stage_nvme=stage_nvme, constraint=site.constraints.for_group(name),
+            tmp=local_disk_request(site.tmp, recipe.training.offload.min_free_gb) if stage_nvme else None,
         )
-    ]
+
+    out = [group("trainer", 0, topo.trainer, ("trainer", "rollout") if colocated else ("trainer",), stage)]
     if topo.rollout is not None:
-        out.append(
-            GroupPlan(
-                name="rollout",
-                het_index=1,
-                nodes=topo.rollout.nodes,
-                gpus_per_node=topo.rollout.gpus_per_node,
-                cpus_per_node=topo.rollout.cpus_per_node or site.cpus_per_node,
-                partition=site.partitions.for_group("rollout"),
-                roles=("rollout",),
-                stage_nvme=False,
-                constraint=site.constraints.for_group("rollout"),
-            )
-        )
+        out.append(group("rollout", 1, topo.rollout, ("rollout",), False))
     for g in out:
         if g.gpus_per_node > site.gpus_per_node:
             raise InputError(

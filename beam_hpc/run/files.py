@@ -22,6 +22,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import hashlib
 import os
 import time
 from collections.abc import Iterator
@@ -148,3 +149,12 @@ def locked(path: str | Path, *, timeout_s: float | None = None, poll_s: float = 
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """The hex sha256 of a file, read in ``chunk``-byte blocks (images and checkpoints are large)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -162,24 +162,24 @@ def _close(text: str, depth: int) -> tuple[int, int]:
     return depth, -1
 
 
-def _in_single_quotes(text: str, pos: int) -> bool:
+def _quotes_open(text: str, pos: int) -> tuple[bool, bool]:
+    """Whether a single- and a double-quoted string are open at ``pos`` (bash rules: each kind
+    of quote is literal inside the other)."""
     single = double = False
     for ch in text[:pos]:
         if ch == "'" and not double:
             single = not single
         elif ch == '"' and not single:
             double = not double
-    return single
+    return single, double
+
+
+def _in_single_quotes(text: str, pos: int) -> bool:
+    return _quotes_open(text, pos)[0]
 
 
 def _inside_quotes(text: str, pos: int) -> bool:
-    single = double = False
-    for ch in text[:pos]:
-        if ch == "'" and not double:
-            single = not single
-        elif ch == '"' and not single:
-            double = not double
-    return single or double
+    return any(_quotes_open(text, pos))
 
 
 def _strip_comment(line: str) -> str:

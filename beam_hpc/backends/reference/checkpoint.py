@@ -14,7 +14,6 @@ named and intact. What goes into the iteration directory:
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -34,11 +33,7 @@ log = logging.getLogger("beam_hpc.reference.checkpoint")
 
 
 def _digest(path: Path) -> list:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return [path.stat().st_size, h.hexdigest()]
+    return [path.stat().st_size, files.sha256_file(path)]
 
 
 def verify(it_dir: Path) -> str | None:
