@@ -378,12 +378,12 @@ def test_second_submission_is_refused_and_cancel_stops_the_chain(slurm_cluster, 
     line). Then `beam-hpc cancel` stops the chain: the running job ends as cancelled, nothing else
     is queued, and a later segment of the chain would not start."""
     from beam_hpc.cli.app import main
-    from beam_hpc.errors import InputError
+    from beam_hpc.run.lock import RunLockError
 
     run = runs / "locked"
     plan, job = submit_run(run, tiny_assets, num_rollout=100_000, interval=2)  # runs until cancelled
     wait_for("the segment to hold the lock", lambda: (run / "run.lock").exists() and segments(run), run)
-    with pytest.raises(InputError, match=f"in use by job {job}"):
+    with pytest.raises(RunLockError, match=f"in use by job {job}"):
         submit_run(run, tiny_assets, num_rollout=100_000, interval=2, resume=True)
     intruder = slurm_cluster.run("sbatch", "--parsable", str(run / "job.sbatch"), "--resume").stdout.strip()
     wait_for("the intruder to be refused", lambda: job_state(intruder) in ("FAILED", "COMPLETED", "GONE"), run,

@@ -393,8 +393,6 @@ class JobRunner:
         """Token, runtime.json and segment directory; no process started yet."""
         plan, ctx, site = self.plan, self.ctx, self.site
         self.segment_dir.mkdir(parents=True, exist_ok=True)
-        if not Path(plan.paths.plan).exists():
-            plan.write()
         if site.ray_address:  # the site's own cluster: its address and token, nothing to create
             host, _, port = site.ray_address.rpartition(":")
             token, head_ip, gcs_port, stride = existing_token(site.ray_token_file or ""), host, int(port), 1
@@ -627,8 +625,11 @@ def smoke_driver_argv(plan: Plan) -> list[str]:
 def run_local(plan: Plan, *, driver_argv: Sequence[str] | None = None,
               ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
               on_tick: Callable[[JobRunner], None] | None = None) -> JobOutcome:
-    """The same job with no Slurm: node steps are subprocesses of this machine (for ``beam-hpc
-    execute``). Ctrl-C stops it cleanly."""
+    """The job of ``plan`` with no Slurm and no lifecycle: node steps are subprocesses of this
+    machine (tests and benchmarks; ``beam-hpc execute`` runs a whole segment, beam_hpc.job.segment,
+    which uses the same LocalLauncher). Ctrl-C stops it cleanly."""
+    if not Path(plan.paths.plan).exists():  # a Plan made in this process (tests, benchmarks): the
+        plan.write()                          # node steps read it from the run directory, like a job
     runner = JobRunner(plan, LocalLauncher(), JobContext.local(plan), driver_argv=driver_argv,
                        ready_timeout_s=ready_timeout_s)
     return run_job(runner, on_tick)

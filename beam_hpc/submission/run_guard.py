@@ -10,7 +10,6 @@ the same check a segment makes in the job.
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError
 
 
 from beam_hpc.run.resume import check_resume  # noqa: F401 (the seed's rules; re-exported)
@@ -30,5 +29,5 @@ def check_not_in_use(output_dir: str) -> None:
 
     try:
         check_free(RunPaths(output_dir).lock)
-    except RunLockError as err:
-        raise InputError(f"output_dir: {err}") from err
+    except RunLockError as err:  # not bad input: the directory is busy now (exit 1, try later)
+        raise RunLockError(f"output_dir: {err}") from err
