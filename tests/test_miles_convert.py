@@ -43,7 +43,7 @@ def recipe_dict(base: Path, **changes: object) -> dict:
     d = load_yaml(ROOT / "recipes" / "dedicated.yaml")
     d["output_dir"] = str(base / "run")
     d["model"] = {**d["model"], "path": str(base / "hf"), "ref_load": str(base / "torch_dist"),
-                  "miles_model_args": MODEL_ARGS}
+                  "miles_model_args": MODEL_ARGS, "miles_model_script": None}
     d.update(changes)
     return d
 
@@ -104,7 +104,9 @@ def test_the_converter_runs_inside_the_sites_container(tmp_path: Path) -> None:
         ({"model": {"path": "/m/hf", "miles_model_args": MODEL_ARGS}}, "model.ref_load: not set"),
         ({"model": {"path": "/m/hf", "ref_load": "rel/dir", "miles_model_args": MODEL_ARGS}}, "model.ref_load: 'rel/dir' is relative"),
         ({"model": {"path": "/m/hf", "ref_load": "/m/hf/"}}, "is model.path itself"),
-        ({"model": {"path": "/m/hf", "ref_load": "/m/td"}}, "model.miles_model_args: empty"),
+        ({"model": {"path": "/m/hf", "ref_load": "/m/td"}}, "model.miles_model_args: a Miles recipe needs the model.s architecture flags"),
+        ({"model": {"path": "/m/hf", "ref_load": "/m/td", "miles_model_script": "/nowhere/m.sh"}},
+         "model.miles_model_script: /nowhere/m.sh is not readable here"),
     ],
 )
 def test_recipes_that_cannot_be_converted_name_the_field(tmp_path: Path, change: dict, message: str) -> None:

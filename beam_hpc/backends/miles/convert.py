@@ -37,6 +37,7 @@ Here (``beam-hpc prepare --convert RECIPE --site SITE``):
 
 from __future__ import annotations
 
+from beam_hpc.backends.miles import architecture
 from beam_hpc.errors import InputError
 
 import argparse
@@ -141,9 +142,13 @@ def convert_spec(recipe: Recipe, site: Site, *, walltime: str = DEFAULT_WALLTIME
                               "an absolute path on shared storage")
     if os.path.normpath(m.ref_load) == os.path.normpath(m.path):
         raise InputError(f"model.ref_load: {m.ref_load} is model.path itself; the torch_dist copy needs its own directory")
-    if not m.miles_model_args:
-        raise InputError("model.miles_model_args: empty; Miles's converter builds the Megatron model from the "
-                          "architecture flags (the model's scripts/models/<type>.py in Miles, e.g. --num-layers ...)")
+    arch = architecture.resolve(m)  # the same sources as the training command, checked against config.json
+    if arch.deferred_script or not arch.args:
+        raise InputError(
+            f"model.miles_model_script: {m.miles_model_script or '(none)'} is not readable here, and Miles's converter "
+            "builds the Megatron model from the architecture flags before any job runs; make the script readable on "
+            "this node, set model.hf_config (config.json of a Qwen2/Qwen3/Qwen3-MoE/DeepSeek-V3/GLM-4.5 model), "
+            "or list the flags in model.miles_model_args")
     gpus = recipe.topology.trainer.gpus_per_node
     if gpus < 1:
         raise InputError("topology.trainer.gpus_per_node: the converter runs on a trainer node's GPUs; set it (the seed: 8)")
@@ -156,7 +161,7 @@ def convert_spec(recipe: Recipe, site: Site, *, walltime: str = DEFAULT_WALLTIME
         raise InputError(f"--walltime: {walltime!r} is not a Slurm time; use HH:MM:SS or D-HH:MM:SS") from None
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(m.ref_load).name)[:40]
     return ConvertSpec(
-        hf_checkpoint=m.path, output=os.path.normpath(m.ref_load), model_args=tuple(m.miles_model_args),
+        hf_checkpoint=m.path, output=os.path.normpath(m.ref_load), model_args=tuple(arch.args),
         gpus=gpus, cpus=recipe.topology.trainer.cpus_per_node or site.cpus_per_node,
         partition=site.partitions.for_group("trainer"), walltime=walltime, job_name=f"beam-convert-{name}",
         work_dir=str(Path(recipe.output_dir, "convert")), site=site.model_dump(mode="json"),
