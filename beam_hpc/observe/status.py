@@ -218,10 +218,15 @@ def check_run_dir(run_dir: str | Path) -> Path:
     """``run_dir`` as a Path once it is an existing directory; else :class:`RunDirError` (exit 2)
     naming it. Every reader of a run directory (status, plot, logs) starts here."""
     root = Path(run_dir)
-    if not root.exists():
+    try:
+        exists, is_dir = root.exists(), root.is_dir()
+    except OSError as err:  # a name too long, a loop of links: no directory by that name
+        raise RunDirError(f"{shorten(str(run_dir))}: not a usable path ({err.strerror}); give the run's "
+                          "--output-dir") from None
+    if not exists:
         raise RunDirError(f"{shorten(str(run_dir))}: no such run directory; give the run's --output-dir "
                           "(the directory that `beam-hpc submit` printed)")
-    if not root.is_dir():
+    if not is_dir:
         raise RunDirError(f"{shorten(str(run_dir))}: is a file, not a run directory; give the run's "
                           "--output-dir (the directory holding plan.json and ledger.jsonl)")
     return root
