@@ -274,17 +274,14 @@ BAD_LEDGER_LINES: list[tuple[str, str | bytes, str]] = [
 ]
 
 CASES: list[Case] = []
+PLOTTED = ("rollouts_at_start str", "time null", "timings.rollout_s str", "torn")  # charts take ~1 s each
 for name, line, says in BAD_LEDGER_LINES:
     CASES.append(Case(f"status ledger {name}", status, 0, [LEDGER, says], ledger_line(line)))
-    CASES.append(Case(f"plot ledger {name}", plot, 0, [LEDGER, says], ledger_line(line)))
-CASES += [
-    Case("dry-run resume ledger rollouts_at_start str", dry_resume(), 0, ["dry run: nothing submitted"],
-         ledger_line(start_with(rollouts_at_start="x"))),
-    Case("dry-run resume ledger ready_s str", dry_resume(), 0, ["dry run: nothing submitted"],
-         ledger_line(end_with(ready_s="slow"))),
-    Case("dry-run resume ledger timings str", dry_resume(), 0, ["dry run: nothing submitted"],
-         ledger_line(end_with(timings={"rollout_s": "x"}))),
-]
+    # the resume estimate reads the same lines (measured timings, ready_s): no crash, nothing written
+    CASES.append(Case(f"dry-run resume ledger {name}", dry_resume(), 0, ["dry run: nothing submitted"],
+                      ledger_line(line)))
+    if name in PLOTTED:
+        CASES.append(Case(f"plot ledger {name}", plot, 0, [LEDGER, says], ledger_line(line)))
 
 # plan.json damaged: exit 2 naming the file and the repair, for every reader of it.
 BAD_PLANS: list[tuple[str, Damage, str]] = [
