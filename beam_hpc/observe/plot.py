@@ -7,8 +7,8 @@ recipe's synthetic additions for it, ...): it names the eval charts' titles and 
 many rows) the eval numbers come from.
 
 Read from TensorBoard events (what the backends write; EventAccumulator), or from
-dumps/metrics.jsonl only when there are no event files, so a run whose TensorBoard dir was not
-copied back can still be plotted. matplotlib is driven through its object API on an Agg canvas:
+dumps/metrics.jsonl when there are no event files or they are unreadable (with a warning), so a
+run whose TensorBoard dir was not copied back, or was damaged, can still be plotted. matplotlib is driven through its object API on an Agg canvas:
 no display, no global pyplot state, safe on a login node and inside tests. matplotlib is imported
 inside :func:`plot_run` only, so importing this module (the CLI does) costs nothing.
 """

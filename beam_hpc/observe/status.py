@@ -7,6 +7,12 @@ TensorBoard events, dumps/metrics.jsonl), tolerates a torn last line (the ledger
 beam_hpc.run.ledger.read_ledger), and treats Slurm as an optional extra: if `scontrol` is missing
 or the controller does not answer, the status still comes out, with a note.
 
+Nothing read is trusted (issue 14): a ledger line with a wrong-typed field is skipped with a warning
+naming file and line; a damaged plan.json or checkpoint pointer, or a RUN_DIR that is no directory,
+is bad input (exit 2) named with its repair (:func:`check_run_dir`, :func:`load_plan`); the last
+checkpoint's files are checked against its manifest (:func:`checkpoint_problems`); unreadable
+TensorBoard files give way to dumps/metrics.jsonl, with a warning (:func:`read_scalars`).
+
 Definitions (also in the JSON's "basis" strings, so a reader of the numbers knows them):
 - rollouts done: ``k + 1`` for the last complete checkpoint ``k`` (checkpoint_layout); rollouts
   generated: one past the highest rollout id seen in the metrics (may run ahead of the checkpoint).
