@@ -328,6 +328,11 @@ for cmd_name, make in (("dry-run", dry_resume), ("sbatch", sbatch_resume), ("exe
         Case(f"{cmd_name} resume checkpoint dir missing", make(), 2, ["--resume", "iter_0000003", "missing"],
              remove("checkpoints/iter_0000003")),
     ]
+# A damaged run.lock is nobody's lock: the resume rules still speak (here: too few rollouts).
+for name, content in (("a list", "[1]"), ("garbage", "{lock"), ("job_id int", '{"job_id": 5, "host": "h", "pid": -1}')):
+    for cmd_name, make in (("sbatch", sbatch_resume), ("execute", execute_resume)):
+        CASES.append(Case(f"{cmd_name} resume run.lock {name}", make("--num-rollout", "2"), 2, ["num_rollout"],
+                          write("run.lock", content)))
 CASES += [
     Case("dry-run fresh onto checkpoints", lambda r, t: [a for a in dry_resume()(r, t) if a != "--resume"], 2,
          ["output_dir", "already holds checkpoints"]),
