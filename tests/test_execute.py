@@ -51,3 +51,18 @@ def test_execute_tiny_end_to_end(tmp_path: Path, tiny_assets, capsys: pytest.Cap
     # A second execute onto the finished run without --resume is refused (exit 2, one line).
     assert main(args) == 2
     assert "--resume" in capsys.readouterr().err
+    # `beam-hpc logs` reads a run made by execute (its local segment directory l<pid>-<restart>)
+    assert main(["logs", str(run), "--lines", "2"]) == 0
+    logged = capsys.readouterr()
+    assert "driver.log" in logged.err and "/l" in logged.err and logged.out.strip()
+
+    # Resuming with a changed model is refused before anything is written (issue 14): no new
+    # plan.json, ledger line or log, so the right resume still works afterwards.
+    def digest() -> list[tuple[str, bytes]]:
+        return [(str(p), p.read_bytes() if p.is_file() else b"") for p in sorted(run.rglob("*"))]
+
+    before = digest()
+    assert main([*args, "--resume", "--num-rollout", "5", "--set", "model.path=/elsewhere/model"]) == 2
+    err = capsys.readouterr().err
+    assert "identity" in err and "model.path" in err and "Traceback" not in err
+    assert digest() == before

@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 from beam_hpc import __version__
 from beam_hpc.errors import EXIT_FAILURE, BeamError, InputError, shorten
@@ -27,6 +27,16 @@ PLUGIN_MODULES = (
     "beam_hpc.cli.observe",
     "beam_hpc.cli.execute",
 )
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with beam-hpc's rule for bad input: one line (no usage block), the value
+    shortened, exit 2. Subcommand parsers are of the same class (argparse makes them so)."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        if len(message) > 300:
+            message = f"{message[:300]}... ({len(message)} characters)"
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _common_recipe_args(p: argparse.ArgumentParser) -> None:
@@ -96,7 +106,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="beam-hpc", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="beam-hpc", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"beam-hpc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 

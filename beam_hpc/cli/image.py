@@ -1,5 +1,6 @@
 """``beam-hpc image build|stage|verify``: the CLI face of :mod:`beam_hpc.node.image` (registered by
-beam_hpc/cli/app.py). Errors are :class:`beam_hpc.node.image.ImageError`; cli/app.py turns them into an exit code.
+beam_hpc/cli/app.py). Errors are :class:`beam_hpc.node.image.ImageError` (exit 1), or its
+ImagePathError for a missing or wrong path (exit 2); cli/app.py turns them into the exit code.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _stage(args: argparse.Namespace) -> int:
-    from beam_hpc.node.image import ImageError, stage
+    from beam_hpc.node.image import ImagePathError, stage
 
     image, dest = args.image, args.dest
     if image is None or dest is None:
@@ -50,10 +51,10 @@ def _stage(args: argparse.Namespace) -> int:
         site = load_site(find_site(args.site or "local"))
         image = image or site.container.image
         if dest is None and not site.scratch:
-            raise ImageError(f"site {site.name}: no scratch (node-local disk) set; pass --dest")
+            raise ImagePathError(f"site {site.name}: no scratch (node-local disk) set; pass --dest")
         dest = dest or str(Path(site.scratch or "", "beam-images"))
     if not image:
-        raise ImageError("no image: pass --image or set container.image in the site profile")
+        raise ImagePathError("no image: pass --image or set container.image in the site profile")
     res = stage(image, dest)
     print(f"{res.path}: {'copied and verified' if res.copied else 'already staged and valid'}")
     for old in res.removed:

@@ -8,7 +8,7 @@ Exit codes: 0 fine, 1 a check failed or nothing to show, 2 bad input (a path or 
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError
+from beam_hpc.errors import InputError, shorten
 
 import argparse
 import json
@@ -75,7 +75,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from beam_hpc.observe.plot import plot_run
 
-    result = plot_run(args.run_dir, args.output)
+    result = plot_run(args.run_dir, args.output)  # a missing or wrong path: InputError, exit 2
+    for warning in result.warnings:
+        print(f"beam-hpc: warning: {warning}", file=sys.stderr)
     for path in result.written:
         print(f"wrote {path}")
     for name, why in result.skipped.items():
@@ -83,13 +85,18 @@ def cmd_plot(args: argparse.Namespace) -> int:
     if result.eval_set is not None:
         print(f"eval set: {result.eval_set.label} ({result.eval_set.name}); data {result.eval_set.data.describe()}")
     if not result.written:
-        return _fail(f"{args.run_dir}: nothing to plot yet (metrics source: {result.source or 'none'})", 1)
+        return _fail(f"{shorten(args.run_dir)}: nothing to plot yet (metrics source: {result.source or 'none'})", 1)
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from beam_hpc.observe import logs as run_logs
+    from beam_hpc.observe.status import check_run_dir
 
+    run_logs.check_lines(args.lines)  # bad input (a path, a flag): InputError, exit 2 (cli.app)
+    check_run_dir(args.run_dir)
+    if args.node is not None and args.node < 0:
+        raise InputError(f"--node: {args.node} is negative; give a node index within its group (0 first)")
     try:
         if args.list:
             seg = run_logs.resolve_segment(args.run_dir, args.segment)
@@ -97,7 +104,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 print(path)
             return 0
         path = run_logs.find_log(args.run_dir, group=args.group, node=args.node, segment=args.segment)
-    except (run_logs.LogNotFoundError, ValueError) as err:
+    except run_logs.LogNotFoundError as err:  # the run has no such log (yet): nothing to show
         return _fail(str(err), 1)
     print(f"==> {path} <==", file=sys.stderr)
     sys.stdout.write(run_logs.read_tail(path, args.lines))

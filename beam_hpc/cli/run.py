@@ -20,7 +20,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from beam_hpc.lifecycle.cancel import cancel_run
+    from beam_hpc.observe.status import check_run_dir, load_plan
 
+    # Before the cancel flag is written: a path that is no directory, or a damaged plan.json, is
+    # bad input (exit 2, named with its repair) and leaves the run directory as it was.
+    load_plan(check_run_dir(args.run_dir))
     res = cancel_run(args.run_dir)  # not a run directory: InputError, exit 2 (the CLI maps it)
     print(f"cancel flag written: {res.flag} (no segment of this run resubmits, requeues or starts after it)")
     if res.job_ids:

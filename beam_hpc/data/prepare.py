@@ -23,7 +23,7 @@ names the same source and the file's size and sha256 still match.
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
+from beam_hpc.errors import InputError, RuntimeFailure, shorten
 
 import hashlib
 import json
@@ -39,6 +39,13 @@ from beam_hpc.run.files import atomic_path, write_atomic
 
 class PrepareError(RuntimeFailure):
     """Bad input or a failed download, with what to do about it."""
+
+
+class PreparePathError(PrepareError, InputError):
+    """A path given to prepare is missing or of the wrong kind: bad input (exit 2), raised before
+    anything is written; still a :class:`PrepareError` for callers that catch those."""
+
+    exit_code = InputError.exit_code
 
 
 DAPO_REPO = "BytedTsinghua-SIA/DAPO-Math-17k"
@@ -181,7 +188,9 @@ def _columns_to_rows(columns: dict[str, list[Any]]) -> list[dict[str, Any]]:
 
 def _local_source(path: Path) -> _Source:
     if not path.is_file():
-        raise PrepareError(f"--from-local {path}: no such file")
+        what = "is a directory, not a file" if path.is_dir() else "no such file"
+        raise PreparePathError(f"--from-local {shorten(str(path))}: {what}; give a .parquet or .jsonl file "
+                               "in the upstream schema")
     describe = {"kind": "local", "path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": _file_sha256(path)}
     suffix = path.suffix.lower()
     if suffix == ".parquet":
@@ -205,7 +214,7 @@ def _local_source(path: Path) -> _Source:
 
         first = next(iter(_read_jsonl(path, limit=1)), {})
         return _Source(_dataset_of(first, str(path)), str(path), open_jsonl, describe)
-    raise PrepareError(f"--from-local {path}: use a .parquet or .jsonl file in the upstream schema")
+    raise PreparePathError(f"--from-local {shorten(str(path))}: use a .parquet or .jsonl file in the upstream schema")
 
 
 def _read_jsonl(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
@@ -443,13 +452,19 @@ def prepare(
     found there are (re)written; nothing is downloaded. Without it, both come from the Hub.
     """
     data_dir = Path(data_dir)
+    for p in (data_dir, *data_dir.parents):
+        if p.exists() and not p.is_dir():
+            raise PreparePathError(f"--data-dir: {shorten(str(data_dir))} is not a directory ({shorten(str(p))} "
+                                   "is a file); give a directory for the prepared data")
+    # Every --from-local file is opened before the data directory is made: a missing one is
+    # refused with nothing created.
+    sources = [_local_source(Path(p)) for p in from_local] if from_local else []
     data_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = data_dir / MANIFEST_FILE
     manifest = _read_manifest(manifest_path)
     notes: list[str] = []
 
     if from_local:
-        sources = [_local_source(Path(p)) for p in from_local]
         train = [s for s in sources if s.dataset == "DAPO-Math-17k"]
         evals = [s for s in sources if s.dataset == "AIME2025"]
         for name, group in ((TRAIN_FILE, train), (EVAL_FILE, evals)):

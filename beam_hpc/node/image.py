@@ -15,7 +15,7 @@ the command line it runs and the clear error when the binary is missing (tests/t
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
+from beam_hpc.errors import InputError, RuntimeFailure, shorten
 
 import hashlib
 import importlib
@@ -50,6 +50,13 @@ REQUIRED_STACK: tuple[tuple[str, str, str | None], ...] = (
 
 class ImageError(RuntimeFailure):
     """The image cannot be built, staged or used; the message says what to do."""
+
+
+class ImagePathError(ImageError, InputError):
+    """A path given to build or stage is missing or of the wrong kind: bad input (exit 2, as for
+    every other path), still an :class:`ImageError` for callers that catch those."""
+
+    exit_code = InputError.exit_code
 
 
 # -- build ------------------------------------------------------------------------------------------
@@ -95,8 +102,13 @@ def build_image(def_file: str | Path = DEFAULT_DEF, output: str | Path = DEFAULT
     def file's directory, so the build runs there."""
     def_path = Path(def_file).resolve()
     if not def_path.is_file():
-        raise ImageError(f"{def_file}: no such definition file (the repository ships apptainer.def)")
+        raise ImagePathError(f"--def: {shorten(str(def_file))} is not a definition file "
+                             f"({'a directory' if def_path.is_dir() else 'no such file'}; the repository ships apptainer.def)")
     out = Path(output).resolve()
+    if out.is_dir():
+        raise ImagePathError(f"--output: {shorten(str(output))} is a directory; give the image's file name, e.g. beam.sif")
+    if not out.parent.is_dir():
+        raise ImagePathError(f"--output: {shorten(str(out.parent))} is not a directory; create it first")
     cmd = build_command(def_path, out, apptainer=apptainer_binary(), tag=tag, force=force)
     env = build_env(os.environ, local_dir or default_local_dir())
     log.info("building %s: %s", out, " ".join(cmd))
@@ -146,9 +158,14 @@ def stage(src: str | Path, dest_dir: str | Path) -> StageResult:
     """Copy ``src`` into ``dest_dir`` as ``<stem>-<sha12>.sif``, verified, once per node."""
     source = Path(src)
     if not source.is_file():
-        raise ImageError(f"container.image: {source} does not exist; build it with `beam-hpc image build`")
-    expected = recorded_checksum(source) or sha256_file(source)
+        what = "is a directory, not an image" if source.is_dir() else "does not exist"
+        raise ImagePathError(f"container.image: {shorten(str(source))} {what}; build it with `beam-hpc image build`")
     dest_root = Path(dest_dir)
+    for p in (dest_root, *dest_root.parents):
+        if p.exists() and not p.is_dir():
+            raise ImagePathError(f"--dest: {shorten(str(dest_dir))} is not a directory ({shorten(str(p))} is a "
+                                 "file); give node-local disk, e.g. /tmp/beam-images")
+    expected = recorded_checksum(source) or sha256_file(source)
     dest_root.mkdir(parents=True, exist_ok=True)
     dest = dest_root / f"{source.stem}-{expected[:12]}{source.suffix or '.sif'}"
     with locked(dest_root / ".stage.lock"):

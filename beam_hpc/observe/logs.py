@@ -17,17 +17,21 @@ count of one job, resubmissions get a higher job id.
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError
+from beam_hpc.errors import InputError, shorten
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from beam_hpc.plan import paths as run_paths
 from beam_hpc.plan.paths import DRIVER_LOG, RunPaths  # DRIVER_LOG re-exported
+from beam_hpc.observe.status import check_run_dir
 
 GROUPS = ("trainer", "rollout")
-_SEGMENT_RE = run_paths.SEGMENT_DIR_RE
+# A Slurm segment's directory (plan.paths.SEGMENT_DIR_RE: <jobid>-<restart>) or a local one, made by
+# `beam-hpc execute`, whose ledger job id is "l<pid>" (beam_hpc.job.segment).
+_SEGMENT_RE = re.compile(r"^(l?)(\d+)-(\d+)$")
 
 
 class LogNotFoundError(InputError, FileNotFoundError):
@@ -37,7 +41,7 @@ class LogNotFoundError(InputError, FileNotFoundError):
 def node_log_name(group: str, node_index: int) -> str:
     """File name of one node step's log inside its segment directory (ray_node's name for it)."""
     if group not in GROUPS:
-        raise ValueError(f"group {group!r}: expected one of {', '.join(GROUPS)}")
+        raise InputError(f"--group {shorten(group)}: expected one of {', '.join(GROUPS)}")
     return run_paths.node_log_name(group, node_index)
 
 
@@ -46,21 +50,38 @@ def batch_log(run_dir: str | Path, job_id: str) -> Path:
 
 
 def segments(run_dir: str | Path) -> list[str]:
-    """Segment ids with a log directory, oldest first."""
+    """Segment ids with a log directory, oldest first: Slurm segments by (job id, restart), the
+    order Slurm gives them; local ones (``l<pid>-<restart>``: pids do not grow with time) by when
+    their directory was made, after the Slurm ones."""
     logs = Path(RunPaths(str(run_dir)).logs)
-    found = [d.name for d in logs.iterdir() if d.is_dir() and _SEGMENT_RE.match(d.name)] if logs.is_dir() else []
-    return sorted(found, key=lambda s: tuple(int(x) for x in s.split("-")))
+    found = [d for d in logs.iterdir() if d.is_dir() and _SEGMENT_RE.match(d.name)] if logs.is_dir() else []
+
+    def order(d: Path) -> tuple[int, float, int, int]:
+        local, job, restart = _SEGMENT_RE.match(d.name).groups()  # type: ignore[union-attr]
+        return (1, _made_at(d), int(job), int(restart)) if local else (0, 0.0, int(job), int(restart))
+
+    return [d.name for d in sorted(found, key=order)]
+
+
+def _made_at(d: Path) -> float:
+    """When a segment directory was made: its segment.log's mtime at the earliest (written first),
+    else the directory's own."""
+    try:
+        return min(p.stat().st_mtime for p in (d, *d.iterdir()) if p.exists())
+    except (OSError, ValueError):
+        return 0.0
 
 
 def resolve_segment(run_dir: str | Path, segment: str | int | None) -> str:
     """``None`` -> the latest; an int -> that position (0 first, -1 latest); "JOB-RESTART" -> itself."""
+    check_run_dir(run_dir)
     segs = segments(run_dir)
     if not segs:
         raise LogNotFoundError(f"{RunPaths(str(run_dir)).logs}: no segment log directory yet "
                                "(has the job started? `beam-hpc status` shows whether it is pending)")
     if segment is None:
         return segs[-1]
-    text = str(segment)
+    text = str(segment) if len(str(segment)) <= 200 else shorten(str(segment))
     if _SEGMENT_RE.match(text):
         if text not in segs:
             raise LogNotFoundError(f"--segment {text}: no such segment; have {', '.join(segs)}")
@@ -98,8 +119,16 @@ def find_log(run_dir: str | Path, *, group: str | None = None, node: int | None 
     raise LogNotFoundError(f"segment {seg}: no {candidates[0].name}; it has: {have}")
 
 
+def check_lines(lines: int | None) -> int | None:
+    """``--lines``: a count of lines, 0 or more (bad input otherwise, exit 2)."""
+    if lines is not None and lines < 0:
+        raise InputError(f"--lines: {lines} is negative; give how many of the last lines to print (0 or more)")
+    return lines
+
+
 def read_tail(path: Path, lines: int | None) -> str:
     """The whole file, or its last ``lines`` lines."""
+    check_lines(lines)
     text = path.read_text(errors="replace")
     if lines is None:
         return text

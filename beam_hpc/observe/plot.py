@@ -7,15 +7,14 @@ recipe's synthetic additions for it, ...): it names the eval charts' titles and 
 many rows) the eval numbers come from.
 
 Read from TensorBoard events (what the backends write; EventAccumulator), or from
-dumps/metrics.jsonl only when there are no event files, so a run whose TensorBoard dir was not
-copied back can still be plotted. matplotlib is driven through its object API on an Agg canvas:
+dumps/metrics.jsonl when there are no event files or they are unreadable (with a warning), so a
+run whose TensorBoard dir was not copied back, or was damaged, can still be plotted. matplotlib is driven through its object API on an Agg canvas:
 no display, no global pyplot state, safe on a login node and inside tests. matplotlib is imported
 inside :func:`plot_run` only, so importing this module (the CLI does) costs nothing.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,8 @@ from beam_hpc.run import metric_names
 from beam_hpc.plan.plan import RunPaths
 from beam_hpc.run.ledger import read_ledger
 from beam_hpc.observe.eval_set import EvalSet, eval_set_of
-from beam_hpc.observe.status import Point, Scalars, read_scalars
+from beam_hpc.errors import InputError, shorten
+from beam_hpc.observe.status import Point, Scalars, check_run_dir, load_plan, read_scalars
 
 
 @dataclass(frozen=True)
@@ -56,27 +56,40 @@ class PlotResult:
     skipped: dict[str, str] = field(default_factory=dict)  # chart file -> why
     source: str | None = None
     eval_set: EvalSet | None = None  # what the eval charts measured (name, label, data file, rows)
+    warnings: list[str] = field(default_factory=list)  # skipped ledger lines, unreadable TensorBoard files
 
 
 def segment_boundaries(run_dir: str | Path) -> list[tuple[int, str]]:
     """(rollout id where a segment started, segment id) for every segment after the first."""
-    records, _ = read_ledger(RunPaths(str(run_dir)).ledger)
+    return segment_boundaries_and_warnings(run_dir)[0]
+
+
+def segment_boundaries_and_warnings(run_dir: str | Path) -> tuple[list[tuple[int, str]], list[str]]:
+    """:func:`segment_boundaries` and the ledger lines it had to skip (read_ledger's warnings)."""
+    records, warnings = read_ledger(RunPaths(str(run_dir)).ledger)
     out = []
     for rec in records[1:]:
         start = rec.get("start") or {}
         if start.get("rollouts_at_start") is not None:
             out.append((int(start["rollouts_at_start"]), rec["segment"]))
-    return out
+    return out, warnings
 
 
 def _read_plan(run_dir: Path) -> dict[str, Any] | None:
-    """plan.json as a dict, or None when it is missing or unreadable: the charts still come out,
-    under the seed's eval name (or the one the metrics carry)."""
-    try:
-        plan = json.loads((run_dir / "plan.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return plan if isinstance(plan, dict) else None
+    """plan.json as a dict, or None when there is none (the charts still come out, under the seed's
+    eval name or the one the metrics carry); a damaged one is bad input, named (observe.status)."""
+    return load_plan(run_dir)
+
+
+def check_output(output: str | Path) -> Path:
+    """``-o``: a directory for the PNGs, existing or not; an existing file there is bad input (exit
+    2) rather than a traceback half-way through the charts."""
+    out = Path(output)
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            raise InputError(f"-o/--output: {shorten(str(output))} is not a directory "
+                             f"({shorten(str(p))} is a file); give a directory for the PNGs")
+    return out
 
 
 def plot_run(run_dir: str | Path, output: str | Path | None = None) -> PlotResult:
@@ -85,11 +98,15 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> PlotResul
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    scalars: Scalars = read_scalars(run_dir)
-    ev = eval_set_of(_read_plan(Path(run_dir)), frozenset(scalars.series))
-    result = PlotResult(source=scalars.source, eval_set=ev)
-    out_dir = Path(output) if output is not None else Path(run_dir) / "plots"
-    bounds = segment_boundaries(run_dir)
+    run_dir = check_run_dir(run_dir)
+    out_dir = check_output(output) if output is not None else check_output(run_dir / "plots")
+    plan = _read_plan(run_dir)
+    warnings: list[str] = []
+    scalars: Scalars = read_scalars(run_dir, warnings)
+    ev = eval_set_of(plan, frozenset(scalars.series))
+    result = PlotResult(source=scalars.source, eval_set=ev, warnings=warnings)
+    bounds, ledger_warnings = segment_boundaries_and_warnings(run_dir)
+    result.warnings[:0] = ledger_warnings
     footnote = f"eval data: {ev.data.describe()}"
     for chart in charts_for(ev):
         pts: list[Point] = scalars.series.get(chart.tag, [])

@@ -7,6 +7,12 @@ TensorBoard events, dumps/metrics.jsonl), tolerates a torn last line (the ledger
 beam_hpc.run.ledger.read_ledger), and treats Slurm as an optional extra: if `scontrol` is missing
 or the controller does not answer, the status still comes out, with a note.
 
+Nothing read is trusted (issue 14): a ledger line with a wrong-typed field is skipped with a warning
+naming file and line; a damaged plan.json or checkpoint pointer, or a RUN_DIR that is no directory,
+is bad input (exit 2) named with its repair (:func:`check_run_dir`, :func:`load_plan`); the last
+checkpoint's files are checked against its manifest (:func:`checkpoint_problems`); unreadable
+TensorBoard files give way to dumps/metrics.jsonl, with a warning (:func:`read_scalars`).
+
 Definitions (also in the JSON's "basis" strings, so a reader of the numbers knows them):
 - rollouts done: ``k + 1`` for the last complete checkpoint ``k`` (checkpoint_layout); rollouts
   generated: one past the highest rollout id seen in the metrics (may run ahead of the checkpoint).
@@ -24,7 +30,7 @@ The JSON layout is stable (``STATUS_SCHEMA``); fields are added, never renamed.
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError
+from beam_hpc.errors import InputError, shorten
 
 import json
 import math
@@ -78,14 +84,25 @@ class Scalars:
         return {p.step: p for p in self.series.get(tag, [])}
 
 
-def read_scalars(run_dir: str | Path) -> Scalars:
-    """TensorBoard events under <run>/tensorboard if any, else <run>/dumps/metrics.jsonl."""
+def read_scalars(run_dir: str | Path, warnings: list[str] | None = None) -> Scalars:
+    """TensorBoard events under <run>/tensorboard if any, else <run>/dumps/metrics.jsonl. When the
+    event files cannot be read (corrupt, truncated, unreadable), the metrics file stands in and a
+    line saying so goes to ``warnings``: the numbers are the same, only the source differs."""
     paths = RunPaths(str(run_dir))
     event_files = sorted(Path(paths.tensorboard).rglob("events.out.tfevents.*"))
-    if event_files:
-        return Scalars("tensorboard", _from_tensorboard(sorted({f.parent for f in event_files})))
     metrics = Path(paths.dumps) / metric_names.METRICS_FILE
-    if metrics.exists():
+    if event_files:
+        try:
+            series = _from_tensorboard(sorted({f.parent for f in event_files}))
+        except Exception as err:  # noqa: BLE001 - tensorboard raises many types for a damaged file
+            problem = f"{paths.tensorboard}: TensorBoard events unreadable ({type(err).__name__}: {shorten(str(err), 120)})"
+        else:
+            if series or not metrics.is_file():
+                return Scalars("tensorboard", series)
+            problem = f"{paths.tensorboard}: the TensorBoard event files hold no readable scalar"
+        if warnings is not None:
+            warnings.append(problem + (f"; read {metrics} instead" if metrics.is_file() else ""))
+    if metrics.is_file():
         return Scalars("metrics.jsonl", _from_metrics_jsonl(metrics))
     return Scalars(None, {})
 
@@ -131,12 +148,16 @@ def _from_metrics_jsonl(path: Path) -> dict[str, list[Point]]:
         try:
             rec = json.loads(line)
             step = int(rec["rollout_id"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError, RecursionError):
             continue  # a torn last line while the backend appends
         wall = rec.get("time", rec.get("wall_time"))
+        if isinstance(wall, bool) or not isinstance(wall, (int, float)) or not math.isfinite(wall):
+            wall = None
         for key, value in rec.items():
             if key in _NON_TAG_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
+            if isinstance(value, int) and abs(value) > 2 ** 53:
+                continue  # not a metric a float holds: a hand edit
             _merge(points, key, Point(step, float(value), float(wall) if wall is not None else None))
     return _sorted_series(points)
 
@@ -176,15 +197,64 @@ def slurm_job_state(job_id: str, timeout: float = 10.0) -> dict[str, Any]:
 
 
 # -- gather ------------------------------------------------------------------------------------
-def _load_plan(run_dir: Path) -> dict[str, Any] | None:
+def load_plan(run_dir: Path) -> dict[str, Any] | None:
+    """plan.json as a mapping (None when there is none). A plan that is not JSON, not a mapping or
+    cut short is bad input (exit 2), named with its repair: every submission rewrites it."""
     p = Path(RunPaths(str(run_dir)).plan)
+    repair = ("the plan is written atomically, so beam-hpc did not write this: restore it, or move it "
+              "away (status and plot then work from the ledger and metrics alone)")
     try:
-        return json.loads(p.read_text())
+        plan = json.loads(p.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         return None
-    except json.JSONDecodeError as err:
-        raise RunDirError(f"{p}: not valid JSON ({err}); the plan is written atomically, so this "
-                          "file was not written by beam-hpc") from None
+    except IsADirectoryError:
+        raise RunDirError(f"{p}: is a directory, not the run's plan; {repair}") from None
+    except UnicodeDecodeError as err:
+        raise RunDirError(f"{p}: not UTF-8 (byte {err.start}); {repair}") from None
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise RunDirError(f"{p}: not valid JSON ({shorten(str(err), 120)}); {repair}") from None
+    if not isinstance(plan, dict):
+        raise RunDirError(f"{p}: holds a JSON {type(plan).__name__}, not a plan (a mapping); {repair}")
+    if not isinstance(plan.get("recipe", {}), dict):
+        raise RunDirError(f"{p}: its 'recipe' is {shorten(plan['recipe'], 60)}, not a mapping; {repair}")
+    return plan
+
+
+def check_run_dir(run_dir: str | Path) -> Path:
+    """``run_dir`` as a Path once it is an existing directory; else :class:`RunDirError` (exit 2)
+    naming it. Every reader of a run directory (status, plot, logs) starts here."""
+    root = Path(run_dir)
+    try:
+        exists, is_dir = root.exists(), root.is_dir()
+    except OSError as err:  # a name too long, a loop of links: no directory by that name
+        raise RunDirError(f"{shorten(str(run_dir))}: not a usable path ({err.strerror}); give the run's "
+                          "--output-dir") from None
+    if not exists:
+        raise RunDirError(f"{shorten(str(run_dir))}: no such run directory; give the run's --output-dir "
+                          "(the directory that `beam-hpc submit` printed)")
+    if not is_dir:
+        raise RunDirError(f"{shorten(str(run_dir))}: is a file, not a run directory; give the run's "
+                          "--output-dir (the directory holding plan.json and ledger.jsonl)")
+    return root
+
+
+def checkpoint_problems(ckpt_dir: Path, iteration: int) -> list[str]:
+    """Why the checkpoint ``iteration`` cannot be resumed from: the layout's rules, then its files
+    against their manifest (size and sha256) where the backend wrote one, so that a truncated
+    model file is reported rather than shown as fine."""
+    from beam_hpc.backends.reference.checkpoint import MANIFEST_FILE, verify
+
+    problems = checkpoint_layout.resume_problems(ckpt_dir)
+    it_dir = checkpoint_layout.iteration_dir(ckpt_dir, iteration)
+    if it_dir.is_dir() and (it_dir / MANIFEST_FILE).exists():
+        try:
+            bad = verify(it_dir)
+        except (OSError, ValueError, TypeError, AttributeError) as err:
+            bad = f"{it_dir / MANIFEST_FILE} is malformed ({type(err).__name__})"
+        if bad is not None:
+            problems.append(f"checkpoint {iteration}: {bad}; resume from an older checkpoint by writing "
+                            f"its number into {checkpoint_layout.LATEST_FILE}")
+    return problems
 
 
 def _last_activity(run_dir: Path, segment: str, scalars: Scalars, start: float,
@@ -264,15 +334,15 @@ def _current_job(rows: list[dict[str, Any]]) -> str | None:
 
 def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None) -> dict[str, Any]:
     """Everything `beam-hpc status` shows, as a JSON-ready dict (layout: ``STATUS_SCHEMA``)."""
-    root = Path(run_dir)
+    root = check_run_dir(run_dir)
     paths = RunPaths(str(root))
-    plan = _load_plan(root)
+    plan = load_plan(root)
     if plan is None and not Path(paths.ledger).exists():
         raise RunDirError(f"{root}: no plan.json and no ledger.jsonl; give the run's --output-dir "
                           "(the directory that `beam-hpc submit` printed)")
     now = time.time() if now is None else now
     records, warnings = read_ledger(paths.ledger)
-    scalars = read_scalars(root)
+    scalars = read_scalars(root, warnings)
 
     # The job to ask Slurm about is known from the ledger before the rows are final.
     pre_rows = _segment_rows(root, records, scalars, None, now)
@@ -284,13 +354,14 @@ def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None)
     total = starts[-1].get("num_rollout") if starts else None
     if total is None and plan is not None:
         total = plan.get("recipe", {}).get("num_rollout")
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            if total is not None:
+                warnings.append(f"{paths.plan}: recipe.num_rollout is {shorten(total, 60)}, not a count; ignored")
+            total = None
 
     ckpt_dir = Path(paths.checkpoints)
-    try:
-        last_iter = checkpoint_layout.latest_iteration(ckpt_dir)
-        ckpt_problems = checkpoint_layout.resume_problems(ckpt_dir) if last_iter is not None else []
-    except ValueError as err:
-        last_iter, ckpt_problems = None, [str(err)]
+    last_iter = checkpoint_layout.latest_iteration(ckpt_dir)  # a corrupt pointer: exit 2, named
+    ckpt_problems = checkpoint_problems(ckpt_dir, last_iter) if last_iter is not None else []
     done = 0 if last_iter is None else last_iter + 1
     seen = [pts[-1].step for tag, pts in scalars.series.items() if tag.startswith("rollout/") and pts]
     generated = max(seen) + 1 if seen else done

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from beam_hpc.errors import InputError, shorten
 from beam_hpc.run.files import write_atomic  # re-exported: callers that write layout files use it from here
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -42,15 +43,28 @@ def saved_iterations(ckpt_dir: str | Path) -> list[int]:
     return sorted(found)
 
 
+class CheckpointPointerError(InputError):
+    """The checkpoint pointer holds something other than a rollout id (exit 2: the message says how
+    to repair it). Still a ValueError, as the pointer's problems always were."""
+
+
 def latest_iteration(ckpt_dir: str | Path) -> int | None:
-    """The last complete checkpoint's rollout id, or None when there is none yet."""
+    """The last complete checkpoint's rollout id, or None when there is none yet. A pointer that is
+    not a number (a hand edit, a foreign writer) raises :class:`CheckpointPointerError` naming the
+    file and the repair: the backend writes it atomically, so it is never torn by a kill."""
     p = Path(ckpt_dir) / LATEST_FILE
     try:
-        text = p.read_text().strip()
+        text = p.read_bytes().decode("ascii").strip()
     except FileNotFoundError:
         return None
-    if not text.isdigit():
-        raise ValueError(f"{p}: expected a rollout id, found {text!r}; the checkpoint pointer is corrupt")
+    except (OSError, UnicodeDecodeError) as err:
+        text = f"<unreadable: {type(err).__name__}>"
+    if not (text.isascii() and text.isdigit()):
+        have = ", ".join(f"iter_{i:07d}" for i in saved_iterations(ckpt_dir)[-3:]) or "no iter_* directory"
+        raise CheckpointPointerError(
+            f"{p}: expected a rollout id, found {shorten(text)}; the checkpoint pointer is corrupt. Write the "
+            f"number of the last complete checkpoint directory into it (have: {have}), or move checkpoints/ "
+            "away to start over")
     return int(text)
 
 

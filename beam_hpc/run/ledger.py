@@ -14,9 +14,10 @@ id, so the restart count is what tells its segments apart.
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError
+from beam_hpc.errors import InputError, shorten
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -115,12 +116,65 @@ def end_record(
     }
 
 
+# The type of every field a reader relies on, per event: a line whose field has another type (a hand
+# edit, a foreign writer) is skipped like a torn one, so that no reader (status, accounting, the
+# segment's decision, the resume estimate) meets a string where it does arithmetic. Absent fields
+# are allowed (older ledgers lack some); ``None`` only where the writer itself may write it.
+_NUM = (int, float)
+_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {  # name -> (types, None allowed)
+    "common": {"job_id": ((str,), False), "restart": ((int,), False), "time": (_NUM, False)},
+    "start": {"host": ((str,), True), "rollouts_at_start": ((int,), False), "num_rollout": ((int,), False),
+              "resume": ((bool,), False), "walltime_s": (_NUM, False), "lead_s": (_NUM, False)},
+    "end": {"rollouts_at_end": ((int,), False), "reason": ((str,), False), "detail": ((str,), True),
+            "next": ((dict,), True), "timings": ((dict,), True), "ready_s": (_NUM, True),
+            "rollouts_run": ((int,), True), "last_save_at": (_NUM, True)},
+    "next": {"action": ((str,), True), "job_id": ((str,), True)},
+    "timings": {"rollout_s": (_NUM, True), "save_s": (_NUM, True)},
+}
+
+
+def _type_problem(record: dict[str, Any], kind: str) -> str | None:
+    """The first field of ``record`` whose value has the wrong type for ``kind``, described."""
+    for name, (types, nullable) in _FIELDS[kind].items():
+        if name not in record:
+            continue
+        value = record[name]
+        if value is None and nullable:
+            continue
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if ok and isinstance(value, float) and not math.isfinite(value):
+            ok = False
+        if not ok:
+            want = "number" if types == _NUM else "/".join(t.__name__ for t in types)
+            return f"field {name!r} is {shorten(value, 60)}, expected {want}{' or null' if nullable else ''}"
+        if isinstance(value, dict) and name in _FIELDS:
+            inner = _type_problem(value, name)
+            if inner is not None:
+                return f"{name}: {inner}"
+    return None
+
+
+def check_record(record: Any) -> str | None:
+    """Why one parsed ledger line cannot be used (None when it can): not an object, no segment id,
+    an unknown event, or a field of the wrong type."""
+    if not isinstance(record, dict):
+        return f"not a JSON object ({type(record).__name__})"
+    segment, event = record.get("segment"), record.get("event")
+    if not isinstance(segment, str) or not segment:
+        return f"field 'segment' is {shorten(segment, 60)}, expected a segment id JOBID-RESTART"
+    if event not in ("start", "end"):
+        return f"unknown ledger event {shorten(event, 60)}"
+    return _type_problem(record, "common") or _type_problem(record, event)
+
+
 def read_ledger(path: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Segments in order of first appearance, each ``{"segment": id, "start": line, "end": line}``
     (either key absent when that line is missing), plus warnings for lines that could not be read.
 
     A torn or foreign line (only possible when a writer died mid-append on a file system without
-    atomic appends) is skipped and reported, never fatal: the other lines are still true.
+    atomic appends, or after a hand edit) is skipped and reported with its file and line number,
+    never fatal: the other lines are still true. Every record returned has the types
+    :func:`check_record` checks, so readers may do arithmetic on its fields without guarding.
     """
     p = Path(path)
     merged: dict[str, dict[str, Any]] = {}
@@ -129,19 +183,21 @@ def read_ledger(path: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
         text = p.read_text(errors="replace")
     except FileNotFoundError:
         return [], warnings
+    except IsADirectoryError:
+        raise InputError(f"{p}: is a directory, not the run's ledger; remove or rename it") from None
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-            key, event = str(record["segment"]), record["event"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (json.JSONDecodeError, RecursionError):
             warnings.append(f"{p}:{number}: unreadable ledger line skipped")
             continue
-        if event not in ("start", "end"):
-            warnings.append(f"{p}:{number}: unknown ledger event {event!r} skipped")
+        problem = check_record(record)
+        if problem is not None:
+            warnings.append(f"{p}:{number}: ledger line skipped: {problem}")
             continue
-        merged.setdefault(key, {"segment": key})[event] = record
+        merged.setdefault(record["segment"], {"segment": record["segment"]})[record["event"]] = record
     return list(merged.values()), warnings
 
 

@@ -57,11 +57,12 @@ class Holder:
 def read_holder(path: str | Path) -> Holder | None:
     try:
         data = json.loads(Path(path).read_text())
-        return Holder(job_id=data.get("job_id"), restart=int(data.get("restart", 0)), host=str(data["host"]),
+        job = data.get("job_id")
+        return Holder(job_id=None if job is None else str(job), restart=int(data.get("restart", 0)), host=str(data["host"]),
                       pid=int(data["pid"]), time=float(data.get("time", 0.0)))
     except FileNotFoundError:
         return None
-    except (ValueError, KeyError, TypeError):  # torn or hand-edited: treat as nobody's
+    except (ValueError, KeyError, TypeError, AttributeError):  # torn or hand-edited (not even a mapping): nobody's
         return Holder(job_id=None, restart=0, host="?", pid=-1, time=0.0)
 
 

@@ -19,13 +19,14 @@ from beam_hpc.config.recipe import Recipe, apply_overrides, load_yaml, recipe_fr
 from beam_hpc.config.site import Site, find_site, site_from_dict
 from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.job.segment import SegmentArgs
+from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.plan import Plan, make_plan
 from beam_hpc.run import accounting, checkpoint_layout, ledger
 from beam_hpc.run.accounting import Estimate
 from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.script import write_script
 from beam_hpc.submission.request import SubmitRequest, Via
-from beam_hpc.submission.run_guard import check_before_submit
+from beam_hpc.submission.run_guard import check_before_submit, check_resume
 
 
 class SubmitError(RuntimeFailure):
@@ -178,6 +179,13 @@ def submit(
                             via=how, dependency=dependency)
     if smoke and resume:
         raise InputError("--smoke: a smoke run touches no checkpoint; drop --resume (or --smoke)")
+    if dry_run and not smoke and checkpoint_layout.latest_iteration(RunPaths(rec.output_dir).checkpoints) is not None:
+        # The read-only checks of the real submission, minus the lock (which a dry run may not
+        # judge): what the real submit would refuse about the run's checkpoints (too few rollouts,
+        # another identity, a missing dataset state, a fresh run onto them) is refused here too. A
+        # dry run for a directory without checkpoints only shows the command (so a resume line can
+        # be prepared in advance).
+        check_resume(rec, resume=resume)
     cost = gpu_hours_estimate(request.plan, resume=resume)
     if dry_run:
         return Submission(request=request, estimate=cost)
