@@ -23,6 +23,7 @@ names the same source and the file's size and sha256 still match.
 
 from __future__ import annotations
 
+from beam_hpc.run.files import sha256_file
 from beam_hpc.errors import InputError, RuntimeFailure, shorten
 
 import hashlib
@@ -161,13 +162,6 @@ class _Source:
     describe: dict[str, Any]
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 def _dataset_of(columns: Iterable[str], where: str) -> str:
     cols = set(columns)
@@ -191,7 +185,7 @@ def _local_source(path: Path) -> _Source:
         what = "is a directory, not a file" if path.is_dir() else "no such file"
         raise PreparePathError(f"--from-local {shorten(str(path))}: {what}; give a .parquet or .jsonl file "
                                "in the upstream schema")
-    describe = {"kind": "local", "path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": _file_sha256(path)}
+    describe = {"kind": "local", "path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -357,7 +351,7 @@ def verified(data_dir: Path, name: str, entry: dict[str, Any] | None) -> bool:
     path = data_dir / name
     if not entry or not path.is_file() or path.stat().st_size != entry.get("bytes"):
         return False
-    return _file_sha256(path) == entry.get("sha256")
+    return sha256_file(path) == entry.get("sha256")
 
 
 def _same_sources(recorded: object, sources: list[_Source]) -> bool:

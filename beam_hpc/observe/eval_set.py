@@ -13,12 +13,12 @@ unreadable, or no longer matches the file on disk gives "unknown", never a trace
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from beam_hpc.run.files import sha256_file
 from beam_hpc.config.recipe import DataSpec
 from beam_hpc.data.prepare import MANIFEST_FILE, MANIFEST_FORMAT
 from beam_hpc.run import metric_names
@@ -118,16 +118,10 @@ def eval_data_of(data: dict[str, Any]) -> EvalData:
         st = path.stat()
         if st.st_size != size:
             return EvalData(str(path), None, None, "the file changed since prepare (size differs)")
-        if st.st_size <= _MAX_HASHED_BYTES and _sha256(path) != sha:
+        if st.st_size <= _MAX_HASHED_BYTES and sha256_file(path) != sha:
             return EvalData(str(path), None, None, "the file changed since prepare (sha256 differs)")
     except OSError as err:
         return EvalData(str(path), None, None, f"the file is not readable here: {type(err).__name__}")
     return EvalData(str(path), rows, sha, "")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
