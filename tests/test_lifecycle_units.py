@@ -62,7 +62,8 @@ def test_ledger_lines_follow_the_contract_and_merge_by_segment(tmp_path: Path) -
     assert set(lines[0]) == {"event", "segment", "job_id", "restart", "time", "host", "rollouts_at_start",
                              "num_rollout", "resume", "walltime_s", "lead_s"}
     assert set(lines[1]) == {"event", "segment", "job_id", "restart", "time", "rollouts_at_end", "reason",
-                             "detail", "next", "timings", "ready_s", "rollouts_run", "last_save_at"}
+                             "detail", "next", "timings", "ready_s", "rollouts_run", "last_save_at",
+                             "failed_nodes"}
     assert lines[1]["next"] == {"action": "resubmit", "job_id": "101"}
     assert lines[1]["timings"] == {"rollout_s": 2.0, "save_s": 0.5}
     segs, warnings = ledger.read_ledger(path)
