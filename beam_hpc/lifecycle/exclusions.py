@@ -154,3 +154,23 @@ def plan_shortfall(groups: Sequence[Any], excluded: Sequence[str]) -> str | None
     members = {p: client.partition_nodes(p) for p in partitions}
     known = {p: m for p, m in members.items() if m is not None}
     return shortfall([(g.name, g.nodes, g.partition) for g in groups], known, excluded)
+
+
+def for_submission(output_dir: str | Path, include: Sequence[str] = (), *, now: float | None = None) -> list[str]:
+    """What ``beam-hpc submit --resume [--include-node NAME|all ...]`` excludes: first records the
+    clearings (``all`` clears every node), then returns the run's remaining exclusions. A name
+    that is not excluded is refused (InputError), so that a typo does not pass silently."""
+    from beam_hpc.errors import InputError, shorten
+    from beam_hpc.plan.paths import LEDGER_FILE
+    from beam_hpc.run import ledger
+
+    segments, _ = ledger.read_ledger(Path(output_dir, LEDGER_FILE))
+    current = from_ledger(segments, read_cleared(output_dir))
+    unknown = [n for n in include if n != "all" and n not in names(current)]
+    if unknown:
+        have = ", ".join(names(current)) or "none"
+        raise InputError(f"--include-node: {shorten(unknown)} not excluded in this run "
+                         f"(excluded now: {have})")
+    if include:
+        record_cleared(output_dir, include, now=now)
+    return names(from_ledger(segments, read_cleared(output_dir)))
