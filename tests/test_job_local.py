@@ -67,6 +67,9 @@ def test_a_node_whose_ray_start_hangs_is_named_at_the_readiness_deadline(tmp_pat
     assert (f"never joined: rollout node 0 (local-rollout-0, 127.0.0.11: state running; log "
             f"{seg / 'node-rollout-0.log'})") in outcome.message
     assert "hung ray start" in (seg / "node-rollout-0.log").read_text()
+    # the node to leave out next time (beam_hpc.lifecycle.exclusions): the one that never joined
+    assert [f["node"] for f in outcome.failed_nodes] == ["local-rollout-0"]
+    assert "did not join in time" in outcome.failed_nodes[0]["why"]
     assert "hung ray start" not in (seg / "node-trainer-0.log").read_text()
     hung_pid = json.loads((seg / "nodes" / "rollout-0.json").read_text())["ray_pid"]
     assert not gone(lambda: _alive(hung_pid))

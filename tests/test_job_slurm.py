@@ -201,6 +201,7 @@ def test_killing_one_node_step_fails_the_job_fast_and_names_the_node(held_job, s
     assert outcome["status"] == "node-failure", outcome
     assert outcome["node"] == victim["hostname"] and f"on node {victim['hostname']}" in outcome["message"]
     assert outcome["log"].endswith("node-trainer-1.log") and Path(outcome["log"]).exists()
+    assert [f["node"] for f in outcome["failed_nodes"]] == [victim["hostname"]]
     assert elapsed < 30, f"the job took {elapsed:.1f} s to end after a node step died"
     assert not _wait_no_leftovers(plan, job)
 
@@ -213,6 +214,7 @@ def test_impossible_nvme_requirement_is_refused_before_ray_starts(slurm_cluster,
     msg = outcome["message"]
     assert f"node {head}: NVMe dir {nvme_root / plan.run_id / job}" in msg
     assert "bytes free, the recipe needs 1000000000000000000 bytes" in msg
+    assert [f["node"] for f in outcome["failed_nodes"]] == [head] and "NVMe dir" in outcome["failed_nodes"][0]["why"]
     reports = [json.loads(p.read_text()) for p in (_segment(plan, job) / "nodes").glob("*.json")]
     assert not [r for r in reports if "ray_pid" in r], "Ray must not have started anywhere"
     assert outcome["ready_s"] is None

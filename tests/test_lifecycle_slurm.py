@@ -423,3 +423,41 @@ def test_a_stale_lock_of_a_killed_job_is_taken_over(slurm_cluster, tiny_assets, 
     assert f"took over the run lock of job {job}" in _read(run / "logs" / f"{second}-0" / "segment.log")
     assert_complete_and_exact(run, plan, n)
     assert not (run / "run.lock").exists()
+
+
+# -- failed-node exclusion --------------------------------------------------------------------------------
+def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(slurm_cluster, tiny_assets, runs,
+                                                                               monkeypatch) -> None:
+    """One node of the cluster goes bad (beam_hpc.node.step's test hook: the first node step to
+    reach it claims the node, and every node step on that node fails, as one with a broken disk
+    would): the first segment ends as a node failure naming it, the resubmission excludes it, the
+    next segment runs on other nodes and completes the run. status lists the node and counts the
+    failed segment's GPU-hours as lost."""
+    from beam_hpc.node.step import TEST_BAD_NODE_FILE_VAR
+    from beam_hpc.observe.status import format_status, gather
+
+    run = runs / "bad-node"
+    claim = runs / "bad-node-claim"
+    monkeypatch.setenv(TEST_BAD_NODE_FILE_VAR, str(claim))  # exported to the job by sbatch
+    plan, first = submit_run(run, tiny_assets, num_rollout=2, interval=1,
+                             extra=("topology.trainer.gpus_per_node=1", "topology.rollout.gpus_per_node=1"))
+    wait_for("the chain to finish", lambda: chain_finished(run), run)
+    bad = claim.read_text().strip()
+    segs = segments(run)
+    print(f"\nbad node {bad}:\n{timeline(run)}")
+    assert len(segs) == 2, diagnostics(run)
+    end = segs[0]["end"]
+    assert end["reason"] == "node-failure" and end["next"]["action"] == "resubmit", diagnostics(run)
+    assert [f["node"] for f in end["failed_nodes"]] == [bad] and "bad node" in end["failed_nodes"][0]["why"]
+    second = segs[1]["start"]["job_id"]
+    assert end["next"]["job_id"] == second and segs[1]["end"]["reason"] == "completed", diagnostics(run)
+    started_on = [line.split("nodes: ")[1].rstrip(")") for line in _read(run / "logs" / f"{second}-0" / "segment.log")
+                  .splitlines() if "starting node steps of group" in line]
+    assert len(started_on) == 2 and all(bad not in nodes.split(",") for nodes in started_on), started_on
+    s = gather(run, slurm=False)
+    assert [(e["node"], e["segment"]) for e in s["excluded_nodes"]] == [(bad, f"{first}-0")]
+    gh = s["gpu_hours"]
+    assert gh["gpus"] == 2 and gh["lost"]["failed segments"] > 0 and gh["held"] > gh["lost"]["failed segments"]
+    text = format_status(s)
+    assert "failed segments" in text and f"excluded   {bad} (since segment {first}-0" in text
+    assert wait_for("the queue to empty", lambda: nothing_queued(plan), run, timeout=60)

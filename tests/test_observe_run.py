@@ -127,7 +127,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # -- status ------------------------------------------------------------------------------------
 STATUS_FIELDS = {"schema", "run_dir", "run_id", "job_name", "recipe", "backend", "state", "segments",
                  "segment_count", "job_ids", "restarts", "rollouts", "last_checkpoint", "eval", "reward",
-                 "goodput", "eta", "slurm", "metrics_source", "warnings", "generated_at"}
+                 "goodput", "eta", "slurm", "metrics_source", "warnings", "generated_at", "gpu_hours",
+                 "excluded_nodes"}
 SEGMENT_FIELDS = {"segment", "job_id", "restart", "host", "start", "end", "end_estimated", "duration_s",
                   "rollouts_at_start", "rollouts_at_end", "reason", "detail", "next_action", "next_job_id",
                   "timings", "state"}
@@ -454,3 +455,50 @@ def test_progress_in_a_log_and_on_a_terminal() -> None:
     with Progress("x", total=2, stream=quiet, enabled=False) as bar:
         bar.update(2)
     assert quiet.getvalue() == "" and bar.done == 2
+
+
+def test_status_shows_gpu_hours_lost_by_cause_and_the_excluded_nodes(tmp_path: Path) -> None:
+    """A hand-made ledger: a walltime segment (bring-up 360 s, one rollout of 300 s re-done, saved
+    600 s before its end), a node failure on n3 (100 s, nothing kept), and an old-style completed
+    segment whose line lacks the accounting fields (so the figures are partial)."""
+    from beam_hpc.lifecycle import exclusions
+    from beam_hpc.plan.plan import Plan
+
+    from job_plans import make_test_plan
+
+    run = tmp_path / "run"
+    gpus = Plan.load(make_test_plan(run, trainer_nodes=1, rollout_nodes=1, gpus=2).paths.plan).total_gpus
+    assert gpus == 4
+    t0, path = 1_700_000_000.0, run / "ledger.jsonl"
+    for job, start, end, a, b, reason, extra in [
+        ("200", t0, t0 + 3600, 0, 10, "walltime", dict(ready_s=360.0, rollouts_run=11, rollout_s=300.0,
+                                                       last_save_at=t0 + 3000)),
+        ("201", t0 + 3700, t0 + 3800, 10, 10, "node-failure",
+         dict(failed_nodes=[{"node": "n3", "why": "node step failed: NVMe check"}])),
+        ("202", t0 + 3900, t0 + 4900, 10, 14, "completed", {}),
+    ]:
+        ledger.append(path, ledger.start_record(job_id=job, restart=0, host="n1", rollouts_at_start=a,
+                                                num_rollout=14, resume=a > 0, walltime_s=3600, lead_s=60, now=start))
+        rec = ledger.end_record(job_id=job, restart=0, rollouts_at_end=b, reason=reason, detail="", next_action="none",
+                                next_job_id=None, rollout_s=extra.pop("rollout_s", None), save_s=None, now=end, **extra)
+        if job == "202":  # written by an older beam-hpc: no accounting fields at all
+            rec = {k: v for k, v in rec.items() if k not in ("ready_s", "rollouts_run", "last_save_at", "failed_nodes")}
+        ledger.append(path, rec)
+    s = gather(run, slurm=False, now=t0 + 5000)
+    gh = s["gpu_hours"]
+    h = gpus / 3600
+    assert gh["gpus"] == gpus and gh["partial"] is True
+    assert gh["held"] == pytest.approx((3600 + 100 + 1000) * h)
+    assert gh["lost"] == pytest.approx({"bring-up and restart": 360 * h, "rollouts re-done": 300 * h,
+                                        "walltime tail after the last save": 300 * h, "failed segments": 100 * h})
+    assert gh["useful"] == pytest.approx((3600 - 960 + 1000) * h)
+    assert gh["goodput"] == pytest.approx(gh["useful"] / gh["held"])
+    assert s["excluded_nodes"] == [{"node": "n3", "why": "node step failed: NVMe check", "segment": "201-0",
+                                    "time": t0 + 3800}]
+    text = format_status(s)
+    assert f"GPU-hours  {gh['held']:,.2f} held by {gpus} GPUs" in text and "partial" in text
+    assert f"failed segments {100 * h:,.2f}" in text and f"bring-up and restart {360 * h:,.2f}" in text
+    assert "excluded   n3 (since segment 201-0: node step failed: NVMe check)" in text
+    exclusions.record_cleared(run, ["all"])  # submit --resume --include-node all
+    s = gather(run, slurm=False, now=t0 + 5000)
+    assert s["excluded_nodes"] == [] and "excluded " not in format_status(s)

@@ -92,7 +92,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     sub = submit(
         args.recipe, _site_from_args(args), overrides=args.overrides, output_dir=args.output_dir,
         resume=args.resume, num_rollout=args.num_rollout, no_async_training=args.no_async_training,
-        via=args.via, dry_run=args.dry_run, smoke=args.smoke,
+        via=args.via, dry_run=args.dry_run, smoke=args.smoke, include_nodes=args.include_nodes,
     )
     if args.dry_run:
         print(describe(sub))
@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted; submit nothing")
     p.add_argument("--smoke", action="store_true",
                    help="the same job, but only bring Ray up, run one task per GPU bundle, write smoke.json")
+    p.add_argument("--include-node", dest="include_nodes", action="append", default=[], metavar="NAME",
+                   help="with --resume: stop excluding a node the run left out after it failed "
+                        "(repeatable; 'all' clears every exclusion; see beam-hpc status)")
     p.set_defaults(func=cmd_submit)
 
     for name in PLUGIN_MODULES:

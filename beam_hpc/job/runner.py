@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from glob import glob
 from pathlib import Path
@@ -96,13 +96,17 @@ STATUSES = tuple(s.value for s in JobStatus)
 
 
 class JobError(RuntimeFailure):
-    """The job cannot go on; ``status`` says how (a JobStatus), ``node``/``log`` name the culprit."""
+    """The job cannot go on; ``status`` says how (a JobStatus), ``node``/``log`` name the culprit.
+    ``failed_nodes`` ({"node", "why"} each) are the Slurm nodes to blame, so that the next segment
+    can leave them out (beam_hpc.lifecycle.exclusions); empty when no single node is to blame."""
 
     status = JobStatus.ERROR
 
-    def __init__(self, message: str, *, node: str | None = None, log_path: str | None = None) -> None:
+    def __init__(self, message: str, *, node: str | None = None, log_path: str | None = None,
+                 failed_nodes: list[dict[str, str]] | None = None) -> None:
         super().__init__(message)
         self.node, self.log_path = node, log_path
+        self.failed_nodes = list(failed_nodes or ([{"node": node, "why": message}] if node else []))
 
 
 class NodeStepFailed(JobError):
@@ -315,6 +319,7 @@ class JobOutcome:
     ready_s: float | None = None  # job start -> every node and GPU joined
     teardown_s: float | None = None
     segment_dir: str = ""
+    failed_nodes: list[dict[str, str]] = field(default_factory=list)  # {"node", "why"}: to exclude next time
 
     def write(self) -> Path:
         path = SegmentPaths(self.segment_dir).outcome
@@ -445,11 +450,32 @@ class JobRunner:
                     log.info("Ray ready after %.1f s: %s", self.ready_s, report.get("summary"))
                     return report
                 self.check()  # a node step that died explains it better
-                raise NotReady(report.get("summary") or
-                               f"readiness check failed (exit {rc}); see {self.seg.readiness_log}")
+                message = (report.get("summary") or
+                           f"readiness check failed (exit {rc}); see {self.seg.readiness_log}")
+                raise NotReady(message, failed_nodes=self._never_joined(report, message))
             if time.time() > rt.deadline + 60:
                 raise NotReady(f"readiness check did not finish by its deadline; see {self.seg.readiness_log}")
             time.sleep(POLL_S)
+
+    def _never_joined(self, report: dict, message: str) -> list[dict[str, str]]:
+        """The Slurm nodes whose Ray never joined (by the node steps' reported addresses against
+        ready.json's joined hosts). None are blamed when no node joined at all (or the report
+        says nothing): then the head, the network or the site is at fault, not one node."""
+        rt = self.rt
+        joined = {h.get("ip") for j in (report.get("joined") or {}).values() for h in j.get("hosts", [])}
+        if rt is None or rt.existing or not joined:
+            return []
+        missing = []
+        for g in self.plan.groups:
+            for i in range(g.nodes):
+                try:
+                    ip = json.loads(rt.node_report(g.name, i).read_text()).get("ip")
+                except (OSError, ValueError):
+                    ip = None
+                if ip is None or ip not in joined:
+                    missing.append({"node": rt.node_name(g.name, i), "why": f"its Ray did not join in time ({message})"})
+        total = sum(g.nodes for g in self.plan.groups)
+        return missing if len(missing) < total else []
 
     def check(self) -> None:
         """Raise StopRequested when asked to stop, NodeStepFailed as soon as a node step ended."""
@@ -479,7 +505,8 @@ class JobRunner:
         msg = f"node step of group {g.name} on node {node} ended: {detail}; log: {log_path}"
         if h.local_index is None:
             msg += f" (srun output: {h.output})"
-        return NodeStepFailed(msg, node=node, log_path=log_path)
+        return NodeStepFailed(msg, node=node, log_path=log_path,
+                              failed_nodes=[{"node": node, "why": f"node step failed: {detail}"}])
 
     def _placeholder_values(self) -> dict[str, str]:
         """What the plan's placeholders stand for in this job (see plan.PLACEHOLDERS)."""
@@ -601,7 +628,8 @@ def run_job(runner: JobRunner, on_tick: Callable[[JobRunner], None] | None = Non
         status = JobStatus.COMPLETED if rc == 0 else JobStatus.DRIVER_FAILED
         outcome = JobOutcome(status, rc, f"driver exited with code {rc}")
     except JobError as err:
-        outcome = JobOutcome(err.status, 1, str(err), node=err.node, log=err.log_path)
+        outcome = JobOutcome(err.status, 1, str(err), node=err.node, log=err.log_path,
+                             failed_nodes=err.failed_nodes)
     except KeyboardInterrupt:
         outcome = JobOutcome(JobStatus.STOPPED, 130, "interrupted")
     except Exception as err:  # noqa: BLE001 - teardown must still run; the outcome says what broke

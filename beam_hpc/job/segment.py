@@ -42,7 +42,7 @@ from beam_hpc.run import checkpoint_layout
 
 from beam_hpc.run import ledger
 
-from beam_hpc.lifecycle import actions, cancel, save
+from beam_hpc.lifecycle import actions, cancel, exclusions, save
 from beam_hpc.lifecycle.decide import Action, Decision, Outcome, decide
 from beam_hpc.lifecycle.segment_metrics import metrics_offset, segment_metrics
 from beam_hpc.lifecycle.watchdog import Interrupt, Watchdog
@@ -97,6 +97,7 @@ class Segment:
         self._finishing = False
         self._requeue_self = False
         self.reason: str | None = None
+        self.excluded: list[str] = []  # the run's failed nodes, left out of the next segment
 
     # -- entry ------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -253,7 +254,7 @@ class Segment:
             outcome = runtime.run_job(self.runner, on_tick=self._tick)
         if self.finished:
             return self._exit_code()
-        return self._finish_after(outcome.status, outcome.message, outcome.returncode)
+        return self._finish_after(outcome.status, outcome.message, outcome.returncode, outcome.failed_nodes)
 
     def _backend_refuses(self) -> str | None:
         """The backend's own check of the exact driver command, before Ray starts on any node
@@ -342,7 +343,8 @@ class Segment:
                                                               self.save_result.seconds)
 
     # -- after the job ----------------------------------------------------------------------------
-    def _finish_after(self, status: str, message: str, returncode: int) -> int:
+    def _finish_after(self, status: str, message: str, returncode: int,
+                      failed_nodes: list[dict[str, str]] | None = None) -> int:
         done = checkpoint_layout.rollouts_done(self.paths.checkpoints)
         num_rollout = self.plan.recipe.num_rollout
         if done >= num_rollout:
@@ -354,14 +356,17 @@ class Segment:
             return self._finish(_INTERRUPT_REASON[self.interrupt.kind], detail)
         if status == "completed":  # driver exited 0 short of num_rollout (e.g. stop_after_rollout)
             return self._finish("error", f"the driver exited normally with {done} of {num_rollout} rollouts done")
-        return self._finish(_STATUS_REASON.get(status, "error"), f"{message} (exit {returncode})")
+        return self._finish(_STATUS_REASON.get(status, "error"), f"{message} (exit {returncode})",
+                            failed_nodes=failed_nodes)
 
     def _finish_now(self, reason: str, detail: str, *, retryable: bool = False) -> int:
         """End a segment that never ran the job."""
         return self._finish(reason, detail, retryable=retryable)
 
-    def _finish(self, reason: str, detail: str, *, retryable: bool = True) -> int:
-        """Decide, act, and write the end line; once per segment."""
+    def _finish(self, reason: str, detail: str, *, retryable: bool = True,
+                failed_nodes: list[dict[str, str]] | None = None) -> int:
+        """Decide, act, and write the end line; once per segment. ``failed_nodes``: the nodes a
+        node failure is blamed on (Slurm runs only), recorded and left out from now on."""
         if self.finished or self._finishing:
             return self._exit_code()
         self._finishing = True
@@ -371,9 +376,12 @@ class Segment:
             metrics = segment_metrics(self.paths, self.metrics_offset)
             outcome = Outcome(reason=reason, rollouts_at_start=self.rollouts_at_start, rollouts_at_end=done,
                               num_rollout=recipe.num_rollout, rollouts_run=metrics.rollouts_run, retryable=retryable)
+            failed_nodes = list(failed_nodes or []) if reason == "node-failure" and self.job_id else []
+            nodes_short = self._exclusions(failed_nodes)
             decision = decide(outcome, history=self.history, max_segments=recipe.lifecycle.max_segments,
                               cancelled=cancel.cancel_requested(self.paths),
-                              requeue_on_preemption=recipe.lifecycle.requeue_on_preemption)
+                              requeue_on_preemption=recipe.lifecycle.requeue_on_preemption,
+                              nodes_short=nodes_short)
             decision, next_job = self._act(decision)
             save_s = self.save_result.seconds if self.save_result and self.save_result.saved else metrics.save_s
             ledger.append(self.paths.ledger, ledger.end_record(
@@ -381,7 +389,7 @@ class Segment:
                 detail=f"{detail} -> {decision.detail}", next_action=decision.action, next_job_id=next_job,
                 rollout_s=metrics.rollout_s, save_s=save_s, rollouts_run=metrics.rollouts_run,
                 ready_s=None if self.runner is None or self.runner.ready_s is None else round(self.runner.ready_s, 3),
-                last_save_at=self._last_save_at()))
+                last_save_at=self._last_save_at(), failed_nodes=failed_nodes))
             self.reason = reason
             self.finished = True
             log.info("segment ended: %s (%s); rollouts %d -> %d of %d; next: %s %s", reason, detail,
@@ -389,6 +397,19 @@ class Segment:
             return self._exit_code()
         finally:
             self._finishing = False
+
+    def _exclusions(self, failed_nodes: list[dict[str, str]]) -> str | None:
+        """The run's excluded nodes from now on (the ledger's and these), kept for :meth:`_act`;
+        returns why the nodes left cannot hold the groups (None when they can, or Slurm cannot
+        say). Slurm is asked only when some node is excluded."""
+        if self.job_id is None:
+            return None
+        self.excluded = exclusions.names(exclusions.effective(
+            self.plan.output_dir, self.history, failed_nodes, segment=ledger.segment_id(self.ledger_job_id, self.restart)))
+        if failed_nodes:
+            log.warning("excluding node(s) %s from the run's next segments: %s",
+                        ", ".join(f["node"] for f in failed_nodes), "; ".join(f["why"] for f in failed_nodes))
+        return exclusions.plan_shortfall(self.plan.groups, self.excluded)
 
     def _last_save_at(self) -> float | None:
         """When this segment's last checkpoint was published (None if it published none)."""
@@ -409,7 +430,8 @@ class Segment:
             has_ckpt = checkpoint_layout.latest_iteration(self.paths.checkpoints) is not None
             try:
                 job = actions.resubmit(str(script), lead_s=self.lead_s, resume=has_ckpt,
-                                       dependency=f"afterany:{self.job_id}", num_rollout=self.num_rollout_arg)
+                                       dependency=f"afterany:{self.job_id}", num_rollout=self.num_rollout_arg,
+                                       exclude=self.excluded)
             except (RuntimeError, OSError) as err:
                 log.error("%s", err)
                 return Decision(Action.NONE, f"{decision.detail}, but the resubmission failed: {err}"), None
@@ -426,7 +448,7 @@ class Segment:
 
     def _do_requeue_self(self) -> None:
         try:
-            actions.requeue_self(self.job_id or "")
+            actions.requeue_self(self.job_id or "", exclude=self.excluded)
             log.info("requeued job %s", self.job_id)
         except (RuntimeError, OSError) as err:
             log.error("%s; Slurm requeues the job itself when the grace time ends", err)

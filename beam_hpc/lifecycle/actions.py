@@ -7,18 +7,22 @@ SLURM_RESTART_COUNT and take itself for a requeue.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from beam_hpc.slurm import client
 
 
 def resubmit_command(script: str, *, lead_s: int, resume: bool, dependency: str,
-                     num_rollout: int | None = None) -> list[str]:
+                     num_rollout: int | None = None, exclude: Sequence[str] = ()) -> list[str]:
     """sbatch line for the next segment: the same script, after this job (``afterany:<this job>``),
     with the walltime warning at the current lead (options on the command line override the
     script's #SBATCH lines). Not ``singleton``: on a heterogeneous job (Slurm 22.05) each
     component waits for the other, which has the same name, and the job pends forever.
     ``num_rollout``: a total this segment was given with ``--num-rollout`` (plan.json is never
-    rewritten in the job, so the next segment is told again)."""
-    cmd = client.sbatch_argv([f"--dependency={dependency}", f"--signal=B:USR1@{int(lead_s)}", script])
+    rewritten in the job, so the next segment is told again). ``exclude``: the run's failed nodes
+    (beam_hpc.lifecycle.exclusions), as ``--exclude``, which applies to every het component."""
+    excl = [f"--exclude={','.join(exclude)}"] if exclude else []
+    cmd = client.sbatch_argv([f"--dependency={dependency}", f"--signal=B:USR1@{int(lead_s)}", *excl, script])
     if resume:
         cmd.append("--resume")
     if num_rollout is not None:
@@ -26,15 +30,22 @@ def resubmit_command(script: str, *, lead_s: int, resume: bool, dependency: str,
     return cmd
 
 
-def resubmit(script: str, *, lead_s: int, resume: bool, dependency: str, num_rollout: int | None = None) -> str:
+def resubmit(script: str, *, lead_s: int, resume: bool, dependency: str, num_rollout: int | None = None,
+             exclude: Sequence[str] = ()) -> str:
     """Submit the next segment; returns its job id. Raises SlurmError (a RuntimeError) with
     sbatch's words."""
-    cmd = resubmit_command(script, lead_s=lead_s, resume=resume, dependency=dependency, num_rollout=num_rollout)
+    cmd = resubmit_command(script, lead_s=lead_s, resume=resume, dependency=dependency, num_rollout=num_rollout,
+                           exclude=exclude)
     return client.sbatch(cmd[1:], env=client.slurm_env_free(), timeout=60)
 
 
-def requeue_self(job_id: str) -> None:
+def requeue_self(job_id: str, exclude: Sequence[str] = ()) -> None:
     """Requeue this job (same id, restart count + 1). Needed after a graceful save during a
     preemption grace time: a job that ends by itself then is COMPLETED and never requeued.
-    Raises SlurmError (a RuntimeError) with Slurm's words."""
-    client.requeue(job_id, env=client.slurm_env_free(), timeout=60)
+    ``exclude``: the run's failed nodes, set as the job's ExcNodeList right after the requeue,
+    while the requeued job pends (Slurm delays its eligibility; a running job's ExcNodeList
+    cannot be changed, so not before). Raises SlurmError (a RuntimeError) with Slurm's words."""
+    env = client.slurm_env_free()
+    client.requeue(job_id, env=env, timeout=60)
+    if exclude:
+        client.set_excluded_nodes(job_id, exclude, env=env, timeout=60)

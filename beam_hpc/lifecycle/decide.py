@@ -54,6 +54,7 @@ def decide(
     max_segments: int,
     cancelled: bool,
     requeue_on_preemption: bool,
+    nodes_short: str | None = None,
 ) -> Decision:
     """The rule book (issue 4, guards), in order:
 
@@ -65,9 +66,22 @@ def decide(
     5. otherwise no progress (the checkpoint did not advance over a whole segment) -> none: the
        walltime is too short for one rollout and its save, so resubmitting would loop forever.
     6. walltime, or a failure after progress -> resubmit with --resume.
+    7. a resubmit or requeue from 3-6 -> none when ``nodes_short`` says why the nodes left after
+       the run's failed-node exclusions cannot hold the groups
+       (:func:`beam_hpc.lifecycle.exclusions.shortfall`): such a job would pend forever.
 
     ``history`` is the ledger's segments before this one (:func:`beam_hpc.run.ledger.read_ledger`).
     """
+    decision = _decide(outcome, history=history, max_segments=max_segments, cancelled=cancelled,
+                       requeue_on_preemption=requeue_on_preemption)
+    if nodes_short and decision.action != Action.NONE:
+        return Decision(Action.NONE, f"{decision.detail}, but {nodes_short}; the chain stops here")
+    return decision
+
+
+def _decide(outcome: Outcome, *, history: list[dict[str, Any]], max_segments: int, cancelled: bool,
+            requeue_on_preemption: bool) -> Decision:
+    """Rules 1-6 of :func:`decide`."""
     o = outcome
     if o.rollouts_at_end >= o.num_rollout:
         return Decision(Action.NONE, f"num_rollout {o.num_rollout} reached")

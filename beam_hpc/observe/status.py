@@ -393,6 +393,8 @@ def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None)
         "eval": _eval(scalars, plan),
         "reward": _latest(scalars, metric_names.ROLLOUT_REWARD, names=("value",)),
         "goodput": goodput,
+        "gpu_hours": _gpu_hours(records, plan, now),
+        "excluded_nodes": _excluded_nodes(root, records),
         "eta": _eta(rows, scalars, goodput, done, generated, total, live, now),
         "slurm": live if live is not None else {
             "reachable": None, "job_id": job, "state": None, "reason": None, "components": [],
@@ -442,6 +444,32 @@ def _goodput(rows: list[dict[str, Any]], scalars: Scalars, done: int) -> dict[st
         "estimated_rollouts": missing if kept else 0,
         "basis": "seconds of kept rollout steps / wall time of all segments",
     }
+
+
+def _gpu_hours(records: list[dict[str, Any]], plan: dict[str, Any] | None, now: float) -> dict[str, Any]:
+    """GPU-hours held so far, useful, and lost by cause (beam_hpc.run.accounting over the
+    ledger; GPUs = every group's); ``partial`` when old ledger lines lack the fields a cause needs."""
+    from beam_hpc.run import accounting
+
+    try:
+        gpus: int | None = sum(int(g["nodes"]) * int(g["gpus_per_node"]) for g in plan["groups"]) if plan else None
+    except (KeyError, TypeError, ValueError):
+        gpus = None
+    if gpus is None:
+        return {"gpus": None, "held": None, "useful": None, "lost": {c: None for c in accounting.CAUSES},
+                "goodput": None, "partial": True, "basis": "no readable plan.json: the run's GPUs are unknown"}
+    h = accounting.account(records, gpus, now=now)
+    return {"gpus": gpus, "held": h.held_h, "useful": h.useful_h, "lost": dict(h.lost_h), "goodput": h.goodput,
+            "partial": h.partial, "basis": "GPUs x segment wall time, from the ledger (beam_hpc.run.accounting)"}
+
+
+def _excluded_nodes(root: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run's failed nodes that its next segments leave out (those cleared with
+    ``submit --resume --include-node`` are not shown)."""
+    from beam_hpc.lifecycle import exclusions
+
+    return [{"node": e.node, "why": e.why, "segment": e.segment, "time": e.time}
+            for e in exclusions.from_ledger(records, exclusions.read_cleared(root))]
 
 
 def _eta(rows: list[dict[str, Any]], scalars: Scalars, goodput: dict[str, Any], done: int,
@@ -495,6 +523,18 @@ def _num(x: float | None, fmt: str = "{:.3f}") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
+def _format_gpu_hours(gh: dict[str, Any] | None) -> list[str]:
+    """The GPU-hours lines: held, useful with goodput, and lost by cause (0 causes left out)."""
+    if not gh or gh.get("held") is None:
+        return [] if not gh else [f"GPU-hours  - ({gh.get('basis')})"]
+    good = f", goodput {gh['goodput'] * 100:.0f}%" if gh.get("goodput") is not None else ""
+    partial = " (partial: older ledger lines lack the fields to attribute all losses)" if gh.get("partial") else ""
+    out = [f"GPU-hours  {gh['held']:,.2f} held by {gh['gpus']} GPUs, {gh['useful']:,.2f} useful{good}{partial}"]
+    lost = [f"{cause} {hours:,.2f}" for cause, hours in gh["lost"].items() if hours]
+    out.append("lost       " + ("; ".join(lost) if lost else "none"))
+    return out
+
+
 def format_status(s: dict[str, Any]) -> str:
     """The default, human view of :func:`gather`'s dict."""
     r, ev, gp, eta, sl = s["rollouts"], s["eval"], s["goodput"], s["eta"], s["slurm"]
@@ -538,6 +578,9 @@ def format_status(s: dict[str, Any]) -> str:
     else:
         eta_txt = "- (no measured rate yet)"
     lines.append(f"ETA        {eta_txt}")
+    lines += _format_gpu_hours(s.get("gpu_hours"))
+    for e in s.get("excluded_nodes") or []:
+        lines.append(f"excluded   {e['node']} (since segment {e['segment']}: {e['why']})")
     lines.append("")
     headers = ["segment", "job", "restart", "host", "start", "duration", "rollouts", "reason", "next"]
     table = []

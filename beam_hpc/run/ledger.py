@@ -94,11 +94,14 @@ def end_record(
     ready_s: float | None = None,
     rollouts_run: int | None = None,
     last_save_at: float | None = None,
+    failed_nodes: list[dict[str, str]] | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
     """The segment's end line. Besides what happened and what comes next, it records what
     beam_hpc.run.accounting needs to say where the segment's GPU-hours went: seconds until Ray
-    was ready, rollout steps run (kept or not), and when the last checkpoint landed."""
+    was ready, rollout steps run (kept or not), and when the last checkpoint landed; and the
+    nodes the segment failed because of (``[{"node", "why"}]``), which later segments exclude
+    (beam_hpc.lifecycle.exclusions)."""
     if reason not in REASONS:
         raise LedgerError(f"reason {reason!r} is not one of {', '.join(REASONS)}")
     if next_action not in ACTIONS:
@@ -113,6 +116,7 @@ def end_record(
         "ready_s": ready_s,
         "rollouts_run": rollouts_run,
         "last_save_at": last_save_at,
+        "failed_nodes": [{"node": str(f["node"]), "why": str(f.get("why", ""))} for f in failed_nodes or []],
     }
 
 

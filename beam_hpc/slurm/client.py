@@ -373,3 +373,33 @@ def partition_features(partition: str, *, timeout: float = 20) -> set[str]:
     for line in _output(["sinfo", "--noheader", f"--partition={partition}", "--format=%f"], timeout).split():
         features.update(f for f in line.split(",") if f and f != "(null)")
     return features
+
+
+# -- failed-node exclusion (beam_hpc.lifecycle.exclusions) ------------------------------------------
+def partition_nodes(name: str | None, *, timeout: float = 20) -> list[str] | None:
+    """The node names of partition ``name`` (None: the default partition), from ``scontrol show
+    partition``; None when Slurm does not know it or cannot say (the caller then lets Slurm decide)."""
+    try:
+        proc = _call(["scontrol", "--oneliner", "show", "partition"] + ([name] if name else []), timeout=timeout)
+    except SlurmUnavailable:
+        return None
+    if proc.returncode != 0:
+        return None
+    for line in proc.stdout.splitlines():
+        fields = parse_key_values(line)
+        if (fields.get("PartitionName") == name) if name else fields.get("Default") == "YES":
+            nodes = fields.get("Nodes", "")
+            if not nodes or nodes == "(null)":
+                return []
+            try:
+                return expand_hostnames(nodes, timeout=timeout)
+            except SlurmError:
+                return None
+    return None
+
+
+def set_excluded_nodes(job_id: str, nodes: Sequence[str], *, env: Mapping[str, str] | None = None,
+                       timeout: float | None = 60) -> None:
+    """``scontrol update JobId=<job> ExcNodeList=<nodes>`` on a pending (e.g. just requeued) job;
+    on a het leader it applies to every component. SlurmError with Slurm's words."""
+    _checked(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"], env=env, timeout=timeout)

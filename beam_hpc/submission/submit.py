@@ -19,6 +19,7 @@ from beam_hpc.config.recipe import Recipe, apply_overrides, load_yaml, recipe_fr
 from beam_hpc.config.site import Site, find_site, site_from_dict
 from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.job.segment import SegmentArgs
+from beam_hpc.lifecycle import exclusions
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.plan import Plan, make_plan
 from beam_hpc.run import accounting, checkpoint_layout, ledger
@@ -157,9 +158,12 @@ def submit(
     dry_run: bool = False,
     dependency: str | None = None,
     smoke: bool = False,
+    include_nodes: list[str] | None = None,
 ) -> Submission:
     """Submit a recipe to Slurm. Returns a :class:`Submission` (``.job`` is a submitit Job when
-    ``via="submitit"``). Invalid input raises InputError before anything is written or submitted."""
+    ``via="submitit"``). Invalid input raises InputError before anything is written or submitted.
+    Resuming, the run's failed nodes stay excluded (beam_hpc.lifecycle.exclusions) except those
+    in ``include_nodes`` (``all``: every one), whose clearing is recorded in the run directory."""
     try:
         how = Via(via)
     except ValueError:
@@ -179,6 +183,8 @@ def submit(
                             via=how, dependency=dependency)
     if smoke and resume:
         raise InputError("--smoke: a smoke run touches no checkpoint; drop --resume (or --smoke)")
+    if include_nodes and not resume:
+        raise InputError("--include-node: only a resumed run has excluded nodes; add --resume")
     if dry_run and not smoke and checkpoint_layout.latest_iteration(RunPaths(rec.output_dir).checkpoints) is not None:
         # The read-only checks of the real submission, minus the lock (which a dry run may not
         # judge): what the real submit would refuse about the run's checkpoints (too few rollouts,
@@ -192,7 +198,8 @@ def submit(
     check_paths(rec, st)
     if not smoke:  # a smoke run touches no checkpoint, lock or ledger
         check_before_submit(rec, resume=resume)
-    sub = schedule(request, source=source)
+    exclude = exclusions.for_submission(request.plan.output_dir, include_nodes or []) if resume else []
+    sub = schedule(request, source=source, exclude=exclude)
     sub.estimate = cost
     return sub
 
@@ -218,17 +225,25 @@ def gpu_hours_estimate(plan: Plan, *, resume: bool) -> Estimate:
                                basis=basis, bringup_s=bringup_s)
 
 
-def schedule(request: SubmitRequest, *, source: str = "") -> Submission:
+def schedule(request: SubmitRequest, *, source: str = "", exclude: list[str] | None = None) -> Submission:
     """Write the request's plan and script into the run directory, then hand it to its scheduler
-    (sbatch or submitit; ``beam-hpc execute`` runs local requests itself)."""
+    (sbatch or submitit; ``beam-hpc execute`` runs local requests itself). ``exclude``: the run's
+    failed nodes: ``--exclude`` on the sbatch line; through submitit, the job's ExcNodeList set
+    right after submission (submitit takes no such option here; a job scheduled within that
+    moment may still land on one, and then fails and excludes it again)."""
     plan = request.plan
     prepare_run(plan, source=source)
     if request.via is Via.SBATCH or request.segment.smoke:
-        return Submission(request=request, job_id=run_sbatch(request.sbatch_argv()))
+        cmd = request.sbatch_argv()
+        if exclude:
+            cmd.insert(1, f"--exclude={','.join(exclude)}")
+        return Submission(request=request, job_id=run_sbatch(cmd))
     if request.via is Via.SUBMITIT:
         from beam_hpc.submission.via_submitit import submit_request
 
         job = submit_request(request)
+        if exclude:
+            slurm_client.set_excluded_nodes(str(job.job_id), exclude)
         return Submission(request=request, job_id=str(job.job_id), job=job)
     raise InputError(f"--via: {request.via.value!r} cannot be scheduled by submit; use `beam-hpc execute`")
 
