@@ -41,7 +41,6 @@ The machine has 2 cores shared with other work: note the load (printed) when com
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import random
@@ -194,7 +193,7 @@ class Run:
         # the last segment finishes 10 rollouts past its checkpoint (`--num-rollout` semantics)
         target = checkpoint_layout.rollouts_done(self.dir / "checkpoints") + 10
         current = Plan.load(self.dir / "plan.json")
-        dataclasses.replace(current, recipe={**current.recipe, "num_rollout": target}).write()
+        current.with_num_rollout(target).write()
         self.release_requeued(job)
         last = self.wait("the run to complete", lambda: (s := self.segments()) and len(s) >= 4 and "end" in s[-1]
                          and s[-1]["end"]["next"]["action"] == "none" and s)[-1]

@@ -66,7 +66,7 @@ def _leftovers(plan: Plan, job_id: str) -> list[str]:
     return [f"pid {p}" for p in pids] + glob(f"/tmp/beam-{job_id}.0-*")
 
 
-def _wait_no_leftovers(plan: Plan, job_id: str, timeout: float = 10) -> list[str]:
+def _wait_no_leftovers(plan: Plan, job_id: str, timeout: float = 60) -> list[str]:
     deadline = time.monotonic() + timeout
     while (left := _leftovers(plan, job_id)) and time.monotonic() < deadline:
         time.sleep(0.2)  # the kernel may still be reaping
@@ -207,13 +207,19 @@ def test_killing_one_node_step_fails_the_job_fast_and_names_the_node(held_job, s
 
 
 def test_impossible_nvme_requirement_is_refused_before_ray_starts(slurm_cluster, tmp_path, nvme_root):
-    run = _smoke_job(slurm_cluster, tmp_path, nvme_root, trainer_nodes=1, min_free_gb=1e9)
+    """Slurm schedules by the TmpDisk a node declares (--tmp from min_free_gb, issue 16); the node
+    step checks what the disk really has. 2,900 GB fits the big local nodes' declared 3,000,000 MB,
+    and no disk of this machine has it free, so the job starts and its NVMe check refuses."""
+    need_gb = 2900
+    if shutil.disk_usage(nvme_root.parent).free >= need_gb * 10**9:
+        pytest.skip(f"{nvme_root} really has {need_gb} GB free: nothing to refuse here")
+    run = _smoke_job(slurm_cluster, tmp_path, nvme_root, trainer_nodes=1, min_free_gb=need_gb)
     plan, job, outcome = run.plan, run.job, run.outcome
     head = run.nodelists["trainer"][0]
     assert outcome["status"] == "node-failure" and outcome["node"] == head, outcome
     msg = outcome["message"]
     assert f"node {head}: NVMe dir {nvme_root / plan.run_id / job}" in msg
-    assert "bytes free, the recipe needs 1000000000000000000 bytes" in msg
+    assert f"bytes free, the recipe needs {need_gb * 10**9} bytes" in msg
     assert [f["node"] for f in outcome["failed_nodes"]] == [head] and "NVMe dir" in outcome["failed_nodes"][0]["why"]
     reports = [json.loads(p.read_text()) for p in (_segment(plan, job) / "nodes").glob("*.json")]
     assert not [r for r in reports if "ray_pid" in r], "Ray must not have started anywhere"

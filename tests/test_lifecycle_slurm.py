@@ -146,11 +146,9 @@ def lower_num_rollout_for_the_next_segment(plan: Plan, run_dir: Path, more: int)
     (huge) target and resubmits; the next one finishes the run. This makes the chain exactly two
     segments long whatever the machine's speed, instead of a number that depends on when in its
     30 s cycle slurmctld sends USR1."""
-    import dataclasses
-
-    target = max(rollout_ids(run_dir)) + 1 + more
+    target = max(rollout_ids(run_dir), default=-1) + 1 + more
     current = Plan.load(plan.paths.plan)
-    dataclasses.replace(current, recipe={**current.recipe, "num_rollout": target}).write()
+    current.with_num_rollout(target).write()
     return target
 
 
