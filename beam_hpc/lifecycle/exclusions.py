@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run.files import write_json_atomic
 
-CLEARED_FILE = "node-exclusions.json"
 ALL = "*"  # a clearing of every node (``--include-node all``)
 
 
@@ -77,7 +77,7 @@ def names(exclusions: Iterable[Exclusion]) -> list[str]:
 
 
 def cleared_path(output_dir: str | Path) -> Path:
-    return Path(output_dir, CLEARED_FILE)
+    return Path(RunPaths(str(output_dir)).node_exclusions)
 
 
 def read_cleared(output_dir: str | Path) -> list[dict[str, Any]]:

@@ -156,6 +156,11 @@ class RunPaths:
     def cancel_flag(self) -> str:
         return self._p("CANCELLED")
 
+    @property
+    def node_exclusions(self) -> str:
+        """Excluded nodes let back in with ``submit --resume --include-node`` (beam_hpc.lifecycle.exclusions)."""
+        return self._p("node-exclusions.json")
+
     def batch_log(self, job_id: str) -> str:
         """``logs/slurm-<jobid>.out``; ``job_id="%j"`` gives the pattern for ``sbatch --output``."""
         return self._p("logs", batch_log_name(job_id))
