@@ -159,7 +159,8 @@ SITE = Site(name="t", container={"runtime": "host"})
 
 def launcher_argv(run_dir: Path) -> list[str]:
     """The launcher part of the driver argv beam-hpc emits for the dedicated recipe (after ``-m module``)."""
-    recipe = load_recipe(ROOT / "recipes" / "dedicated.yaml", [f"output_dir={run_dir}"])
+    recipe = load_recipe(ROOT / "recipes" / "dedicated.yaml", [f"output_dir={run_dir}", "model.miles_model_script=null",
+                                                               "model.miles_model_args=[--num-layers, '64']"])
     argv, _ = build_driver(recipe, SITE, str(run_dir / "plan.json"))
     return argv[argv.index("-m") + 2:]
 

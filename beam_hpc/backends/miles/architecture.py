@@ -429,7 +429,9 @@ def compare_with_config(args: list[str] | tuple[str, ...], config: dict[str, Any
             shown = "not given" if given is None else f"{flag} {given}"
             errors.append(f"{key} in {config_path} is {_num(want)} but {shown}")
     tied = bool(c.get("tie_word_embeddings", False))
-    if tied == ("--untie-embeddings-and-output-weights" in f):
+    # absent: the default is the model class's own (True in transformers' base class, False in
+    # Qwen2's), which a bare config.json does not say, so there is nothing to compare with
+    if "tie_word_embeddings" in c and tied == ("--untie-embeddings-and-output-weights" in f):
         errors.append(f"tie_word_embeddings in {config_path} is {str(tied).lower()} but "
                       f"--untie-embeddings-and-output-weights is {'given' if tied else 'not given'}")
     if errors:
