@@ -259,6 +259,7 @@ def ray_cluster() -> Iterator[LoopbackRay]:
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
     os.environ.update({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"})
     sys.path.insert(0, str(STANDIN))
+    _forget_miles()  # a real miles-rl imported by an earlier test must not answer for the double
     try:
         cluster.up()
         ray.init(address=cluster.address, logging_level="WARNING")
@@ -272,9 +273,16 @@ def ray_cluster() -> Iterator[LoopbackRay]:
         ray.shutdown()
         cluster.down()
         sys.path.remove(str(STANDIN))
-        sys.modules.pop("miles.ray.placement_group", None)
+        _forget_miles()  # nor may the double answer for real Miles in a later test
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def _forget_miles() -> None:
+    """Drop every imported ``miles`` module: the double (tests/miles_standin) and miles-rl share
+    the package name, so whichever was imported first would otherwise answer for both."""
+    for name in [m for m in sys.modules if m == "miles" or m.startswith("miles.")]:
+        del sys.modules[name]
 
 
 @pytest.fixture
