@@ -399,6 +399,8 @@ CASES += [
     Case("logs --lines not a number", logs("--lines", "abc"), 2, ["--lines", "abc"]),
     Case("logs --group unknown", logs("--group", "chef"), 2, ["--group", "chef"]),
     Case("logs --node not a number", logs("--node", "x"), 2, ["--node"]),
+    Case("logs --segment no such id", logs("--segment", "999-0"), 2, ["--segment", "999-0", "no such segment"]),
+    Case("logs --segment no such position", logs("--segment", "7"), 2, ["--segment", "7", "give a position"]),
     Case("submit --via unknown", cli("submit", TINY, "--via", "pigeon"), 2, ["--via", "pigeon"]),
     Case("submit --num-rollout not a number", cli("submit", TINY, "--num-rollout", "ten"), 2, ["--num-rollout", "ten"]),
     Case("execute --num-rollout not a number", cli("execute", TINY, "--num-rollout", "1.5"), 2, ["--num-rollout"]),

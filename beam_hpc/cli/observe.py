@@ -104,6 +104,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 print(path)
             return 0
         path = run_logs.find_log(args.run_dir, group=args.group, node=args.node, segment=args.segment)
+    except run_logs.SegmentNotFound:
+        raise  # a --segment the run does not have is bad input: exit 2 (cli.app)
     except run_logs.LogNotFoundError as err:  # the run has no such log (yet): nothing to show
         return _fail(str(err), 1)
     print(f"==> {path} <==", file=sys.stderr)

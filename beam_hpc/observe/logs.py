@@ -38,6 +38,10 @@ class LogNotFoundError(InputError, FileNotFoundError):
     """No log matches; the message lists what does exist."""
 
 
+class SegmentNotFound(LogNotFoundError):
+    """``--segment`` names no segment of the run: bad input (exit 2), unlike a log not written yet."""
+
+
 def node_log_name(group: str, node_index: int) -> str:
     """File name of one node step's log inside its segment directory (ray_node's name for it)."""
     if group not in GROUPS:
@@ -84,12 +88,12 @@ def resolve_segment(run_dir: str | Path, segment: str | int | None) -> str:
     text = str(segment) if len(str(segment)) <= 200 else shorten(str(segment))
     if _SEGMENT_RE.match(text):
         if text not in segs:
-            raise LogNotFoundError(f"--segment {text}: no such segment; have {', '.join(segs)}")
+            raise SegmentNotFound(f"--segment {text}: no such segment; have {', '.join(segs)}")
         return text
     try:
         return segs[int(text)]
     except (ValueError, IndexError):
-        raise LogNotFoundError(f"--segment {text}: give a position (0 = first, -1 = latest; there are "
+        raise SegmentNotFound(f"--segment {text}: give a position (0 = first, -1 = latest; there are "
                                f"{len(segs)}) or an id JOBID-RESTART from: {', '.join(segs)}") from None
 
 
