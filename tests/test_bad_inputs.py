@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+import yaml
 
 from beam_hpc.cli.app import main
 from beam_hpc.plan.plan import make_plan
@@ -423,6 +424,26 @@ CASES += [
     Case("recipe missing", cli("render", "{tmp}/none.yaml", "--site", LOCAL_SITE), 2, ["none.yaml"]),
     Case("recipe a directory", cli("render", "{run}", "--site", LOCAL_SITE), 2, ["run"]),
     Case("site missing", cli("render", TINY, "--site", "{tmp}/nosite.yaml"), 2, ["nosite"]),
+]
+
+
+def site_with(**fields: object) -> Argv:
+    """``submit --dry-run --resume`` of the built run with the local site changed as given (written in tmp)."""
+    def argv(run: Path, tmp: Path) -> list[str]:
+        data = yaml.safe_load(Path(LOCAL_SITE).read_text()) | fields
+        (tmp / "site.yaml").write_text(yaml.safe_dump(data))
+        args = _recipe_args(tmp)
+        args[1] = str(tmp / "site.yaml")
+        return ["submit", TINY, *args, "--dry-run", "--via", "sbatch", "--resume", "--num-rollout", "20"]
+    return argv
+
+
+# The site's --tmp: a size sbatch would refuse is refused when the site is loaded (issue 20 item 4).
+CASES += [
+    Case("site tmp a fraction", site_with(tmp="1.5T"), 2, ["tmp: not a Slurm size", "1.5T", "2000G"]),
+    Case("site tmp a word", site_with(tmp="plenty"), 2, ["tmp", "'plenty'", "none"]),
+    Case("site tmp with a space", site_with(tmp="2 T"), 2, ["tmp", "2 T"]),
+    Case("control site tmp none", site_with(tmp="none"), 0, ["dry run: nothing submitted"]),
 ]
 
 # Valid controls: the same run directory, undamaged (or damaged only where the command copes).

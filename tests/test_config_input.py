@@ -17,7 +17,8 @@ import pytest
 
 from beam_hpc.cli.app import main
 from beam_hpc.config.recipe import apply_overrides, load_recipe, load_yaml, recipe_from_dict
-from beam_hpc.config.site import find_site, load_site
+from beam_hpc.config.site import find_site, load_site, site_from_dict
+from beam_hpc.config.slurm_size import parse_mib
 from beam_hpc.config import strict_yaml
 from beam_hpc.config.strict_yaml import MAX_BYTES, parse_yaml_value
 from beam_hpc.errors import InputError
@@ -260,6 +261,10 @@ CLI_BAD: list[tuple[str, Callable[[Path], list[str]], list[str]]] = [
     ("site not UTF-8", _site_arg(SITE_TEXT.encode() + b"qos: \xff\n"), ["site.yaml", "not UTF-8", f"byte {len(SITE_TEXT) + 5}"]),
     ("site duplicate key", _site_arg(SITE_TEXT + "gres: gpu\n"), ["site.yaml", "duplicate key 'gres'"]),
     ("site bad YAML", _site_arg("name: [x\n"), ["site.yaml", "not valid YAML"]),
+    ("site tmp a fraction", _site_arg(SITE_TEXT.replace("tmp: 2000G", "tmp: 1.5T")),  # sbatch refuses it too
+     ["site.yaml: tmp: not a Slurm size", "1.5T", "2000G or 2T", "none"]),
+    ("site tmp not a size", _site_arg(SITE_TEXT.replace("tmp: 2000G", "tmp: lots")), ["tmp", "'lots'"]),
+    ("site tmp negative", _site_arg(SITE_TEXT.replace("tmp: 2000G", "tmp: -5")), ["tmp", "not a Slurm size"]),
     ("site file missing", lambda tmp: [str(ROOT / "recipes" / "dedicated.yaml"), "--site", str(tmp / "s.yaml")],
      ["s.yaml", "no such site profile file"]),
     ("override not YAML", _set("num_rollout=["), ["override 'num_rollout=['"]),
@@ -348,6 +353,25 @@ def test_empty_override_value_is_an_empty_string() -> None:
     data: dict[str, Any] = {}
     apply_overrides(data, ["name=", " training . async_training =false"])
     assert data == {"name": "", "training": {"async_training": False}}
+
+
+@pytest.mark.parametrize("text,mib", [("2000G", 2000 * 1024), ("2T", 2 * 1024**2), ("500", 500), ("500m", 500),
+                                      ("1025K", 2), ("2000GB", 2000 * 1024), (" 3000000 ", 3_000_000), (7, 7)])
+def test_slurm_sizes_read_as_sbatch_reads_them(text: str | int, mib: int) -> None:
+    """A bare number is MB; K rounds up to whole MB (checked with `sbatch --test-only --tmp=...`)."""
+    assert parse_mib(text) == mib
+
+
+@pytest.mark.parametrize("text", ["1.5T", "2 T", "G", "", "-5", "500B", "2P", "lots", "1e3"])
+def test_sizes_sbatch_refuses_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="not a Slurm size"):
+        parse_mib(text)
+
+
+@pytest.mark.parametrize("tmp", ["2000G", "none", 500000, None])
+def test_site_tmp_takes_a_slurm_size_or_none(tmp: object) -> None:
+    site = load_site(ROOT / "env" / "local.yaml").model_dump(mode="json") | {"tmp": tmp}
+    assert site_from_dict(site).tmp == (str(tmp) if isinstance(tmp, int) else tmp)
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)

@@ -1,8 +1,10 @@
 """`beam-hpc doctor`: passes on the local Slurm cluster, and fails with the fix when one thing is
 broken on purpose (a partition that does not exist, scratch on the tmpfs /dev/shm).
 
-The --in-job half runs for real: srun starts `python -m beam_hpc.observe.doctor --node` on two nodes of
-the local cluster, which read the login side's canary and answer with their checks.
+The --in-job half runs for real: srun starts `python -m beam_hpc.node.checks` on two nodes of the
+local cluster, which read the login side's canary and answer with their checks. The TmpDisk check
+reads the cluster's real TmpDisk (10 nodes 3,000,000 MB, 2 nodes 100,000 MB); the answers the local
+cluster cannot give (TmpDisk unset everywhere) are judged as data by the same function.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from beam_hpc.observe import doctor
 from beam_hpc.cli.app import main
-from beam_hpc.submission.submit import build_site
+from beam_hpc.node.checks import node_checks
+from beam_hpc.observe import doctor
+from beam_hpc.plan.local_disk import TmpDisk
+from beam_hpc.slurm.client import gres_counts
+from beam_hpc.submission.submit import build_recipe, build_site
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL_SITE = ROOT / "env" / "local.yaml"
@@ -44,7 +49,11 @@ def test_doctor_passes_on_the_local_cluster(tmp_path: Path, capsys: pytest.Captu
     for node in nodes:  # every node ran every node check, and each passed
         assert by_where[node] == {"shared-fs canary", "scratch", "/dev/shm", "gpus", "ray ports"}
         assert all(c["status"] == "pass" for c in checks if c["where"] == node)
-    assert {"slurm commands", "slurm controller", "partition debug", "gres gpu on debug", "python"} <= by_where["login"]
+    assert {"slurm commands", "slurm controller", "partition debug", "gres gpu on debug", "python",
+            "tmp disk debug"} <= by_where["login"]
+    tmp = next(c for c in checks if c["name"] == "tmp disk debug")  # what the cluster's slurm.conf declares
+    assert tmp["status"] == "pass" and tmp["detail"].startswith(
+        "TmpDisk 3000000 MB (2929G) on 10 node(s), 100000 MB (97G) on 2 node(s)"), tmp
     # the run dir's "usually node-local" warning was settled by the canary
     assert next(c for c in checks if c["name"].startswith("shared "))["status"] == "pass"
     assert not list((tmp_path / "runs").glob(".beam-doctor-*"))  # canary cleaned up
@@ -71,20 +80,39 @@ def test_node_checks_refuse_tmpfs_scratch_and_a_too_small_shm(tmp_path: Path) ->
     base.update(python="python3", scratch="/dev/shm/x", gpus_per_node=0,
                 ray={"gcs_port_base": 21000, "port_span": 1000, "object_store_gb": 10_000})
     site = build_site(str(_broken_site(tmp_path, **base)))
-    checks = {c.name: c for c in doctor.node_checks(site, scratch_gb=1)}
+    checks = {c.name: c for c in node_checks(site, scratch_gb=1)}
     assert checks["scratch"].status == "fail" and "tmpfs" in checks["scratch"].detail
     assert checks["/dev/shm"].status == "fail" and "ray.object_store_gb" in checks["/dev/shm"].fix
     assert checks["gpus"].status == "skip" and checks["shared-fs canary"].status == "skip"
     ok = build_site(str(_broken_site(tmp_path, scratch=str(tmp_path / "scratch"), gpus_per_node=0)))
-    scratch = {c.name: c for c in doctor.node_checks(ok, scratch_gb=1e9)}["scratch"]
+    scratch = {c.name: c for c in node_checks(ok, scratch_gb=1e9)}["scratch"]
     assert scratch.status == "fail" and "need 1e+09 GB" in scratch.detail
 
 
-def test_doctor_parsers() -> None:
-    assert doctor.gres_counts("gpu:2\ngpu:h200:8(S:0-1),shard:4\n(null)", "gpu") == [2, 8]
-    assert doctor.gres_counts("shard:4", "gpu") == []
-    assert doctor.slurm_size_gb("2000G") == 2000 and doctor.slurm_size_gb("2T") == 2048
-    assert doctor.slurm_size_gb("512") == 0.5
+def test_gres_parser() -> None:
+    assert gres_counts("gpu:2\ngpu:h200:8(S:0-1),shard:4\n(null)", "gpu") == [2, 8]
+    assert gres_counts("shard:4", "gpu") == []
+
+
+def test_tmp_disk_verdict_says_why_there_is_no_tmp_and_refuses_a_disk_too_small() -> None:
+    """The same decision as submit's (beam_hpc.plan.local_disk), on the answers a real cluster gives."""
+    site = build_site(str(LOCAL_SITE))
+    dedicated = build_recipe(ROOT / "recipes" / "dedicated.yaml")  # 8 trainer nodes, 2,000 GB each
+    unset = doctor.tmp_disk_verdict(site, dedicated, TmpDisk("gpu", (0,) * 12))  # TmpDisk never configured
+    assert unset.status == "warn" and "declare no TmpDisk" in unset.detail and "leaves --tmp out" in unset.detail
+    assert "NVMe check still refuses" in unset.detail and "TmpDisk for the nodes (slurm.conf)" in unset.fix
+    small = doctor.tmp_disk_verdict(site, dedicated, TmpDisk("gpu", (100_000,) * 12))
+    assert small.status == "fail" and small.name == "tmp disk gpu"
+    assert "needs --tmp=1863G (1907712 MB)" in small.detail and "no node of partition gpu" in small.detail
+    assert "largest 100000 MB (97G)" in small.detail and "tmp: none" in small.fix
+    few = doctor.tmp_disk_verdict(site, dedicated, TmpDisk("gpu", (3_000_000,) * 7 + (0,) * 5))
+    assert few.status == "fail" and "only 7 of the 12 nodes" in few.detail and "8 trainer node(s)" in few.detail
+    fits = doctor.tmp_disk_verdict(site, dedicated, TmpDisk("gpu", (3_000_000,) * 8 + (0,) * 4))
+    assert fits.status == "pass" and "--tmp=1863G" in fits.detail and "8 of the 12 nodes" in fits.detail
+    bare = doctor.tmp_disk_verdict(site, None, TmpDisk("gpu", (3_000_000,)))  # no recipe, no site tmp
+    assert bare.status == "pass" and "--recipe" in bare.detail
+    off = site.model_copy(update={"tmp": "none"})
+    assert doctor.tmp_disk_check(off, dedicated).status == "skip"  # asks Slurm nothing
 
 
 def test_doctor_without_slurm_on_path_fails_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,6 +137,6 @@ def test_ports_check_names_a_port_that_is_taken(monkeypatch: pytest.MonkeyPatch)
     with socket.socket() as holder:
         holder.bind(("127.0.0.10", gcs))
         holder.listen()
-        check = {c.name: c for c in doctor.node_checks(site)}["ray ports"]
+        check = {c.name: c for c in node_checks(site)}["ray ports"]
     assert check.status == "fail" and f"{gcs} (gcs" in check.detail and "ray.gcs_port_base" in check.fix
-    assert {c.name: c for c in doctor.node_checks(site)}["ray ports"].status == "pass"
+    assert {c.name: c for c in node_checks(site)}["ray ports"].status == "pass"

@@ -1,4 +1,5 @@
-"""Recipe schema, site profiles, the Plan and the rendered script: fast, no Slurm needed.
+"""Recipe schema, site profiles, the Plan and the rendered script: fast, no Slurm needed (one slow
+test asks the local cluster's sinfo what TmpDisk its nodes declare, through `submit --dry-run`).
 
 The bad-input table of issue 2 is covered here through the real CLI entry point, one rule per
 case: exit status 2, one line on stderr naming the field, the value and the fix, no traceback.
@@ -10,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from beam_hpc.cli.app import main
 from beam_hpc.plan.plan import Plan, fill, make_plan
@@ -160,17 +162,78 @@ def test_bad_site_and_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_trainer_tmp_comes_from_min_free_gb_unless_the_site_asks_for_more() -> None:
-    from beam_hpc.errors import InputError
-    from beam_hpc.plan.plan import local_disk_request, slurm_size_mib
+    from beam_hpc.plan.local_disk import local_disk_request
 
-    assert slurm_size_mib("2000G") == 2000 * 1024 and slurm_size_mib("1.5T") == 1.5 * 1024**2
-    assert slurm_size_mib("500") == 500  # a bare number is MB, as Slurm reads it
     assert local_disk_request(None, 2000) == "1863G"  # 2e12 bytes in GiB, rounded up
     assert local_disk_request("2000G", 2000) == "2000G" and local_disk_request("3T", 2000) == "3T"
     assert local_disk_request("100G", 2000) == "1863G"  # the recipe needs more than the site asks
     assert local_disk_request(None, 0) is None
-    with pytest.raises(InputError, match="tmp: 'lots'"):
-        local_disk_request("lots", 1)
-    plan = make_plan(load_recipe(recipe_path("dedicated")),
-                     build_site(site_path("example-site")).model_copy(update={"tmp": None}))
+    assert local_disk_request("none", 2000) is None  # the site turns the request off
+    example = build_site(site_path("example-site"))
+    plan = make_plan(load_recipe(recipe_path("dedicated")), example.model_copy(update={"tmp": None}))
     assert plan.group("trainer").tmp == "1863G" and plan.group("rollout").tmp is None
+    assert plan.group("trainer").tmp_why == "from training.offload.min_free_gb 2000 GB"  # Slurm not asked
+    off = make_plan(load_recipe(recipe_path("dedicated")), example.model_copy(update={"tmp": "none"}))
+    assert off.group("trainer").tmp is None and "tmp: none" in off.group("trainer").tmp_why
+    assert "#SBATCH --tmp" not in render_script(off)
+
+
+def test_slurms_declared_tmp_disk_decides_the_trainers_tmp() -> None:
+    """make_plan with Slurm's answer as data (beam_hpc.submission.tmp_disk asks it on the login node)."""
+    from beam_hpc.errors import InputError
+    from beam_hpc.plan.local_disk import TmpDisk
+
+    recipe = load_recipe(recipe_path("dedicated"))  # 8 trainer nodes on gpu-h200, 2,000 GB each
+    site = build_site(site_path("example-site")).model_copy(update={"tmp": None})
+
+    def trainer(*node_mb: int) -> tuple[str | None, str]:
+        g = make_plan(recipe, site, tmp_disk={"gpu-h200": TmpDisk("gpu-h200", node_mb)}).group("trainer")
+        return g.tmp, g.tmp_why
+
+    tmp, why = trainer(*(0,) * 16)  # TmpDisk never set in slurm.conf: every --tmp would be unplaceable
+    assert tmp is None and "16 node(s) of partition gpu-h200 declare no TmpDisk" in why
+    assert "NVMe check still refuses a node with less than 2000 GB free under /scratch/beam-optimizer" in why
+    assert "#SBATCH --tmp" not in render_script(make_plan(recipe, site, tmp_disk={"gpu-h200": TmpDisk("gpu-h200", (0,))}))
+    tmp, why = trainer(*(3_000_000,) * 8, *(100_000,) * 8)
+    assert tmp == "1863G" and "8 of the 16 nodes of partition gpu-h200 declare TmpDisk >= 1907712 MB" in why
+    with pytest.raises(InputError) as err:
+        trainer(*(3_000_000,) * 7, *(100_000,) * 9)
+    assert "only 7 of the 16 nodes of partition gpu-h200" in str(err.value) and "largest 3000000 MB" in str(err.value)
+    with pytest.raises(InputError, match="training.offload.min_free_gb: 2000 GB needs --tmp=1863G .* no node of "
+                                         "partition gpu-h200 declares that much TmpDisk .largest 100000 MB"):
+        trainer(*(100_000,) * 16)
+    big = site.model_copy(update={"tmp": "2T"})  # the site asks more than the recipe: its fix names tmp
+    with pytest.raises(InputError, match="^tmp: 2T needs --tmp=2T .*lower tmp in the site"):
+        make_plan(recipe, big, tmp_disk={"gpu-h200": TmpDisk("gpu-h200", (2_000_000,) * 16)})
+    unknown = make_plan(recipe, site, tmp_disk={}).group("trainer")  # asked, but Slurm could not say
+    assert unknown.tmp == "1863G" and "not known here" in unknown.tmp_why
+    lora = make_plan(load_recipe(recipe_path("lora")), site, tmp_disk={"gpu-h200": TmpDisk("gpu-h200", (0,))})
+    assert all(g.tmp is None and g.tmp_why == "" for g in lora.groups)  # nothing staged: nothing asked
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_submit_dry_run_asks_the_cluster_for_tmp_disk(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The local cluster declares TmpDisk 3,000,000 MB on n1-n10 and 100,000 MB on n11-n12: the
+    seed's 1863G fits its 8 trainer nodes, 11 trainer nodes or 4,000 GB are refused (exit 2, one
+    line), and ``tmp: none`` asks for nothing. Dry runs: no job is queued."""
+    args = ["submit", recipe_path("dedicated"), "--site", site_path("local"), "--dry-run", "--via", "sbatch",
+            "--output-dir", str(tmp_path / "run"), "--set", f"data.dir={tmp_path}", "--set", f"model.path={tmp_path}"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert ("local disk, trainer: --tmp=1863G (from training.offload.min_free_gb 2000 GB; 10 of the 12 nodes of "
+            "partition debug declare TmpDisk >= 1907712 MB (1863G))") in out
+    assert main([*args, "--set", "topology.trainer.nodes=11"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "only 10 of the 12 nodes of partition debug" in err
+    assert main([*args, "--set", "training.offload.min_free_gb=4000"]) == 2
+    err = capsys.readouterr().err
+    assert "needs --tmp=3726G (3815424 MB)" in err and "no node of partition debug" in err
+    assert "largest 3000000 MB (2929G)" in err and "tmp: none" in err
+    site = yaml.safe_load(Path(site_path("local")).read_text()) | {"tmp": "none"}
+    (tmp_path / "site.yaml").write_text(yaml.safe_dump(site))
+    assert main([*args[:3], str(tmp_path / "site.yaml"), *args[4:], "--set", "training.offload.min_free_gb=4000"]) == 0
+    assert "local disk, trainer: no --tmp (the site's tmp: none asks Slurm for no node-local disk" in capsys.readouterr().out
+    assert not (tmp_path / "run").exists()
+
+

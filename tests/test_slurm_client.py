@@ -172,3 +172,40 @@ def test_controller_partitions_and_hostnames(slurm_cluster) -> None:  # type: ig
     assert isinstance(client.partition_features("debug"), set)
     assert client.expand_hostnames("n[1-3],n7") == ["n1", "n2", "n3", "n7"]
     assert client.expand_hostnames("") == []
+    spec = slurm_cluster.spec  # TmpDisk as the cluster's slurm.conf declares it
+    small = set(spec.node_names[-spec.small_disk_nodes:])
+    want = {n: spec.small_tmp_disk_mb if n in small else spec.tmp_disk_mb for n in spec.node_names}
+    assert client.tmp_disk("debug") == client.PartitionTmpDisk("debug", want)
+    assert client.tmp_disk(None) == client.PartitionTmpDisk("debug", want)  # the default partition, by name
+    assert client.tmp_disk("nosuch") is None
+    with pytest.raises(SlurmUnavailable, match="slurmdbd"):  # the local cluster keeps no accounts
+        client.has_association("root", "nobody")
+
+
+# `sinfo --noheader --Node --format=%N|%d|%P` as Slurm 22.05 prints it: a node once per partition,
+# "*" on the default. `gpu`'s nodes never had TmpDisk set in slurm.conf, as on many sites: 0.
+SINFO_TMP_DISK = """n1|3000000|debug*
+n1|3000000|urgent
+n11|100000|debug*
+n11|100000|urgent
+g1|0|gpu
+g2|0|gpu
+"""
+
+
+def test_parse_tmp_disk_reads_sinfos_node_lines() -> None:
+    assert client.parse_tmp_disk(SINFO_TMP_DISK, "debug") == client.PartitionTmpDisk(
+        "debug", {"n1": 3_000_000, "n11": 100_000})
+    assert client.parse_tmp_disk(SINFO_TMP_DISK, None) == client.parse_tmp_disk(SINFO_TMP_DISK, "debug")
+    assert client.parse_tmp_disk(SINFO_TMP_DISK, "gpu") == client.PartitionTmpDisk("gpu", {"g1": 0, "g2": 0})
+    assert client.parse_tmp_disk(SINFO_TMP_DISK, "nosuch") is None
+    assert client.parse_tmp_disk("", None) is None
+
+
+def test_srun_each_node_argv() -> None:
+    fresh = client.NodeRequest(nodes=2, partition="debug", account="a", gres="gpu:8", immediate_s=60)
+    assert client.srun_each_node_argv(["python3", "-V"], fresh, job_name="d") == [
+        "srun", "--ntasks-per-node=1", "--job-name=d", "--kill-on-bad-exit=0", "--nodes=2", "--time=00:05:00",
+        "--immediate=60", "--partition=debug", "--account=a", "--gres=gpu:8", "python3", "-V"]
+    inside = client.NodeRequest(nodes=3, inside=True, partition="ignored")
+    assert client.srun_each_node_argv(["x"], inside, job_name="d")[-3:] == ["--nodes=3", "--overlap", "x"]

@@ -87,6 +87,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from beam_hpc.submission import tmp_disk
     from beam_hpc.submission.submit import describe, submit
 
     sub = submit(
@@ -99,6 +100,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print("dry run: nothing submitted")
         return 0
     print(f"submitted job {sub.job_id} ({sub.plan.job_name}); run directory {sub.plan.output_dir}")
+    for line in tmp_disk.describe(sub.plan):  # the --tmp decision (beam_hpc.plan.local_disk) and why
+        print(line)
     if sub.estimate is not None:
         print(sub.estimate.describe())
     print(f"watch it: beam-hpc status {sub.plan.output_dir}")

@@ -13,11 +13,13 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from beam_hpc.config.recipe import _format_errors, _Strict, load_yaml
+from beam_hpc.config.slurm_size import SIZE_HINT, parse_mib
 
 Runtime = Literal["apptainer", "host"]
+TMP_NONE = "none"  # site ``tmp: none``: no --tmp in any request
 IpSource = Literal["interface", "hostname", "loopback"]
 
 
@@ -70,7 +72,10 @@ class Site(_Strict):
     account: str | None = None
     qos: str | None = None
     exclusive: bool = False  # --exclusive on every component
-    tmp: str | None = None  # --tmp: node-local disk each node must have (e.g. "2000G")
+    # --tmp of a group that stages optimizer state on node-local disk: at least this (e.g. "2000G"),
+    # more when the recipe needs more; "none": never ask Slurm for node-local disk (the job's NVMe
+    # check alone guards it). Unset: the recipe's need. See beam_hpc.plan.local_disk.
+    tmp: str | None = None
     gres: str = "gpu"  # GRES name for GPUs; requests become --gres=<gres>:<n>
     gpus_per_node: int = Field(8, ge=0)  # what one node of the partition has
     cpus_per_node: int | None = Field(None, ge=1)
@@ -99,6 +104,21 @@ class Site(_Strict):
         container's interpreter inside the Apptainer image, else the site's own (``python: auto``
         is resolved when the site is loaded, to the interpreter that submitted the run)."""
         return self.container.python if self.container.runtime == "apptainer" else self.python
+
+    @field_validator("tmp", mode="before")
+    @classmethod
+    def _tmp_is_a_slurm_size(cls, value: object) -> object:
+        """A size Slurm's ``--tmp`` takes, checked at load so that sbatch never refuses it later."""
+        if value is None or value == TMP_NONE:
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # YAML ``tmp: 500000``: a bare number is MB, as Slurm reads it
+        try:
+            parse_mib(value)  # type: ignore[arg-type]
+        except ValueError:
+            raise ValueError(f"not a Slurm size; write {SIZE_HINT}, or {TMP_NONE} to ask Slurm for no "
+                             "node-local disk") from None
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> "Site":

@@ -1,67 +1,45 @@
 """Preflight checks (`beam-hpc doctor`): is this cluster fit for a run, before an allocation is spent?
 
-Two halves, because what can be known differs by place:
-- on the login node (:func:`login_checks`): Slurm's commands and controller, the site's
-  partitions, GRES and constraints, the account, the container runtime and image, the Python
-  that jobs will run, and the shared paths;
-- on every node of a small allocation (:func:`in_job_checks` runs :func:`node_checks` through
-  ``srun``, one task per node): a shared-filesystem canary written on the login side and read on
-  the node (and the other way round), node-local scratch that is not tmpfs/overlay and has room,
-  ``/dev/shm`` large enough for Ray's object store, the GPU count against the site, and the Ray
-  ports of a job free on the node's address.
-
-With ``--recipe``, one more login-node line: the image's own Miles parses that recipe's driver
-command (:func:`miles_parser_check`, the job's pre-Ray check from ``backends.miles.preflight``).
+What this module owns: the login-node checks, and assembling the whole report.
+- On the login node (:func:`login_checks`): Slurm's commands and controller, the site's
+  partitions, GRES and constraints, the node-local disk (TmpDisk) the trainer partition declares
+  against the ``--tmp`` a run would ask (:func:`tmp_disk_check`, the same decision as ``submit``),
+  the account, the container runtime and image, the Python that jobs will run, and the shared
+  paths. With ``--recipe``, also: the image's own Miles parses that recipe's driver command
+  (:func:`miles_parser_check`, the job's pre-Ray check from ``backends.miles.preflight``).
+- The node half (``--in-job``) is :mod:`beam_hpc.node.checks`, which runs on the nodes; here it is
+  started through the Slurm client's one-task-per-node ``srun`` (:func:`in_job_checks`), with a
+  canary written here for the nodes to read, and their answers joined to the report.
 
 Each check carries the fix for its failure. Nothing here prints for people: the CLI renders the
-checks (``format_checks``) and turns any failure into a non-zero exit. The node half is in this
-module too (``python -m beam_hpc.observe.doctor --node``, which prints one machine-readable line for the
-login side); it needs only the site schema and the runtime's own stdlib-only rules (nvme.py for
-filesystems, beam_hpc.node.ray_node for addresses and ports), so the checks cannot drift from what a job does
-and a node needs no more than a job does.
+checks (``format_checks``) and turns any failure into a non-zero exit. Every Slurm command goes
+through :mod:`beam_hpc.slurm.client`.
 """
 
 from __future__ import annotations
 
-import argparse
 import getpass
-import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
-import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
+from beam_hpc.config.site import TMP_NONE, Site
+from beam_hpc.config.slurm_size import gib_text
 from beam_hpc.node import nvme
-from beam_hpc.config.site import Site
+from beam_hpc.node.checks import SHARED_FS, Check, command, existing_parent, fs_type, node_checks, parse_answers
+from beam_hpc.plan import local_disk
+from beam_hpc.plan.local_disk import TmpDisk
 from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.client import gres_counts
+from beam_hpc.submission import tmp_disk
 
 if TYPE_CHECKING:
     from beam_hpc.config.recipe import Recipe
 
-Status = Literal["pass", "fail", "warn", "skip"]
-NODE_LINE_PREFIX = "BEAM-DOCTOR-NODE "
 SLURM_COMMANDS = ("sbatch", "srun", "scontrol", "sinfo", "squeue")
-# Filesystems that every node sees: the runtime's list (nvme.py) plus ones only shared paths meet.
-SHARED_FS = frozenset(nvme.NETWORK_FS) | {"cephfs", "glusterfs", "fuse.glusterfs", "panfs", "9p", "virtiofs"}
-DEFAULT_SCRATCH_GB = 1.0
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: Status
-    detail: str
-    fix: str = ""
-    where: str = "login"  # "login" or the node name
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 def failed(checks: list[Check]) -> bool:
@@ -84,29 +62,7 @@ def format_checks(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-# -- small facts about this machine ------------------------------------------------------------
-def fs_type(path: str | Path) -> tuple[str, str]:
-    """(filesystem type, mount point) of ``path``, or of its nearest existing parent."""
-    m = nvme.mount_of(path)
-    return m.fstype, m.mountpoint
-
-
-def _existing_parent(path: Path) -> Path:
-    p = path.absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
-
-def slurm_size_gb(text: str) -> float:
-    """Slurm's size notation (``--tmp``: plain number = MB; K, M, G, T suffixes) in GB."""
-    t = text.strip().upper().rstrip("B")
-    scale = {"K": 1 / 1024 ** 2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
-    if t and t[-1] in scale:
-        return float(t[:-1]) * scale[t[-1]]
-    return float(t) / 1024
-
-
+# -- commands that are not Slurm's (the batch Python) ------------------------------------------
 def _run(argv: list[str], timeout: float = 20) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -122,10 +78,11 @@ def _last_line(res: subprocess.CompletedProcess) -> str:
 
 
 # -- login node --------------------------------------------------------------------------------
-def login_checks(site: Site, *, output_dir: str | None = None) -> list[Check]:
+def login_checks(site: Site, *, output_dir: str | None = None, recipe: "Recipe | None" = None) -> list[Check]:
     """Checks that need no allocation. ``site.python`` must already be resolved ("auto" is the
-    submitting interpreter, beam_hpc.submission.submit.build_site)."""
-    checks = _slurm_checks(site)
+    submitting interpreter, beam_hpc.submission.submit.build_site). ``recipe``: judge the trainer
+    partition's TmpDisk against that recipe's ``--tmp`` (else the site's ``tmp``)."""
+    checks = _slurm_checks(site, recipe)
     checks += _account_check(site)
     checks += _container_checks(site)
     checks.append(_python_check(site.python))  # the batch shell's interpreter, outside any container
@@ -141,7 +98,7 @@ def _partitions(site: Site) -> list[tuple[str, str | None]]:
     return [("+".join(groups), part) for part, groups in out.items()]
 
 
-def _slurm_checks(site: Site) -> list[Check]:
+def _slurm_checks(site: Site, recipe: "Recipe | None") -> list[Check]:
     missing = [c for c in SLURM_COMMANDS if shutil.which(c) is None]
     if missing:
         return [Check("slurm commands", "fail", f"not on PATH: {', '.join(missing)}",
@@ -157,7 +114,58 @@ def _slurm_checks(site: Site) -> list[Check]:
     names = slurm_client.partition_names()
     for groups, part in _partitions(site):
         checks += _partition_checks(site, groups, part, names)
+    trainer = site.partitions.for_group("trainer")
+    if not any(c.name == f"partition {trainer}" and c.status == "fail" for c in checks):
+        checks.append(tmp_disk_check(site, recipe))
     return checks
+
+
+def tmp_disk_check(site: Site, recipe: "Recipe | None" = None) -> Check:
+    """What the trainer partition's nodes declare as TmpDisk, judged as ``submit`` judges it
+    (beam_hpc.plan.local_disk): the same answer, the same reason, before anything is submitted."""
+    part = site.partitions.for_group("trainer")
+    label = f"tmp disk {part or '(default)'}"
+    if site.tmp == TMP_NONE:
+        return Check(label, "skip", f"the site's tmp: {TMP_NONE}: runs ask Slurm for no node-local disk; "
+                     "the job's NVMe check guards it")
+    if recipe is not None and not tmp_disk.staging_partitions(recipe, site):
+        return Check(label, "skip", f"recipe {recipe.name} keeps no optimizer state on node-local disk "
+                     f"(training.offload.target: {recipe.training.offload.target})")
+    try:
+        answer = tmp_disk.ask(part)
+    except slurm_client.SlurmUnavailable as err:
+        return Check(label, "warn", f"sinfo could not say what TmpDisk the nodes declare ({err.last_line})",
+                     "submit then keeps the recipe's --tmp and sbatch judges it; check `sinfo -N -o '%N %d'`")
+    if answer is None:
+        return Check(label, "skip", f"Slurm lists no node of {part or 'a default partition'}")
+    return tmp_disk_verdict(site, recipe, answer)
+
+
+def tmp_disk_verdict(site: Site, recipe: "Recipe | None", answer: TmpDisk) -> Check:
+    """:func:`tmp_disk_check` once Slurm has answered (pure: the answer is data)."""
+    label = f"tmp disk {answer.partition}"
+    sizes: dict[int, int] = {}
+    for mb in answer.node_mb:
+        sizes[mb] = sizes.get(mb, 0) + 1
+    declared = "TmpDisk " + ", ".join(f"{gib_text(mb)} on {n} node(s)" for mb, n in sorted(sizes.items(), reverse=True))
+    if max(answer.node_mb, default=0) == 0:
+        return Check(label, "warn", f"the {len(answer.node_mb)} node(s) of {answer.partition} declare no TmpDisk "
+                     "(0: not set in slurm.conf): submit leaves --tmp out, since Slurm could place it on no node; "
+                     "the job's NVMe check still refuses a node without room",
+                     "ask the admins to declare TmpDisk for the nodes (slurm.conf) so that Slurm keeps trainer work "
+                     f"off small disks; or set tmp: {TMP_NONE} in the site")
+    off = recipe.training.offload if recipe is not None else None
+    try:
+        decision = local_disk.decide(
+            "trainer", recipe.topology.trainer.nodes if recipe is not None else 1, site.partitions.for_group("trainer"),
+            site_tmp=site.tmp, min_free_gb=off.min_free_gb if off else 0.0,
+            nvme_dir=off.nvme_dir if off else (site.scratch or "the recipe's nvme_dir"),
+            declared={site.partitions.for_group("trainer"): answer})
+    except local_disk.TmpDiskTooSmall as err:
+        return Check(label, "fail", f"{declared}; {err.problem}", err.fix)
+    if decision.request is None:
+        return Check(label, "pass", f"{declared}; pass --recipe to judge a recipe's --tmp against it")
+    return Check(label, "pass", f"{declared}; --tmp={decision.request} {decision.why}")
 
 
 def _partition_checks(site: Site, groups: str, part: str | None, known: list[str]) -> list[Check]:
@@ -207,15 +215,12 @@ def _constraint_check(part: str, group: str, constraint: str) -> Check:
 def _account_check(site: Site) -> list[Check]:
     if not site.account:
         return [Check("account", "skip", "no account in the site: Slurm charges your default account")]
-    if shutil.which("sacctmgr") is None:
-        return [Check("account", "skip", f"{site.account!r} not verified: sacctmgr is not available here")]
     user = getpass.getuser()
-    res = _run(["sacctmgr", "--noheader", "--parsable2", "show", "associations",
-                "where", f"user={user}", f"account={site.account}", "format=Account"], timeout=15)
-    if res.returncode != 0:
-        return [Check("account", "skip", f"{site.account!r} not verified: sacctmgr could not answer "
-                      f"({_last_line(res)})")]
-    if site.account not in res.stdout.split():
+    try:
+        ok = slurm_client.has_association(user, site.account)
+    except slurm_client.SlurmUnavailable as err:
+        return [Check("account", "skip", f"{site.account!r} not verified: sacctmgr could not answer ({err.last_line})")]
+    if not ok:
         return [Check("account", "fail", f"user {user} has no association with account {site.account!r}",
                       f"set account in the site to one of `sacctmgr show associations user={user} format=Account`")]
     return [Check("account", "pass", f"{user} may charge {site.account!r}")]
@@ -256,7 +261,7 @@ def _shared_path_checks(site: Site, output_dir: str | None) -> list[Check]:
     checks = []
     for raw in paths:
         p = Path(raw)
-        base = _existing_parent(p)
+        base = existing_parent(p)
         fstype, mnt = fs_type(base)
         label = f"shared {raw}"
         if raw in site.shared_paths and not p.is_dir():
@@ -275,124 +280,6 @@ def _shared_path_checks(site: Site, output_dir: str | None) -> list[Check]:
                                 "fine only if every node mounts this same disk; `beam-hpc doctor --in-job` "
                                 "proves it with a canary"))
     return checks
-
-
-# -- on a node ---------------------------------------------------------------------------------
-def node_checks(site: Site, *, canary: Path | None = None, token: str | None = None,
-                scratch_gb: float | None = None) -> list[Check]:
-    """The checks that only a compute node can answer, for this node."""
-    where = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    checks = [_canary_check(canary, token), _scratch_check(site, scratch_gb), _shm_check(site),
-              _gpu_check(site), _ports_check(site)]
-    return [Check(c.name, c.status, c.detail, c.fix, where) for c in checks]
-
-
-def _canary_check(canary: Path | None, token: str | None) -> Check:
-    if canary is None or token is None:
-        return Check("shared-fs canary", "skip", "no canary: run doctor --in-job from the login node or batch shell")
-    try:
-        seen = (canary / "login.token").read_text().strip()
-    except OSError as err:
-        return Check("shared-fs canary", "fail", f"cannot read {canary}/login.token written on the login node ({err})",
-                     f"{canary.parent} is not shared with this node; use a path every node mounts")
-    if seen != token:
-        return Check("shared-fs canary", "fail", f"{canary}/login.token holds another run's token",
-                     "a stale copy is visible (not one shared filesystem); use a truly shared path")
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    (canary / f"ack-{node}-{os.environ.get('SLURM_NODEID', '0')}").write_text(token + "\n")
-    return Check("shared-fs canary", "pass", f"read the login node's token in {canary.parent}")
-
-
-def _scratch_check(site: Site, scratch_gb: float | None) -> Check:
-    try:
-        need = scratch_gb if scratch_gb is not None else (slurm_size_gb(site.tmp) if site.tmp else DEFAULT_SCRATCH_GB)
-    except ValueError:
-        return Check("scratch", "fail", f"site tmp: {site.tmp!r} is not a Slurm size",
-                     "write tmp like 2000G or 2T (a plain number is MB)")
-    if not site.scratch:
-        return Check("scratch", "skip", "the site has no scratch (node-local disk) configured")
-    root = Path(site.scratch)
-    base = _existing_parent(root)
-    fstype, mnt = fs_type(base)
-    fix_local = (f"set scratch in the site to a node-local disk (e.g. /scratch, /local, $TMPDIR on NVMe); "
-                 f"{root} is on {fstype}")
-    if fstype in nvme.REFUSED_FS:
-        return Check("scratch", "fail", f"{root} is on {fstype} ({mnt}): {nvme.REFUSED_FS[fstype]}", fix_local)
-    if fstype in SHARED_FS:
-        return Check("scratch", "fail", f"{root} is on {fstype} ({mnt}), shared by all nodes, not node-local",
-                     fix_local)
-    if not os.access(base, os.W_OK):
-        return Check("scratch", "fail", f"{base} is not writable here",
-                     f"ask the admins for a writable node-local dir, or point scratch at one (now {root})")
-    free_gb = nvme.free_bytes(base) / nvme.GB
-    if free_gb < need:
-        return Check("scratch", "fail", f"{root}: {free_gb:.1f} GB free, need {need:g} GB",
-                     "free space there, request nodes with more local disk (site tmp / constraints), "
-                     "or lower training.offload.min_free_gb")
-    return Check("scratch", "pass", f"{root} on {fstype}, {free_gb:.1f} GB free (need {need:g})")
-
-
-def _shm_check(site: Site) -> Check:
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError as err:
-        return Check("/dev/shm", "fail", f"cannot stat /dev/shm ({err})",
-                     "Ray's object store needs /dev/shm; ask the admins, or bind one into the container")
-    size_gb, free_gb = st.f_blocks * st.f_frsize / 1e9, st.f_bavail * st.f_frsize / 1e9
-    need = site.ray.object_store_gb
-    if size_gb < need:
-        return Check("/dev/shm", "fail", f"{size_gb:.1f} GB, smaller than Ray's object store ({need:g} GB)",
-                     f"set ray.object_store_gb in the site below {size_gb * 0.9:.1f}, or ask for a larger /dev/shm")
-    if free_gb < need:
-        return Check("/dev/shm", "warn", f"{free_gb:.1f} GB free of {size_gb:.1f} GB; object store wants {need:g} GB",
-                     "something else fills /dev/shm (stale Ray sessions?); clean it or lower ray.object_store_gb")
-    return Check("/dev/shm", "pass", f"{size_gb:.1f} GB ({free_gb:.1f} free), object store {need:g} GB")
-
-
-def _gpu_check(site: Site) -> Check:
-    want = site.gpus_per_node
-    if want == 0:
-        return Check("gpus", "skip", "the site has gpus_per_node: 0")
-    if shutil.which("nvidia-smi"):
-        res = _run(["nvidia-smi", "-L"])
-        have, source = sum(1 for line in res.stdout.splitlines() if line.startswith("GPU ")), "nvidia-smi -L"
-    elif os.environ.get("CUDA_VISIBLE_DEVICES"):
-        have = len([d for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()])
-        source = "Slurm's CUDA_VISIBLE_DEVICES (no nvidia-smi)"
-    else:
-        have, source = int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0), "SLURM_GPUS_ON_NODE (no nvidia-smi)"
-    if have < want:
-        return Check("gpus", "fail", f"{have} GPU(s) from {source}; the site says {want} per node",
-                     f"set gpus_per_node in the site to {have}, or fix the node's GPUs / the gres request")
-    return Check("gpus", "pass", f"{have} GPU(s) from {source} (site: {want})")
-
-
-def _ports_check(site: Site) -> Check:
-    """The ports this node's Ray would bind in a job with this job's id, on the address it would
-    use: ray_node's own rules (ray_ports, node_ip), so the check cannot drift from the runtime."""
-    from beam_hpc.node.ray_node import LOOPBACK_MAX_NODES, RayNodeError, node_ip, ray_ports
-
-    job = int(os.environ.get("SLURM_JOB_ID", "0") or 0)
-    index = int(os.environ.get("SLURM_NODEID", "0") or 0)
-    loopback = site.network.ip_source == "loopback"
-    try:
-        addr = node_ip(site.network, index)
-        ports = ray_ports(site.ray, job, index if loopback else 0, LOOPBACK_MAX_NODES if loopback else 1)
-    except RayNodeError as err:
-        return Check("ray ports", "fail", str(err), "fix the site's network / ray sections as the message says")
-    wanted = {k: v for k, v in vars(ports).items() if index == 0 or k not in ("gcs", "client_server")}
-    busy = []
-    for kind, port in sorted(wanted.items(), key=lambda kv: kv[1]):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((addr, port))
-            except OSError as err:
-                busy.append(f"{port} ({kind}: {err.strerror})")
-    if busy:
-        return Check("ray ports", "fail", f"not bindable on {addr}: {', '.join(busy)}",
-                     "find the holder (`ss -ltnp`); or move ray.gcs_port_base / port_span in the site")
-    return Check("ray ports", "pass", f"{len(wanted)} ports {min(wanted.values())}-{max(wanted.values())} "
-                 f"free on {addr} (for job {job})")
 
 
 # -- through srun ------------------------------------------------------------------------------
@@ -451,7 +338,7 @@ def run_doctor(site: Site, *, in_job: bool = False, nodes: int = 1, output_dir: 
     """All of `beam-hpc doctor`: the login checks, then (``in_job``) the node checks of every
     partition whose login check passed, the canary living in ``output_dir`` (else the cwd).
     With ``recipe``, also the image's Miles parsing that recipe's driver command."""
-    checks = login_checks(site, output_dir=output_dir)
+    checks = login_checks(site, output_dir=output_dir, recipe=recipe)
     if recipe is not None:
         checks.append(miles_parser_check(site, recipe))
     if not in_job:
@@ -471,32 +358,21 @@ def run_doctor(site: Site, *, in_job: bool = False, nodes: int = 1, output_dir: 
 
 def _srun_node_checks(site: Site, part: str | None, inside: bool, nodes: int, canary: Path,
                       token: str, scratch_gb: float | None, wait_s: int) -> list[Check]:
-    argv = ["srun", "--ntasks-per-node=1", "--job-name=beam-doctor", "--kill-on-bad-exit=0"]
-    if inside:
-        argv += [f"--nodes={os.environ.get('SLURM_JOB_NUM_NODES', '1')}", "--overlap"]
-    else:
-        argv += [f"--nodes={nodes}", "--time=00:05:00", f"--immediate={wait_s}"]
-        argv += [f"--partition={part}"] if part else []
-        argv += [f"--account={site.account}"] if site.account else []
-        argv += [f"--qos={site.qos}"] if site.qos else []
-        argv += [f"--gres={site.gres}:{site.gpus_per_node}"] if site.gpus_per_node else []
-    argv += [site.python, "-m", "beam_hpc.observe.doctor", "--node", "--site-json", site.model_dump_json(),
-             "--canary", str(canary), "--token", token]
-    if scratch_gb is not None:
-        argv += ["--scratch-gb", str(scratch_gb)]
-    env = {k: v for k, v in os.environ.items() if inside or not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    expected = int(os.environ.get("SLURM_JOB_NUM_NODES", "1")) if inside else nodes
+    where = slurm_client.NodeRequest(
+        nodes=expected, inside=inside, partition=part, account=site.account, qos=site.qos,
+        gres=f"{site.gres}:{site.gpus_per_node}" if site.gpus_per_node else None, immediate_s=wait_s)
     label = f"nodes of {part or 'the allocation'}"
     try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=wait_s + 120, env=env)
-    except subprocess.TimeoutExpired:
-        return [Check(label, "fail", f"srun did not finish within {wait_s + 120} s",
-                      "the partition is busy or nodes hang; retry later or raise --wait")]
-    checks: list[Check] = []
-    for line in sorted(res.stdout.splitlines()):
-        if line.startswith(NODE_LINE_PREFIX):
-            checks += [Check(**c) for c in json.loads(line[len(NODE_LINE_PREFIX):])]
+        res = slurm_client.srun_each_node(command(site, canary=canary, token=token, scratch_gb=scratch_gb),
+                                          where, job_name="beam-doctor", timeout=wait_s + 120)
+    except slurm_client.SlurmUnavailable as err:
+        if err.timed_out:
+            return [Check(label, "fail", f"srun did not finish within {wait_s + 120} s",
+                          "the partition is busy or nodes hang; retry later or raise --wait")]
+        return [Check(label, "fail", err.last_line, "load Slurm's module or add its bin directory to PATH")]
+    checks = parse_answers(res.stdout)
     reported = {c.where for c in checks}
-    expected = int(os.environ.get("SLURM_JOB_NUM_NODES", "1")) if inside else nodes
     if res.returncode == 0 and 0 < len(reported) < expected:
         checks.append(Check(label, "fail", f"only {len(reported)} of {expected} nodes answered: {', '.join(sorted(reported))}",
                             "look at the silent nodes' slurmd logs; they may be misconfigured or down"))
@@ -514,22 +390,3 @@ def _srun_node_checks(site: Site, part: str | None, inside: bool, nodes: int, ca
                                                 "use a path that every node and the login node mount", c.where)
     checks.append(Check(label, "pass", f"{len(reported)} node(s) answered: {', '.join(sorted(reported))}"))
     return checks
-
-
-def _node_main(argv: list[str] | None = None) -> int:
-    """Entry point of one srun task: print this node's checks as one machine-readable line."""
-    ap = argparse.ArgumentParser(prog="python -m beam_hpc.observe.doctor")
-    ap.add_argument("--node", action="store_true", required=True)
-    ap.add_argument("--site-json", required=True)
-    ap.add_argument("--canary", type=Path, default=None)
-    ap.add_argument("--token", default=None)
-    ap.add_argument("--scratch-gb", type=float, default=None)
-    args = ap.parse_args(argv)
-    site = Site.model_validate(json.loads(args.site_json))
-    checks = node_checks(site, canary=args.canary, token=args.token, scratch_gb=args.scratch_gb)
-    sys.stdout.write(NODE_LINE_PREFIX + json.dumps([c.to_dict() for c in checks]) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_node_main())

@@ -9,8 +9,6 @@ a pure function of its inputs (no I/O, no clock, no environment).
 from __future__ import annotations
 
 import hashlib
-import math
-import re
 import json
 import os
 import string
@@ -21,7 +19,9 @@ from typing import Any
 from beam_hpc.backends.registry import driver_command
 from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime, recipe_from_dict
 from beam_hpc.config.site import Site, site_from_dict
-from beam_hpc.errors import InputError, shorten
+from beam_hpc.errors import InputError
+from beam_hpc.plan import local_disk
+from beam_hpc.plan.local_disk import DeclaredTmpDisk
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX  # noqa: F401 (re-exported)
 from beam_hpc.plan.paths import PLAN_FILE, RunPaths  # noqa: F401 (RunPaths re-exported: its old home)
 
@@ -49,6 +49,7 @@ class GroupPlan:
     stage_nvme: bool  # stage the optimizer dir on these nodes
     constraint: str | None = None  # --constraint for this group's nodes
     tmp: str | None = None  # --tmp: node-local disk each node of the group must have
+    tmp_why: str = ""  # why tmp is what it is (beam_hpc.plan.local_disk): shown by submit and --dry-run
 
     @property
     def gpus(self) -> int:
@@ -179,8 +180,11 @@ def compute_lead_s(recipe: Recipe, measured: dict[str, float] | None) -> int:
     return max(lc.lead_floor_s, int(2 * step + 30))
 
 
-def make_plan(recipe: Recipe, site: Site, *, measured: dict[str, float] | None = None) -> Plan:
-    """Recipe + site -> Plan. Raises InputError for impossible combinations, before any allocation."""
+def make_plan(recipe: Recipe, site: Site, *, measured: dict[str, float] | None = None,
+              tmp_disk: DeclaredTmpDisk | None = None) -> Plan:
+    """Recipe + site -> Plan. Raises InputError for impossible combinations, before any allocation.
+    ``tmp_disk``: what Slurm says the partitions' nodes declare as TmpDisk (asked by the caller,
+    beam_hpc.submission.tmp_disk; None: not asked), which decides each group's ``--tmp``."""
     for field_name, value in (("output_dir", recipe.output_dir), ("data.dir", recipe.data.dir),
                               ("model.path", recipe.model.path)):
         if not os.path.isabs(value):
@@ -189,7 +193,7 @@ def make_plan(recipe: Recipe, site: Site, *, measured: dict[str, float] | None =
                 f"(every node and every later segment reads it), e.g. --set {field_name}=/shared/..."
             )
     output_dir = os.path.normpath(recipe.output_dir)
-    groups = _groups(recipe, site)
+    groups = _groups(recipe, site, tmp_disk)
     walltime_s = parse_walltime(recipe.lifecycle.walltime)
     lead_s = compute_lead_s(recipe, measured)
     if lead_s >= walltime_s:
@@ -225,48 +229,21 @@ def make_plan(recipe: Recipe, site: Site, *, measured: dict[str, float] | None =
     )
 
 
-_SLURM_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)$", re.IGNORECASE)
-_MIB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}
-
-
-def slurm_size_mib(text: str) -> float:
-    """A Slurm size (``--tmp``, TmpDisk): a number with an optional K/M/G/T suffix, in MiB (Slurm's
-    "MB"; a bare number is MB). Raises ValueError for anything else."""
-    m = _SLURM_SIZE.match(text.strip())
-    if not m:
-        raise ValueError(text)
-    return float(m.group(1)) * _MIB[(m.group(2) or "M").upper()]
-
-
-def local_disk_request(site_tmp: str | None, min_free_gb: float) -> str | None:
-    """The ``--tmp`` of a group that stages optimizer state on node-local disk: the recipe's
-    ``training.offload.min_free_gb`` (decimal GB, as the NVMe check counts them) in Slurm's GiB,
-    rounded up, unless the site asks for more. Slurm then places the group only on nodes whose
-    TmpDisk holds it, instead of the NVMe check failing on a small node after the allocation."""
-    need_mib = min_free_gb * 1e9 / 2**20
-    site_mib = 0.0
-    if site_tmp:
-        try:
-            site_mib = slurm_size_mib(str(site_tmp))
-        except ValueError:
-            raise InputError(f"tmp: {shorten(site_tmp)} is not a Slurm size; write it as Slurm's --tmp takes "
-                             "it, e.g. 2000G or 1.5T (a bare number is MB)") from None
-    if site_mib >= need_mib:
-        return str(site_tmp) if site_tmp else None
-    return f"{math.ceil(need_mib / 1024)}G" if need_mib > 0 else None
-
-
-def _groups(recipe: Recipe, site: Site) -> tuple[GroupPlan, ...]:
+def _groups(recipe: Recipe, site: Site, tmp_disk: DeclaredTmpDisk | None) -> tuple[GroupPlan, ...]:
     topo = recipe.topology
     colocated = recipe.training.colocated
-    stage = recipe.training.offload.target == "nvme"
+    off = recipe.training.offload
+    stage = off.target == "nvme"
 
     def group(name: str, het_index: int, spec: Any, roles: tuple[str, ...], stage_nvme: bool) -> GroupPlan:
+        partition = site.partitions.for_group(name)
+        disk = local_disk.decide(name, spec.nodes, partition, site_tmp=site.tmp, min_free_gb=off.min_free_gb,
+                                 nvme_dir=off.nvme_dir, declared=tmp_disk) if stage_nvme else None
         return GroupPlan(
             name=name, het_index=het_index, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
-            cpus_per_node=spec.cpus_per_node or site.cpus_per_node, partition=site.partitions.for_group(name),
+            cpus_per_node=spec.cpus_per_node or site.cpus_per_node, partition=partition,
             roles=roles, stage_nvme=stage_nvme, constraint=site.constraints.for_group(name),
-            tmp=local_disk_request(site.tmp, recipe.training.offload.min_free_gb) if stage_nvme else None,
+            tmp=disk.request if disk else None, tmp_why=disk.why if disk else "",
         )
 
     out = [group("trainer", 0, topo.trainer, ("trainer", "rollout") if colocated else ("trainer",), stage)]

@@ -1,5 +1,6 @@
-"""The one Slurm client: every ``sbatch``, ``scontrol``, ``squeue``, ``scancel`` and ``sinfo`` call
-beam-hpc makes, and every parse of their output.
+"""The one Slurm client: every ``sbatch``, ``scontrol``, ``squeue``, ``scancel``, ``sinfo`` and
+``sacctmgr`` call beam-hpc makes, the doctor's one-task-per-node ``srun``, and every parse of their
+output.
 
 Why one module: the same outputs (``sbatch --parsable``'s ``<id>[;cluster]``, ``scontrol --oneliner
 show job``'s ``Key=Value`` lines, ``squeue``'s het components ``<leader>+<offset>``) were read in
@@ -7,8 +8,8 @@ several places, each with its own idea of what a failure looks like. Here each i
 states are an enum (:class:`JobState`), and a failure is one error type carrying Slurm's own words
 (:class:`SlurmError`; :class:`SlurmUnavailable` when Slurm could not be asked at all).
 
-What stays outside: ``srun`` (the job launcher, :class:`beam_hpc.job.runner.SrunLauncher`, owns its
-steps), and submitit's own squeue poll in :mod:`beam_hpc.slurm.submitit_het` (submitit's
+What stays outside: the job's own ``srun`` steps (the job launcher,
+:class:`beam_hpc.job.runner.SrunLauncher`, owns them), and submitit's own squeue poll in :mod:`beam_hpc.slurm.submitit_het` (submitit's
 InfoWatcher runs the command it is given; see that module).
 
 Environment: a client run from inside a job inherits the job's SLURM_* variables, which e.g. make
@@ -403,3 +404,101 @@ def set_excluded_nodes(job_id: str, nodes: Sequence[str], *, env: Mapping[str, s
     """``scontrol update JobId=<job> ExcNodeList=<nodes>`` on a pending (e.g. just requeued) job;
     on a het leader it applies to every component. SlurmError with Slurm's words."""
     _checked(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"], env=env, timeout=timeout)
+
+
+# -- node-local disk (beam_hpc.submission.tmp_disk, doctor) -----------------------------------------
+@dataclass(frozen=True)
+class PartitionTmpDisk:
+    """What the nodes of one partition declare as node-local disk (slurm.conf ``TmpDisk``, MB).
+    Slurm places a ``--tmp`` request only on nodes that declare at least that much; a node whose
+    TmpDisk is unset declares 0, so an unset TmpDisk everywhere makes every ``--tmp`` unplaceable."""
+
+    partition: str  # the partition's name (the default partition's, when none was named)
+    tmp_disk_mb: dict[str, int]  # node -> declared TmpDisk in MB (0: not configured)
+
+
+TMP_DISK_FORMAT = "%N|%d|%P"  # node, TmpDisk (MB), partition ("*" marks the default)
+
+
+def parse_tmp_disk(text: str, partition: str | None) -> PartitionTmpDisk | None:
+    """``sinfo --Node --format=%N|%d|%P`` lines -> the nodes of ``partition`` (None: the default
+    partition, the one sinfo marks with ``*``); None when no line names that partition."""
+    found: dict[str, int] = {}
+    name = partition
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        node, mb, part = parts
+        is_default = part.endswith("*")
+        part = part.rstrip("*")
+        if (part == partition) if partition is not None else is_default:
+            name = part
+            found[node] = int(mb)
+    return PartitionTmpDisk(name, found) if found and name else None
+
+
+def tmp_disk(partition: str | None, *, timeout: float = 20) -> PartitionTmpDisk | None:
+    """The TmpDisk every node of ``partition`` (None: the default partition) declares; None when
+    Slurm does not know the partition. Raises SlurmUnavailable when sinfo cannot answer."""
+    argv = ["sinfo", "--noheader", "--Node", f"--format={TMP_DISK_FORMAT}"]
+    if partition is not None:
+        argv.append(f"--partition={partition}")
+    proc = _call(argv, timeout=timeout)
+    if proc.returncode != 0:
+        raise SlurmUnavailable(argv, _words(proc), proc.returncode)
+    return parse_tmp_disk(proc.stdout, partition)
+
+
+# -- accounts (doctor) --------------------------------------------------------------------------------
+def has_association(user: str, account: str, *, timeout: float = 15) -> bool:
+    """Whether ``user`` may charge ``account`` (an association in ``sacctmgr``). Raises
+    SlurmUnavailable when sacctmgr is missing or cannot answer (e.g. a cluster without slurmdbd)."""
+    argv = ["sacctmgr", "--noheader", "--parsable2", "show", "associations",
+            "where", f"user={user}", f"account={account}", "format=Account"]
+    proc = _call(argv, timeout=timeout)
+    if proc.returncode != 0:
+        raise SlurmUnavailable(argv, _words(proc), proc.returncode)
+    return account in proc.stdout.split()
+
+
+# -- one task on each node (doctor --in-job) --------------------------------------------------------
+@dataclass(frozen=True)
+class NodeRequest:
+    """Where :func:`srun_each_node` runs: a fresh allocation of ``nodes`` nodes (``immediate_s``:
+    give up when Slurm cannot start it that soon), or, with ``inside``, the nodes of the
+    allocation the caller runs in (``--overlap``, beside its own steps)."""
+
+    nodes: int
+    inside: bool = False
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    gres: str | None = None  # e.g. "gpu:8"
+    immediate_s: int = 300
+    time_limit: str = "00:05:00"
+
+
+def srun_each_node_argv(command: Sequence[str], where: NodeRequest, *, job_name: str) -> list[str]:
+    """The ``srun`` line that runs ``command`` once on every node of ``where``."""
+    argv = ["srun", "--ntasks-per-node=1", f"--job-name={job_name}", "--kill-on-bad-exit=0",
+            f"--nodes={where.nodes}"]
+    if where.inside:
+        argv.append("--overlap")
+    else:
+        argv += [f"--time={where.time_limit}", f"--immediate={where.immediate_s}"]
+        for flag, value in (("partition", where.partition), ("account", where.account),
+                            ("qos", where.qos), ("gres", where.gres)):
+            if value:
+                argv.append(f"--{flag}={value}")
+    return argv + list(command)
+
+
+def srun_each_node(command: Sequence[str], where: NodeRequest, *, job_name: str,
+                   timeout: float | None) -> subprocess.CompletedProcess:
+    """Run ``command`` once on every node of ``where``; returns srun's finished process whatever
+    its exit (the tasks' stdout is the caller's protocol). Outside an allocation the job's SLURM_*
+    variables are dropped so that srun asks for a fresh one. Raises SlurmUnavailable when srun is
+    missing or does not finish within ``timeout``."""
+    env = None if where.inside else slurm_env_free()
+    return _call(srun_each_node_argv(command, where, job_name=job_name), env=env, timeout=timeout)

@@ -28,6 +28,7 @@ from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.script import write_script
 from beam_hpc.submission.request import SubmitRequest, Via
 from beam_hpc.submission.run_guard import check_before_submit, check_resume
+from beam_hpc.submission import tmp_disk
 
 
 class SubmitError(RuntimeFailure):
@@ -179,7 +180,8 @@ def submit(
         )
         source = str(recipe)
     st = site if isinstance(site, Site) else build_site(site)
-    request = SubmitRequest(plan=make_plan(rec, st), segment=SegmentArgs(resume=resume, smoke=smoke),
+    plan = make_plan(rec, st, tmp_disk=tmp_disk.declared_tmp_disk(rec, st))  # a --tmp Slurm can place
+    request = SubmitRequest(plan=plan, segment=SegmentArgs(resume=resume, smoke=smoke),
                             via=how, dependency=dependency)
     if smoke and resume:
         raise InputError("--smoke: a smoke run touches no checkpoint; drop --resume (or --smoke)")
@@ -250,5 +252,5 @@ def schedule(request: SubmitRequest, *, source: str = "", exclude: list[str] | N
 
 def describe(sub: Submission) -> str:
     """What a dry run prints: the plan in one paragraph, the GPU-hours it will hold, the command."""
-    text = sub.request.describe()
+    text = "\n".join([sub.request.describe(), *tmp_disk.describe(sub.plan)])
     return text if sub.estimate is None else f"{text}\n{sub.estimate.describe()}"
