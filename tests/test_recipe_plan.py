@@ -162,13 +162,17 @@ def test_bad_site_and_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_trainer_tmp_comes_from_min_free_gb_unless_the_site_asks_for_more() -> None:
-    from beam_hpc.plan.local_disk import local_disk_request
+    from beam_hpc.plan.local_disk import decide
 
-    assert local_disk_request(None, 2000) == "1863G"  # 2e12 bytes in GiB, rounded up
-    assert local_disk_request("2000G", 2000) == "2000G" and local_disk_request("3T", 2000) == "3T"
-    assert local_disk_request("100G", 2000) == "1863G"  # the recipe needs more than the site asks
-    assert local_disk_request(None, 0) is None
-    assert local_disk_request("none", 2000) is None  # the site turns the request off
+    def tmp(site_tmp: str | None, min_free_gb: float) -> str | None:  # Slurm not asked (render)
+        return decide("trainer", 1, "p", site_tmp=site_tmp, min_free_gb=min_free_gb, nvme_dir="/nvme",
+                      declared=None).request
+
+    assert tmp(None, 2000) == "1863G"  # 2e12 bytes in GiB, rounded up
+    assert tmp("2000G", 2000) == "2000G" and tmp("3T", 2000) == "3T"
+    assert tmp("100G", 2000) == "1863G"  # the recipe needs more than the site asks
+    assert tmp(None, 0) is None and tmp("500G", 0) == "500G"
+    assert tmp("none", 2000) is None  # the site turns the request off
     example = build_site(site_path("example-site"))
     plan = make_plan(load_recipe(recipe_path("dedicated")), example.model_copy(update={"tmp": None}))
     assert plan.group("trainer").tmp == "1863G" and plan.group("rollout").tmp is None

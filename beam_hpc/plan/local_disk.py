@@ -85,19 +85,11 @@ def need(site_tmp: str | None, min_free_gb: float) -> Need | None:
         except ValueError:  # the site schema refuses it already; a Site built by hand may not
             raise InputError(f"tmp: {shorten(site_tmp)} is not a Slurm size; write {SIZE_HINT}") from None
     if site_mib and site_mib >= recipe_mib:
-        return Need(site_tmp, site_mib, "tmp", site_tmp)  # type: ignore[arg-type]
+        return Need(str(site_tmp), site_mib, "tmp", str(site_tmp))
     if recipe_mib > 0:
         gib = math.ceil(recipe_mib / 1024)
         return Need(f"{gib}G", gib * 1024, "training.offload.min_free_gb", f"{min_free_gb:g} GB")
     return None
-
-
-def local_disk_request(site_tmp: str | None, min_free_gb: float) -> str | None:
-    """The ``--tmp`` the recipe and site make, before Slurm is asked (``tmp: none``: None)."""
-    if site_tmp == TMP_NONE:
-        return None
-    n = need(site_tmp, min_free_gb)
-    return n.request if n else None
 
 
 def decide(group: str, nodes: int, partition: str | None, *, site_tmp: str | None, min_free_gb: float,
@@ -105,7 +97,8 @@ def decide(group: str, nodes: int, partition: str | None, *, site_tmp: str | Non
     """The ``--tmp`` of group ``group`` (``nodes`` nodes in ``partition``) that stages optimizer
     state under ``nvme_dir``. ``declared`` None: Slurm was not asked (render, execute). Raises
     TmpDiskTooSmall (an InputError) when Slurm could place the group on too few nodes."""
-    guard = f"the job's NVMe check still refuses a node with less than {min_free_gb:g} GB free under {nvme_dir}"
+    guard = (f"the job's NVMe check still refuses a node with less than {min_free_gb:g} GB free under {nvme_dir}"
+             if min_free_gb > 0 else f"the job's NVMe check still refuses tmpfs or overlay under {nvme_dir}")
     if site_tmp == TMP_NONE:
         return TmpDecision(None, f"the site's tmp: {TMP_NONE} asks Slurm for no node-local disk; {guard}")
     n = need(site_tmp, min_free_gb)
