@@ -1,0 +1,85 @@
+"""Warm JIT caches (beam_hpc.node.jit_cache) on real files and real processes: what one node
+compiles reaches the group's other nodes through the run's archive; concurrent saves all land.
+The end-to-end check (a real job's Ray actors on two nodes, through the Apptainer stand-in) is
+tests/test_job_local.py::test_jit_cache_and_image_copy_carry_over_to_another_node."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import tarfile
+from pathlib import Path
+
+from beam_hpc.node import jit_cache
+
+
+def _names(archive: Path) -> list[str]:
+    with tarfile.open(archive) as tar:
+        return sorted(m.name for m in tar if m.isfile())
+
+
+def test_cache_env_points_each_compiler_at_its_own_local_dir(tmp_path):
+    local = jit_cache.local_dir(str(tmp_path), "run1", "trainer", "n3")
+    assert local == tmp_path / "beam-jit" / "run1" / "trainer" / "n3"
+    env = jit_cache.cache_env(local)
+    assert env == {"TRITON_CACHE_DIR": f"{local}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{local}/inductor",
+                   "DG_JIT_CACHE_DIR": f"{local}/deepgemm", "FLASHINFER_WORKSPACE_BASE": f"{local}/flashinfer"}
+
+
+def test_what_one_node_compiles_seeds_another_node_of_the_group(tmp_path):
+    archive = tmp_path / "run" / "jit-cache" / "trainer.tar"
+    a, b = tmp_path / "a", tmp_path / "b"
+    with jit_cache.warm(archive, a) as (env, seeded):  # first segment, node a: cold
+        assert (seeded.seeded, seeded.kept) == (0, 0)
+        kernel = Path(env["TRITON_CACHE_DIR"], "5f0c", "add_kernel.cubin")
+        kernel.parent.mkdir()
+        kernel.write_bytes(b"\x7fELF cubin")
+        Path(env["TRITON_CACHE_DIR"], ".tmp-being-written").write_text("x")  # hidden temporaries stay out
+    assert _names(archive) == ["triton/5f0c/add_kernel.cubin"]
+    with jit_cache.warm(archive, b) as (env, seeded):  # second segment, node b
+        assert seeded.seeded == 1
+        assert Path(env["TRITON_CACHE_DIR"], "5f0c", "add_kernel.cubin").read_bytes() == b"\x7fELF cubin"
+        Path(env["TORCHINDUCTOR_CACHE_DIR"], "fx.graph").write_text("g")
+    assert _names(archive) == ["inductor/fx.graph", "triton/5f0c/add_kernel.cubin"]
+    before = archive.stat().st_mtime_ns
+    with jit_cache.warm(archive, a) as (_env, seeded):  # node a again: keeps its own, gets b's
+        assert (seeded.seeded, seeded.kept) == (1, 1)
+    assert archive.stat().st_mtime_ns == before  # nothing new: the archive is not rewritten
+
+
+def test_a_hostile_archive_member_is_skipped_and_the_rest_seeded(tmp_path):
+    archive = tmp_path / "trainer.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name in ("../escape", "triton/ok"):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"hi"))
+    result = jit_cache.seed(archive, tmp_path / "node")
+    assert result.seeded == 1 and (tmp_path / "node" / "triton" / "ok").read_text() == "hi"
+    assert not (tmp_path / "escape").exists()
+
+
+def _node_saves(archive: str, local: str, name: str) -> None:
+    with jit_cache.warm(archive, local) as (env, _):
+        Path(env["TRITON_CACHE_DIR"], name).write_text(name)
+
+
+def test_nodes_saving_at_once_all_land(tmp_path):
+    archive = tmp_path / "trainer.tar"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_node_saves, args=(str(archive), str(tmp_path / f"n{i}"), f"k{i}")) for i in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * 6
+    assert _names(archive) == [f"triton/k{i}" for i in range(6)]
+
+
+def test_an_unreadable_archive_means_a_cold_start_not_a_failure(tmp_path):
+    archive = tmp_path / "trainer.tar"
+    archive.write_bytes(b"not a tar")
+    with jit_cache.warm(archive, tmp_path / "n") as (env, seeded):
+        assert seeded.seeded == 0 and (tmp_path / "n" / "triton").is_dir()
+        Path(env["TRITON_CACHE_DIR"], "k").write_text("k")
+    assert _names(archive) == ["triton/k"]  # replaced by a whole one
