@@ -225,11 +225,13 @@ class NodeStep:
         spec = self.site.container
         if spec.runtime != "apptainer" or not spec.stage_to_local:
             return None
-        from beam_hpc.node.image import stage_image
+        from beam_hpc.node.image import stage
 
         if not self.site.scratch:
             raise NodeStepError("container.stage_to_local needs the site's scratch (node-local disk)")
-        return str(stage_image(spec.image or "", Path(self.site.scratch, "beam-images")))
+        staged = stage(spec.image or "", Path(self.site.scratch, "beam-images"))
+        self.report.update(image=str(staged.path), image_copied=staged.copied)  # False: reused on this node
+        return str(staged.path)
 
     def _wait_for_gcs(self, node: RayNode) -> None:
         """Workers wait until the head's GCS accepts connections (polling, with the job's
