@@ -83,3 +83,31 @@ def test_an_unreadable_archive_means_a_cold_start_not_a_failure(tmp_path):
         assert seeded.seeded == 0 and (tmp_path / "n" / "triton").is_dir()
         Path(env["TRITON_CACHE_DIR"], "k").write_text("k")
     assert _names(archive) == ["triton/k"]  # replaced by a whole one
+
+
+def test_doctor_reports_the_image_copy_and_the_caches_with_the_runs_archives(tmp_path):
+    from beam_hpc.config.site import site_from_dict
+    from beam_hpc.node.image import write_checksum
+    from beam_hpc.node.warm_start import doctor_facts
+
+    sif = tmp_path / "beam.sif"
+    sif.write_text("image")
+    base = {"name": "s", "scratch": str(tmp_path / "scratch")}
+    reads_shared = site_from_dict({**base, "container": {"image": str(sif)}})
+    (name, status, detail, fix), (jit_name, jit_status, jit_detail, _) = doctor_facts(reads_shared)
+    assert (name, status) == ("image copy", "warn") and "from shared storage in every segment" in detail
+    assert "stage_to_local: true" in fix
+    assert (jit_name, jit_status) == ("jit caches", "pass")
+    assert "TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, DG_JIT_CACHE_DIR, FLASHINFER_WORKSPACE_BASE" in jit_detail
+    assert "no shared archive yet" in jit_detail
+
+    digest = write_checksum(sif)
+    staged = site_from_dict({**base, "container": {"image": str(sif), "stage_to_local": True}})
+    run = tmp_path / "run"
+    with jit_cache.warm(run / "jit-cache" / "trainer.tar", tmp_path / "n0") as (env, _):
+        Path(env["TRITON_CACHE_DIR"], "k").write_text("k")
+    (_, status, detail, _), (_, _, jit_detail, _) = doctor_facts(staged, str(run))
+    assert status == "pass" and f"verified against beam.sif.sha256 ({digest[:12]})" in detail
+    assert "archives trainer.tar: 1 files" in jit_detail
+    host = site_from_dict({"name": "h", "container": {"runtime": "host"}})
+    assert [(n, s) for n, s, _, _ in doctor_facts(host)] == [("jit caches", "warn")]  # no scratch: the temp dir
