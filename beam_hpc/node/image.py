@@ -222,8 +222,8 @@ def staging_summary(site_container: object, scratch: str | None) -> tuple[str, s
                 "set scratch: to a node-local directory, e.g. /scratch")
     digest = recorded_checksum(Path(image))
     how = (f"verified against {Path(image).name}.sha256 ({digest[:12]})" if digest else
-           "no .sha256 beside it: each node hashes the source once, then reuses its record")
-    return ("pass", f"copied once per node to {Path(scratch, 'beam-images')}, {how}, reused by later segments", "")
+           f"verified against the sha256 each node computes once (no {Path(image).name}.sha256 beside the image)")
+    return ("pass", f"copied once per node to {Path(scratch, 'beam-images')} and reused by later segments, {how}", "")
 
 
 def _marker(dest: Path) -> Path:

@@ -6,8 +6,10 @@ In order, so that a bad node fails before Ray starts and is named in the job's e
 1. shared-filesystem canary: read the segment's runtime.json that the batch host wrote and
    compare its nonce with the one on this command line, then write this node's report beside it
    (the job reads the reports back, so both directions are checked);
-2. NVMe staging on groups that stage it (:mod:`beam_hpc.node.nvme`), and the image copied to
-   node-local disk when the site asks for that (:mod:`beam_hpc.node.image`);
+2. NVMe staging on groups that stage it (:mod:`beam_hpc.node.nvme`), the JIT compilers' caches
+   on node-local scratch, seeded from the group's archive and saved back on exit
+   (:mod:`beam_hpc.node.jit_cache`), and the image copied to node-local disk when the site asks
+   for that (:mod:`beam_hpc.node.image`);
 3. the Ray node (:mod:`beam_hpc.node.ray_node`), inside the container (:mod:`beam_hpc.node.container`),
    ``ray start --block`` in the foreground; workers first wait for the head's GCS port to answer.
 
