@@ -486,3 +486,13 @@ def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(s
     finally:
         subprocess.run(["scancel", b_job], check=False)
     assert cli(["nodes", "--site", str(site), "release", bad]) == 0 and quarantined(bad_nodes) == []
+    # a quarantine that leaves too few nodes for the groups refuses the submission (no job pends forever)
+    from beam_hpc.errors import RuntimeFailure
+    from beam_hpc.lifecycle.quarantine import record
+    from beam_hpc.slurm.client import partition_nodes
+
+    members = partition_nodes(plan.groups[0].partition) or []
+    record(bad_nodes, [{"node": n, "why": "test"} for n in members[:-1]], run="other", run_dir="/x", segment="1-0", days=1)
+    with pytest.raises(RuntimeFailure, match=r"1 left, but the recipe's groups need 2 .* `beam-hpc nodes release NAME`"):
+        submit_run(runs / "bad-node-c", tiny_assets, num_rollout=2, interval=1, site=site)
+    assert not (runs / "bad-node-c" / "job.sbatch").exists()  # refused before anything was written
