@@ -34,7 +34,8 @@ def main() -> int:
             (triton / KERNEL).write_bytes(b"\x7fELF kernel")
         return {"ip": ray.util.get_node_ip_address(),
                 "env": {k: os.environ.get(k) for k in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
-                                                       "DG_JIT_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
+                                                       "DG_JIT_CACHE_DIR", "SGLANG_DG_CACHE_DIR",
+                                                       "FLASHINFER_WORKSPACE_BASE", "SGLANG_CACHE_DIR",
                                                        "FAKE_APPTAINER_IMAGE")},
                 "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"),
                 "triton_files": sorted(str(f.relative_to(triton)) for f in triton.rglob("*") if f.is_file())}

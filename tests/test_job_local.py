@@ -115,7 +115,7 @@ def test_jit_cache_and_image_copy_carry_over_to_another_node(tmp_path, monkeypat
     for ip in (n0, n1):
         env = seg1[ip]["env"]
         assert env["FAKE_APPTAINER_IMAGE"] == str(staged)  # the container ran the node-local copy
-        assert all(env[v].startswith(f"{scratch}/beam-jit/{plan.run_id}/trainer/") for v in env if v != "FAKE_APPTAINER_IMAGE")
+        assert all((env[v] or "").startswith(f"{scratch}/beam-jit/{plan.run_id}/trainer/") for v in env if v != "FAKE_APPTAINER_IMAGE")
     assert seg1[n0]["env"]["TRITON_CACHE_DIR"] != seg1[n1]["env"]["TRITON_CACHE_DIR"]  # a disk per node
     assert {seg1[ip]["ray_auth_mode"] for ip in (n0, n1)} == {"token"}
     with tarfile.open(plan.paths.jit_cache_archive("trainer")) as tar:

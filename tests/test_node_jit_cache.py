@@ -22,8 +22,12 @@ def test_cache_env_points_each_compiler_at_its_own_local_dir(tmp_path):
     local = jit_cache.local_dir(str(tmp_path), "run1", "trainer", "n3")
     assert local == tmp_path / "beam-jit" / "run1" / "trainer" / "n3"
     env = jit_cache.cache_env(local)
+    # SGLang (bundled with miles-rl) sets DG_JIT_CACHE_DIR from SGLANG_DG_CACHE_DIR on import and
+    # re-points Triton/Inductor under SGLANG_CACHE_DIR for torch.compile: those go node-local too
     assert env == {"TRITON_CACHE_DIR": f"{local}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{local}/inductor",
-                   "DG_JIT_CACHE_DIR": f"{local}/deepgemm", "FLASHINFER_WORKSPACE_BASE": f"{local}/flashinfer"}
+                   "DG_JIT_CACHE_DIR": f"{local}/deepgemm", "SGLANG_DG_CACHE_DIR": f"{local}/deepgemm",
+                   "FLASHINFER_WORKSPACE_BASE": f"{local}/flashinfer", "SGLANG_CACHE_DIR": f"{local}/sglang"}
+
 
 
 def test_what_one_node_compiles_seeds_another_node_of_the_group(tmp_path):
@@ -98,7 +102,7 @@ def test_doctor_reports_the_image_copy_and_the_caches_with_the_runs_archives(tmp
     assert (name, status) == ("image copy", "warn") and "from shared storage in every segment" in detail
     assert "stage_to_local: true" in fix
     assert (jit_name, jit_status) == ("jit caches", "pass")
-    assert "TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, DG_JIT_CACHE_DIR, FLASHINFER_WORKSPACE_BASE" in jit_detail
+    assert "TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, DG_JIT_CACHE_DIR, SGLANG_DG_CACHE_DIR" in jit_detail
     assert "no shared archive yet" in jit_detail
 
     digest = write_checksum(sif)

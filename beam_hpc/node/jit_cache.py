@@ -28,7 +28,13 @@ The variables and where each project documents them:
   (``cache_dir()``, default ``/tmp/torchinductor_<user>``);
 - ``DG_JIT_CACHE_DIR``: DeepGEMM's README, "JIT cache" (default ``$HOME/.deep_gemm``, later ``$HOME/.dj``);
 - ``FLASHINFER_WORKSPACE_BASE``: flashinfer-ai/flashinfer ``flashinfer/jit/env.py`` (the JIT
-  workspace and cubin cache live in ``<base>/.cache/flashinfer``, default base ``$HOME``).
+  workspace and cubin cache live in ``<base>/.cache/flashinfer``, default base ``$HOME``);
+- SGLang (the rollout engines; its sources as bundled in miles-rl 0.0.2) overrides two of them:
+  ``srt/layers/deep_gemm_wrapper/compile_utils.py`` sets ``DG_JIT_CACHE_DIR`` from
+  ``SGLANG_DG_CACHE_DIR`` (default ``~/.cache/deep_gemm``) when imported, and
+  ``srt/compilation/backend.py`` + ``compiler_interface.py`` point ``TRITON_CACHE_DIR`` and
+  ``TORCHINDUCTOR_CACHE_DIR`` under ``$SGLANG_CACHE_DIR/torch_compile_cache`` (default
+  ``~/.cache/sglang``) for its torch.compile path; so both SGLang variables are set too.
 """
 
 from __future__ import annotations
@@ -51,7 +57,9 @@ CACHE_VARS: tuple[tuple[str, str], ...] = (
     ("triton", "TRITON_CACHE_DIR"),
     ("inductor", "TORCHINDUCTOR_CACHE_DIR"),
     ("deepgemm", "DG_JIT_CACHE_DIR"),
+    ("deepgemm", "SGLANG_DG_CACHE_DIR"),  # SGLang overwrites DG_JIT_CACHE_DIR with this on import
     ("flashinfer", "FLASHINFER_WORKSPACE_BASE"),
+    ("sglang", "SGLANG_CACHE_DIR"),  # SGLang's torch.compile re-points Triton and Inductor under it
 )
 ROOT_NAME = "beam-jit"
 LOCK_TIMEOUT_S = 600.0  # another node of the group rewriting a large archive on a slow filesystem
@@ -101,7 +109,7 @@ def seed(archive: str | Path, local: str | Path) -> SeedResult:
     A missing archive is a cold start (first segment); an unreadable one is logged and skipped:
     a cache must never fail a segment."""
     root = Path(local)
-    for sub, _var in CACHE_VARS:
+    for sub in dict.fromkeys(sub for sub, _var in CACHE_VARS):
         (root / sub).mkdir(parents=True, exist_ok=True)
     src = Path(archive)
     if not src.is_file():
