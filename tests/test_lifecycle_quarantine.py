@@ -134,3 +134,15 @@ def test_nodes_command_without_a_quarantine_file_is_bad_input(tmp_path, capsys):
     site.write_text(json.dumps({"name": "plain", "container": {"runtime": "host"}}))
     assert main(["nodes", "--site", str(site)]) == 2
     assert "site 'plain' names no quarantine file" in capsys.readouterr().err
+
+
+def test_the_file_and_its_lock_are_group_writable_whatever_the_umask(tmp_path):
+    import os
+
+    old = os.umask(0o077)
+    try:
+        q.record(tmp_path / "bad-nodes.json", [{"node": "n1", "why": "x"}], run="r", run_dir="/a", segment="1-0", days=1)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "bad-nodes.json").stat().st_mode & 0o777 == 0o664
+    assert (tmp_path / "bad-nodes.json.lock").stat().st_mode & 0o777 == 0o664

@@ -16,7 +16,9 @@ file (``quarantine: /shared/beam/bad-nodes.json``; ``quarantine_days`` how long 
 The file is shared by every run and user of the site, so every change is a read-modify-write under
 an exclusive ``flock`` on ``<file>.lock`` and is published atomically (beam_hpc.run.files): a
 reader sees the old list or the new, never half of one, and two segments ending at once both land.
-Expired entries are dropped on the next write, so the file stays small.
+Expired entries are dropped on the next write, so the file stays small. The file and its lock are
+created group-writable (0664, whatever the umask): put them in a directory of the users' common
+group with the setgid bit (``chmod 2775``), so that every user's segments can update them.
 
 The file's format (version 1)::
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -38,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.errors import InputError, RuntimeFailure, shorten
-from beam_hpc.run.files import LockTimeout, locked, write_json_atomic
+from beam_hpc.run.files import LockTimeout, locked, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +131,28 @@ def quarantined(path: str | Path, *, now: float | None = None) -> list[Entry]:
     return active(read_entries(path), now=now)
 
 
+FILE_MODE = 0o664  # every user of the site writes it: group-writable, in a setgid directory of their group
+
+
 def _write(path: Path, entries: Sequence[Entry], now: float) -> None:
     keep = [asdict(e) for e in entries if e.expires > now]
-    write_json_atomic(path, {"version": VERSION, "entries": keep})
+    write_atomic(path, json.dumps({"version": VERSION, "entries": keep}, indent=1, sort_keys=True) + "\n",
+                 mode=FILE_MODE)
+
+
+def _lock(path: Path):  # type: ignore[no-untyped-def]
+    """The file's exclusive lock, created group-writable (the umask would keep the next user out)."""
+    lp = lock_path(path)
+    if not lp.exists():
+        lp.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lp, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        try:
+            os.fchmod(fd, FILE_MODE)
+        except OSError:  # created by another user in between: theirs to set
+            pass
+        finally:
+            os.close(fd)
+    return locked(lp, timeout_s=LOCK_TIMEOUT_S)
 
 
 def record(path: str | Path, failed_nodes: Iterable[Mapping[str, str]], *, run: str, run_dir: str,
@@ -144,7 +166,7 @@ def record(path: str | Path, failed_nodes: Iterable[Mapping[str, str]], *, run: 
         return []
     p = Path(path)
     try:
-        with locked(lock_path(p), timeout_s=LOCK_TIMEOUT_S):
+        with _lock(p):
             _write(p, [*read_entries(p), *added], at)
     except LockTimeout as err:
         raise QuarantineBusy(f"quarantine: {err}") from None
@@ -158,7 +180,7 @@ def release(path: str | Path, nodes: Sequence[str], *, now: float | None = None)
     at = time.time() if now is None else now
     p = Path(path)
     try:
-        with locked(lock_path(p), timeout_s=LOCK_TIMEOUT_S):
+        with _lock(p):
             entries = read_entries(p)
             out = {e.node for e in active(entries, now=at)}
             unknown = [n for n in nodes if n not in out]
