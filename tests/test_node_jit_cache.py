@@ -115,3 +115,11 @@ def test_doctor_reports_the_image_copy_and_the_caches_with_the_runs_archives(tmp
     assert "archives trainer.tar: 1 files" in jit_detail
     host = site_from_dict({"name": "h", "container": {"runtime": "host"}})
     assert [(n, s) for n, s, _, _ in doctor_facts(host)] == [("jit caches", "warn")]  # no scratch: the temp dir
+
+
+def test_an_unwritable_scratch_leaves_the_compilers_defaults_and_fails_nothing(tmp_path):
+    blocker = tmp_path / "scratch"
+    blocker.write_text("a file where the scratch directory should be")
+    with jit_cache.warm(tmp_path / "trainer.tar", blocker / "beam-jit" / "n0") as (env, seeded):
+        assert env == {} and seeded.seeded == 0
+    assert not (tmp_path / "trainer.tar").exists()

@@ -150,10 +150,6 @@ class StageResult:
     removed: tuple[Path, ...]  # older staged versions of the same image
 
 
-def stage_image(src: str | Path, dest_dir: str | Path) -> Path:
-    return stage(src, dest_dir).path
-
-
 def stage(src: str | Path, dest_dir: str | Path) -> StageResult:
     """Copy ``src`` into ``dest_dir`` as ``<stem>-<sha12>.sif``, verified, once per node."""
     source = Path(src)

@@ -188,7 +188,12 @@ def warm(archive: str | Path, local: str | Path) -> Iterator[tuple[dict[str, str
     save what is new. Exit it only after every process that compiles has ended (the node step
     stops Ray and sweeps its workers first). Saving never raises: the segment's outcome matters
     more than its cache, and the next segment just compiles again."""
-    seeded = seed(archive, local)
+    try:
+        seeded = seed(archive, local)
+    except OSError as err:  # scratch unwritable: compile where the compilers default to, fail nothing
+        log.warning("JIT cache: cannot use %s (%s); the compilers keep their default caches", local, err)
+        yield {}, SeedResult(0, 0)
+        return
     try:
         yield cache_env(local), seeded
     finally:
