@@ -42,6 +42,7 @@ env.update(IMAGE_ENV)
 env.update({{k[len("APPTAINERENV_"):]: v for k, v in os.environ.items() if k.startswith("APPTAINERENV_")}})
 env["FAKE_APPTAINER_BINDS"] = ",".join(binds)
 env["FAKE_APPTAINER_NV"] = str(nv)
+env["FAKE_APPTAINER_IMAGE"] = image  # which image ran: the tests check it is the node-local copy
 os.execvpe(command[0], command, env)
 '''
 

@@ -51,3 +51,20 @@ def test_a_source_that_no_longer_matches_its_checksum_is_refused(tmp_path):
 def test_missing_image_names_the_setting(tmp_path):
     with pytest.raises(ImageError, match="container.image: .* does not exist"):
         stage(tmp_path / "nope.sif", tmp_path / "local")
+
+
+def test_without_a_checksum_file_a_node_hashes_the_source_once_then_trusts_its_record(tmp_path):
+    """No .sha256 beside the image: the first stage hashes it (while copying, verified); later
+    segments on the node reuse the copy without reading the whole image from shared storage again,
+    as long as the source's size and mtime are those it hashed."""
+    sif = tmp_path / "beam.sif"
+    sif.write_bytes(b"a" * 4096)
+    first = stage(sif, tmp_path / "local")
+    assert first.copied and recorded_checksum(sif) is None
+    st = sif.stat()
+    sif.write_bytes(b"b" * 4096)  # same size; mtime put back: only a re-hash could tell
+    os.utime(sif, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = stage(sif, tmp_path / "local")
+    assert not again.copied and again.path == first.path
+    sif.write_bytes(b"c" * 4096)  # a real change moves the mtime: hashed again, copied again
+    assert stage(sif, tmp_path / "local").copied

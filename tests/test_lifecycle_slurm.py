@@ -65,15 +65,16 @@ def runs() -> Iterator[Path]:
 
 # -- helpers --------------------------------------------------------------------------------------------
 def submit_run(run_dir: Path, assets: TinyAssets, *, num_rollout: int, interval: int, walltime: str = "00:10:00",
-               lead_s: int = 60, resume: bool = False, extra: tuple[str, ...] = ()) -> tuple[Plan, str]:
+               lead_s: int = 60, resume: bool = False, extra: tuple[str, ...] = (), site: Path = SITE,
+               dependency: str | None = None) -> tuple[Plan, str]:
     """The user's path: recipe + overrides -> plan, script, login-node checks, sbatch."""
     from beam_hpc.submission.submit import submit
 
     overrides = [f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *SMALL,
                  f"checkpoint.interval={interval}", f"lifecycle.walltime={walltime}", f"lifecycle.lead_s={lead_s}",
                  *extra]
-    sub = submit(TINY, SITE, overrides=overrides, output_dir=str(run_dir), num_rollout=num_rollout,
-                 resume=resume, via="sbatch")
+    sub = submit(TINY, site, overrides=overrides, output_dir=str(run_dir), num_rollout=num_rollout,
+                 resume=resume, via="sbatch", dependency=dependency)
     return sub.plan, str(sub.job_id)
 
 
@@ -430,14 +431,24 @@ def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(s
     reach it claims the node, and every node step on that node fails, as one with a broken disk
     would): the first segment ends as a node failure naming it, the resubmission excludes it, the
     next segment runs on other nodes and completes the run. status lists the node and counts the
-    failed segment's GPU-hours as lost."""
+    failed segment's GPU-hours as lost.
+
+    The site names a quarantine file (beam_hpc.lifecycle.quarantine): the failure lands there with
+    the run, the reason and the time, and another run's first job (run B, submitted after the
+    chain) is excluded from the node too; B waits on a dependency that never holds, so it costs
+    no allocation, and is cancelled once Slurm shows its ExcNodeList."""
+    from beam_hpc.cli.app import main as cli
+    from beam_hpc.lifecycle.quarantine import quarantined
     from beam_hpc.node.step import TEST_BAD_NODE_FILE_VAR
     from beam_hpc.observe.status import format_status, gather
 
     run = runs / "bad-node"
     claim = runs / "bad-node-claim"
+    bad_nodes = runs / "site-bad-nodes.json"
+    site = runs / "quarantine-site.yaml"
+    site.write_text(SITE.read_text() + f"quarantine: {bad_nodes}\nquarantine_days: 1\n")
     monkeypatch.setenv(TEST_BAD_NODE_FILE_VAR, str(claim))  # exported to the job by sbatch
-    plan, first = submit_run(run, tiny_assets, num_rollout=2, interval=1,
+    plan, first = submit_run(run, tiny_assets, num_rollout=2, interval=1, site=site,
                              extra=("topology.trainer.gpus_per_node=1", "topology.rollout.gpus_per_node=1"))
     wait_for("the chain to finish", lambda: chain_finished(run), run)
     bad = claim.read_text().strip()
@@ -459,3 +470,29 @@ def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(s
     text = format_status(s)
     assert "failed segments" in text and f"excluded   {bad} (since segment {first}-0" in text
     assert wait_for("the queue to empty", lambda: nothing_queued(plan), run, timeout=60)
+    # across runs: the site's quarantine holds the node, and run B's first job leaves it out
+    (entry,) = quarantined(bad_nodes)
+    assert (entry.node, entry.run, entry.run_dir, entry.segment) == (bad, plan.run_id, str(run), f"{first}-0")
+    assert "bad node" in entry.why and entry.time == pytest.approx(end["time"], abs=60)
+    assert entry.expires == pytest.approx(entry.time + 86400)
+    other, b_job = submit_run(runs / "bad-node-b", tiny_assets, num_rollout=2, interval=1, site=site,
+                              dependency=f"afterok:{first}")  # the failed job: never satisfied
+    try:
+        shown = subprocess.run(["scontrol", "--oneliner", "show", "job", b_job], capture_output=True, text=True,
+                               check=True).stdout
+        components = [dict(tok.split("=", 1) for tok in line.split() if "=" in tok) for line in shown.splitlines()]
+        assert len(components) == 2, shown  # the het job's trainer and rollout components
+        assert all(c.get("ExcNodeList") == bad and c.get("JobState") == "PENDING" for c in components), shown
+    finally:
+        subprocess.run(["scancel", b_job], check=False)
+    assert cli(["nodes", "--site", str(site), "release", bad]) == 0 and quarantined(bad_nodes) == []
+    # a quarantine that leaves too few nodes for the groups refuses the submission (no job pends forever)
+    from beam_hpc.errors import RuntimeFailure
+    from beam_hpc.lifecycle.quarantine import record
+    from beam_hpc.slurm.client import partition_nodes
+
+    members = partition_nodes(plan.groups[0].partition) or []
+    record(bad_nodes, [{"node": n, "why": "test"} for n in members[:-1]], run="other", run_dir="/x", segment="1-0", days=1)
+    with pytest.raises(RuntimeFailure, match=r"1 left, but the recipe's groups need 2 .* `beam-hpc nodes release NAME`"):
+        submit_run(runs / "bad-node-c", tiny_assets, num_rollout=2, interval=1, site=site)
+    assert not (runs / "bad-node-c" / "job.sbatch").exists()  # refused before anything was written

@@ -97,6 +97,11 @@ class Site(_Strict):
     # long-lived shared cluster only with Ray's token authentication.
     ray_address: str | None = None
     ray_token_file: str | None = None
+    # A file shared by every run of the site: nodes that failed in any run stay out of every run's
+    # submissions for quarantine_days, or until `beam-hpc nodes release NAME`
+    # (beam_hpc.lifecycle.quarantine). Absolute: the batch host and the login node both write it.
+    quarantine: str | None = None
+    quarantine_days: float = Field(7.0, gt=0)
 
     @property
     def node_python(self) -> str:
@@ -130,6 +135,9 @@ class Site(_Strict):
         if self.network.ip_source == "interface" and not self.network.interface:
             raise ValueError("network.interface: ip_source is 'interface' but no interface is named (e.g. ib0)")
         _check_existing_ray(self.ray_address, self.ray_token_file)
+        if self.quarantine is not None and not self.quarantine.startswith("/"):
+            raise ValueError(f"quarantine: {self.quarantine!r} is relative; give an absolute path on shared "
+                             "storage (e.g. /shared/beam/bad-nodes.json)")
         return self
 
 

@@ -42,7 +42,7 @@ from beam_hpc.run import checkpoint_layout
 
 from beam_hpc.run import ledger
 
-from beam_hpc.lifecycle import actions, cancel, exclusions, save
+from beam_hpc.lifecycle import actions, cancel, exclusions, quarantine, save
 from beam_hpc.lifecycle.decide import Action, Decision, Outcome, decide
 from beam_hpc.lifecycle.segment_metrics import metrics_offset, segment_metrics
 from beam_hpc.lifecycle.watchdog import Interrupt, Watchdog
@@ -404,8 +404,11 @@ class Segment:
         say). Slurm is asked only when some node is excluded."""
         if self.job_id is None:
             return None
-        self.excluded = exclusions.names(exclusions.effective(
-            self.plan.output_dir, self.history, failed_nodes, segment=ledger.segment_id(self.ledger_job_id, self.restart)))
+        segment = ledger.segment_id(self.ledger_job_id, self.restart)
+        self.excluded = exclusions.names(exclusions.effective(self.plan.output_dir, self.history, failed_nodes, segment=segment))
+        quarantine.record_failures(self.plan.site, failed_nodes, run=self.plan.run_id, run_dir=self.plan.output_dir,
+                                   segment=segment)  # the site's, across runs (no-op without one)
+        self.excluded = quarantine.excluded_in_job(self.plan.site, self.excluded)
         if failed_nodes:
             log.warning("excluding node(s) %s from the run's next segments: %s",
                         ", ".join(f["node"] for f in failed_nodes), "; ".join(f["why"] for f in failed_nodes))

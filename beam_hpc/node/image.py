@@ -150,10 +150,6 @@ class StageResult:
     removed: tuple[Path, ...]  # older staged versions of the same image
 
 
-def stage_image(src: str | Path, dest_dir: str | Path) -> Path:
-    return stage(src, dest_dir).path
-
-
 def stage(src: str | Path, dest_dir: str | Path) -> StageResult:
     """Copy ``src`` into ``dest_dir`` as ``<stem>-<sha12>.sif``, verified, once per node."""
     source = Path(src)
@@ -165,12 +161,13 @@ def stage(src: str | Path, dest_dir: str | Path) -> StageResult:
         if p.exists() and not p.is_dir():
             raise ImagePathError(f"--dest: {shorten(str(dest_dir))} is not a directory ({shorten(str(p))} is a "
                                  "file); give node-local disk, e.g. /tmp/beam-images")
-    expected = recorded_checksum(source) or sha256_file(source)
     dest_root.mkdir(parents=True, exist_ok=True)
+    expected = recorded_checksum(source) or _known_digest(dest_root, source) or sha256_file(source)
     dest = dest_root / f"{source.stem}-{expected[:12]}{source.suffix or '.sif'}"
     with locked(dest_root / ".stage.lock"):
         removed = tuple(_remove_older(dest_root, source, keep=dest))
         if _valid_copy(dest, expected):
+            _remember_digest(dest_root, source, expected)
             return StageResult(dest, False, removed)
         h = hashlib.sha256()
         with atomic_path(dest) as tmp:  # published only once the checksum matched
@@ -183,7 +180,46 @@ def stage(src: str | Path, dest_dir: str | Path) -> StageResult:
                                  "the image changed or was damaged: rebuild it or remove its .sha256 file")
         st = dest.stat()
         write_atomic(_marker(dest), f"{expected} {st.st_size} {st.st_mtime_ns}\n")
+        _remember_digest(dest_root, source, expected)
         return StageResult(dest, True, removed)
+
+
+def _source_record(dest_root: Path, source: Path) -> Path:
+    key = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]
+    return dest_root / f".{source.name}-{key}.source"
+
+
+def _known_digest(dest_root: Path, source: Path) -> str | None:
+    """The source image's sha256 as this node verified it before, while the source's size and
+    mtime are unchanged. Why: without a ``.sha256`` beside the image, every segment on every node
+    would read the whole image from shared storage just to hash it, the very load staging saves."""
+    try:
+        digest, size, mtime = _source_record(dest_root, source).read_text().split()
+        st = source.stat()
+    except (OSError, ValueError):
+        return None
+    return digest if int(size) == st.st_size and int(mtime) == st.st_mtime_ns else None
+
+
+def _remember_digest(dest_root: Path, source: Path, digest: str) -> None:
+    st = source.stat()
+    write_atomic(_source_record(dest_root, source), f"{digest} {st.st_size} {st.st_mtime_ns}\n")
+
+
+def staging_summary(site_container: object, scratch: str | None) -> tuple[str, str, str]:
+    """(status, detail, fix) for ``doctor``: whether every node reads the image from shared
+    storage, or copies it once to local scratch, verified, and reuses it."""
+    image = getattr(site_container, "image", None) or ""
+    if not getattr(site_container, "stage_to_local", False):
+        return ("warn", f"every node reads {image} from shared storage in every segment",
+                "set container.stage_to_local: true (and scratch:) to copy it once per node, verified by sha256")
+    if not scratch:
+        return ("fail", "container.stage_to_local is set but the site has no scratch (node-local disk)",
+                "set scratch: to a node-local directory, e.g. /scratch")
+    digest = recorded_checksum(Path(image))
+    how = (f"verified against {Path(image).name}.sha256 ({digest[:12]})" if digest else
+           f"verified against the sha256 each node computes once (no {Path(image).name}.sha256 beside the image)")
+    return ("pass", f"copied once per node to {Path(scratch, 'beam-images')} and reused by later segments, {how}", "")
 
 
 def _marker(dest: Path) -> Path:

@@ -6,8 +6,10 @@ In order, so that a bad node fails before Ray starts and is named in the job's e
 1. shared-filesystem canary: read the segment's runtime.json that the batch host wrote and
    compare its nonce with the one on this command line, then write this node's report beside it
    (the job reads the reports back, so both directions are checked);
-2. NVMe staging on groups that stage it (:mod:`beam_hpc.node.nvme`), and the image copied to
-   node-local disk when the site asks for that (:mod:`beam_hpc.node.image`);
+2. NVMe staging on groups that stage it (:mod:`beam_hpc.node.nvme`), the JIT compilers' caches
+   on node-local scratch, seeded from the group's archive and saved back on exit
+   (:mod:`beam_hpc.node.jit_cache`), and the image copied to node-local disk when the site asks
+   for that (:mod:`beam_hpc.node.image`);
 3. the Ray node (:mod:`beam_hpc.node.ray_node`), inside the container (:mod:`beam_hpc.node.container`),
    ``ray start --block`` in the foreground; workers first wait for the head's GCS port to answer.
 
@@ -38,7 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from beam_hpc.node import nvme
+from beam_hpc.node import jit_cache, nvme
 from beam_hpc.node.container import container_command
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import GroupPlan, Plan, fill
@@ -115,6 +117,7 @@ class NodeStep:
         self.hostname = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self._ip, self._gpus, self._cpus = ip, gpus, cpus
         self.stop_reason: str | None = None
+        self.jit_env: dict[str, str] = {}
         self.child: subprocess.Popen | None = None
         self.report_path = rt.node_report(group.name, local_index)
         self.report: dict = {
@@ -198,11 +201,19 @@ class NodeStep:
             self.report.update(nvme_dir=str(staged.path), nvme_free_bytes=staged.free_bytes,
                                nvme_purged=[str(p) for p in staged.purged])
             self._write_report("staged")
+        self._warm_caches(cleanup)  # entered before the sweep below: saved after Ray's workers are gone
         shutil.rmtree(node.temp_dir, ignore_errors=True)  # left by a requeued segment's SIGKILL
         cleanup.callback(shutil.rmtree, node.temp_dir, True)
         cleanup.callback(self._sweep)
         self._check_stop()
         return node
+
+    def _warm_caches(self, cleanup: ExitStack) -> None:
+        """Node-local JIT caches seeded from the group's archive, saved back on exit (beam_hpc.node.jit_cache)."""
+        node = self.hostname if self.rt.host_stride == 1 else f"{self.hostname}-{self.index}"  # nodes sharing a host
+        local = jit_cache.local_dir(self.site.scratch, self.plan.run_id, self.group.name, node)
+        self.jit_env, seeded = cleanup.enter_context(jit_cache.warm(self.plan.paths.jit_cache_archive(self.group.name), local))
+        self.report.update(jit_cache_dir=str(local), jit_seeded=seeded.seeded, jit_kept=seeded.kept)
 
     def _nvme_dir(self) -> str:
         return fill(self.plan.nvme.job_dir, job_id=self.rt.job_id)
@@ -216,11 +227,13 @@ class NodeStep:
         spec = self.site.container
         if spec.runtime != "apptainer" or not spec.stage_to_local:
             return None
-        from beam_hpc.node.image import stage_image
+        from beam_hpc.node.image import stage
 
         if not self.site.scratch:
             raise NodeStepError("container.stage_to_local needs the site's scratch (node-local disk)")
-        return str(stage_image(spec.image or "", Path(self.site.scratch, "beam-images")))
+        staged = stage(spec.image or "", Path(self.site.scratch, "beam-images"))
+        self.report.update(image=str(staged.path), image_copied=staged.copied)  # False: reused on this node
+        return str(staged.path)
 
     def _wait_for_gcs(self, node: RayNode) -> None:
         """Workers wait until the head's GCS accepts connections (polling, with the job's
@@ -241,6 +254,7 @@ class NodeStep:
         image = self._image()
         python = self.plan.node_python
         env = ray_env(token_path=self.rt.token_path, job_tag=self.rt.job_tag, node_index=self.index)
+        env.update(self.jit_env)  # the raylet's environment is every actor's: compilers cache node-locally
         binds = [self.plan.output_dir, str(Path(self.rt.token_path).parent)]
         if self.plan.nvme.enabled and self.group.stage_nvme:
             binds.append(self.plan.nvme.root)

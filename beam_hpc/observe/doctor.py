@@ -87,6 +87,9 @@ def login_checks(site: Site, *, output_dir: str | None = None, recipe: "Recipe |
     checks += _container_checks(site)
     checks.append(_python_check(site.python))  # the batch shell's interpreter, outside any container
     checks += _shared_path_checks(site, output_dir)
+    from beam_hpc.node.warm_start import doctor_facts  # warm restarts: image copy, JIT caches
+
+    checks += [Check(name, status, detail, fix) for name, status, detail, fix in doctor_facts(site, output_dir)]
     return checks
 
 

@@ -161,6 +161,10 @@ class RunPaths:
         """Excluded nodes let back in with ``submit --resume --include-node`` (beam_hpc.lifecycle.exclusions)."""
         return self._p("node-exclusions.json")
 
+    def jit_cache_archive(self, group: str) -> str:
+        """The group's shared JIT-cache archive: seeds every node's local caches (beam_hpc.node.jit_cache)."""
+        return self._p("jit-cache", f"{group}.tar")
+
     def batch_log(self, job_id: str) -> str:
         """``logs/slurm-<jobid>.out``; ``job_id="%j"`` gives the pattern for ``sbatch --output``."""
         return self._p("logs", batch_log_name(job_id))

@@ -19,7 +19,7 @@ from beam_hpc.config.recipe import Recipe, apply_overrides, load_yaml, recipe_fr
 from beam_hpc.config.site import Site, find_site, site_from_dict
 from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.job.segment import SegmentArgs
-from beam_hpc.lifecycle import exclusions
+from beam_hpc.lifecycle import exclusions, quarantine
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.plan import Plan, make_plan
 from beam_hpc.run import accounting, checkpoint_layout, ledger
@@ -201,6 +201,7 @@ def submit(
     if not smoke:  # a smoke run touches no checkpoint, lock or ledger
         check_before_submit(rec, resume=resume)
     exclude = exclusions.for_submission(request.plan.output_dir, include_nodes or []) if resume else []
+    exclude = quarantine.for_submission(st, request.plan.groups, exclude)  # the site's bad nodes, every run
     sub = schedule(request, source=source, exclude=exclude)
     sub.estimate = cost
     return sub
