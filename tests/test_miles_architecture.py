@@ -395,7 +395,7 @@ def test_python_script_failures_name_the_script(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"broken.py'?: model_args\(\) failed: KeyError: 'L'.*model.miles_model_script_vars"):
         model_script.read_model_script(str(bad / "broken.py"))
     assert model_script.read_model_script(str(bad / "broken.py"), {"L": "7"}) == ["--num-layers", "7"]
-    with pytest.raises(InputError, match="model.miles_model_script_vars: A-B cannot be environment variable names"):
+    with pytest.raises(InputError, match="model.miles_model_script_vars: 'A-B' cannot be environment variable names"):
         model_script.read_model_script(str(bad / "broken.py"), {"A-B": "1"})
     alone = tmp_path / "alone.py"  # no Miles checkout around it, and miles-rl 0.0.2 has no loader
     alone.write_text(PY_TINY.read_text())
