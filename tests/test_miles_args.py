@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from beam_hpc.errors import InputError
 
+import json
 import re
 from pathlib import Path
 
@@ -329,11 +330,43 @@ def test_make_plan_stores_the_miles_command() -> None:
 
 
 def test_passthrough_flags_are_appended() -> None:
+    """The README's example: any other Miles flag through backend_options.extra_args, verbatim."""
     r = recipe("dedicated", "model.miles_model_args=[--num-layers, '4', --num-experts, '64']",
-               "backend_options={extra_args: [--use-dynamic-batch-size, --max-tokens-per-gpu, '9216']}")
+               "backend_options={extra_args: [--rollout-stop-token-ids, '151329', '151336', --use-tis]}")
     argv = build_driver(r, SITE, PLAN_PATH)[0]
-    assert argv[-7:] == ["--num-layers", "4", "--num-experts", "64", "--use-dynamic-batch-size",
-                         "--max-tokens-per-gpu", "9216"]
+    assert argv[-8:] == ["--num-layers", "4", "--num-experts", "64", "--rollout-stop-token-ids", "151329",
+                         "151336", "--use-tis"]
+    assert all(miles_accepts(a) for a in argv[-8:] if a.startswith("--"))
+
+
+OWNED_CASES = [
+    ("--save", "remove it and set output_dir (pinned: <output>/checkpoints) instead"),
+    ("--num-rollout", "remove it and set num_rollout instead"),
+    ("--actor-num-nodes", "remove it and set topology.trainer.nodes instead"),
+    ("--prompt-data", "remove it and set data.dir + data.train instead"),
+    ("--max-tokens-per-gpu", "remove it and set performance.max_tokens_per_gpu"),
+    ("--start-rollout-id", "set num_rollout instead"),
+    ("--ckpt-step", "every segment resumes from the latest checkpoint"),
+    ("--exit-duration-in-mins", "set lifecycle.walltime instead"),
+    ("--offload-train", "set training.colocated"),
+]
+
+
+def test_extra_args_refuses_what_beam_hpc_owns_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the CLI, as a user meets it: exit 2 and one line per owned flag, naming the recipe
+    field to use instead; nothing printed as a plan."""
+    from beam_hpc.cli.app import main as cli_main
+
+    extra = json.dumps([f"{flag}=1" if i % 2 else flag for i, (flag, _) in enumerate(OWNED_CASES)] + ["--use-tis"])
+    code = cli_main(["submit", str(ROOT / "recipes" / "dedicated.yaml"), "--site", str(ROOT / "env" / "example-site.yaml"),
+                     "--dry-run", "--set", f"backend_options={{extra_args: {extra}}}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if "backend_options.extra_args:" in line]
+    assert len(lines) == len(OWNED_CASES)
+    for (flag, fix), line in zip(OWNED_CASES, lines):
+        assert f"backend_options.extra_args: {flag} belongs to beam-hpc" in line and fix in line, line
+    assert all(f in managed_flags() and miles_accepts(f) for f, _ in OWNED_CASES)
 
 
 def test_colocated_engine_size_option() -> None:
@@ -359,8 +392,8 @@ BAD = [
     (("dedicated", "data.eval=''"), "data.eval: eval.interval is set"),
     (("dedicated", "model.ref_load=null"), "model.ref_load"),
     (("lora", "training.kl_coef=0.01"), "training.kl_coef"),
-    (("dedicated", "model.miles_model_args=[--save, /tmp/x]"), "--save is set by beam-hpc"),
-    (("dedicated", "backend_options={extra_args: ['--load=/x']}"), "--load is set by beam-hpc"),
+    (("dedicated", "model.miles_model_args=[--save, /tmp/x]"), "--save belongs to beam-hpc"),
+    (("dedicated", "backend_options={extra_args: ['--load=/x']}"), "--load belongs to beam-hpc"),
     (("dedicated", "backend_options={rollout_gpus_per_engine: 8}"), "dedicated recipes set topology.rollout"),
     (("dedicated", "backend_options={nope: 1}"), "backend_options: nope unknown"),
     (("colocated", "backend_options={rollout_gpus_per_engine: 6}"), "does not divide the 64 GPUs"),
@@ -398,3 +431,65 @@ def test_dry_run_matches_golden(name: str, capsys: pytest.CaptureFixture[str]) -
                        "--rollout-max-response-len 4096", "--eval-interval 5", "--n-samples-per-eval-prompt 8",
                        "--save-interval 20", "--eps-clip 0.2", "--eps-clip-high 0.28"):
         assert seed_value in golden, seed_value
+
+
+# -- Miles's launchers' practice as recipe fields ----------------------------------------------------
+
+PRACTICE = {"--attention-dropout": ["0.0"], "--hidden-dropout": ["0.0"], "--accumulate-allreduce-grads-in-fp32": [],
+            "--attention-softmax-in-fp32": [], "--attention-backend": ["flash"], "--recompute-granularity": ["full"],
+            "--recompute-method": ["uniform"], "--recompute-num-layers": ["1"], "--use-dynamic-batch-size": [],
+            "--max-tokens-per-gpu": ["10240"], "--sglang-mem-fraction-static": ["0.7"], "--balance-data": []}
+
+
+@pytest.mark.parametrize("mode", ["dedicated-async", "colocated", "lora"])
+def test_seed_recipes_run_as_miles_launchers_do(mode: str) -> None:
+    """Each seed recipe carries Miles's launcher practice (radixark/miles 31f1ca96 scripts/run_*.py)."""
+    _, _, f = built(mode)
+    assert {k: f.get(k) for k in PRACTICE} == PRACTICE
+
+
+def test_practice_fields_change_the_flags() -> None:
+    r = recipe("dedicated", "training.dropout=0.1", "training.fp32_softmax=false", "training.fp32_grad_allreduce=false",
+               "performance={attention_backend: null, recompute: selective, dynamic_batch_size: false, "
+               "sglang_mem_fraction: 0.8, balance_data: false}")
+    argv = build_driver(r, SITE, PLAN_PATH)[0]
+    f = parse_flags(argv[argv.index("--") + 2:])
+    assert f["--attention-dropout"] == f["--hidden-dropout"] == ["0.1"]
+    assert f["--recompute-granularity"] == ["selective"] and "--recompute-method" not in f
+    assert f["--sglang-mem-fraction-static"] == ["0.8"]
+    for gone in ("--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32", "--attention-backend",
+                 "--use-dynamic-batch-size", "--max-tokens-per-gpu", "--balance-data"):
+        assert gone not in f, gone
+    none = build_driver(recipe("dedicated", "performance.recompute=none"), SITE, PLAN_PATH)[0]
+    assert not any(k.startswith("--recompute") for k in none)
+
+
+def test_token_budget_follows_tokens_and_context_parallel() -> None:
+    assert recipe("dedicated").max_tokens_per_gpu == 2 * (1024 + 4096)
+    assert recipe("dedicated", "tokens.max_response=8192", "model.context_parallel=2",
+                  "model.expert_parallel=8").max_tokens_per_gpu == (1024 + 8192)
+    assert recipe("dedicated", "performance.max_tokens_per_gpu=16384").max_tokens_per_gpu == 16384
+    with pytest.raises(InputError, match="performance.sglang_mem_fraction"):
+        recipe("dedicated", "performance.sglang_mem_fraction=1.5")
+    with pytest.raises(InputError, match="performance.attention_backend"):
+        recipe("dedicated", "performance.attention_backend=fast")
+
+
+def test_model_flags_may_repeat_practice_flags_with_the_same_value() -> None:
+    """Miles's MLA scripts carry --attention-softmax-in-fp32 and some carry dropout 0: the same
+    value is taken once; a different one names the recipe field. MLA refuses flash attention."""
+    same = ["--num-layers", "4", "--attention-softmax-in-fp32", "--hidden-dropout", "0.0"]
+    r = recipe("dedicated", f"model.miles_model_args={json.dumps(same)}")
+    argv = build_driver(r, SITE, PLAN_PATH)[0]
+    f = parse_flags(argv[argv.index("--") + 2:])  # parse_flags fails on a repeated flag
+    assert "--attention-softmax-in-fp32" in f and f["--hidden-dropout"] == ["0.0"]
+    with pytest.raises(InputError, match=r"training.dropout: the model's architecture flags set --hidden-dropout 0.1 "
+                                         r"but the recipe gives --hidden-dropout 0.0"):
+        build_driver(recipe("dedicated", "model.miles_model_args=[--hidden-dropout, '0.1']"), SITE, PLAN_PATH)
+    with pytest.raises(InputError, match="training.fp32_softmax: .* but the recipe gives off"):
+        build_driver(recipe("dedicated", "training.fp32_softmax=false",
+                            "model.miles_model_args=[--attention-softmax-in-fp32]"), SITE, PLAN_PATH)
+    with pytest.raises(InputError, match="performance.attention_backend: flash does not run the model's multi-latent"):
+        build_driver(recipe("dedicated", "model.miles_model_args=[--multi-latent-attention]"), SITE, PLAN_PATH)
+    build_driver(recipe("dedicated", "model.miles_model_args=[--multi-latent-attention]",
+                        "performance.attention_backend=null"), SITE, PLAN_PATH)

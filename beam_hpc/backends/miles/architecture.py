@@ -329,6 +329,49 @@ def resolve(model: ModelSpec) -> Architecture:
                         script_form=form_of(script) if script else None)
 
 
+def reconcile(own: list[str], model_args: list[str]) -> list[str]:
+    """beam-hpc's flags minus the practice flags the architecture flags already set to the same
+    value (``flags.ALSO_IN_MODEL_SCRIPTS``: Miles's MLA scripts carry --attention-softmax-in-fp32,
+    some carry dropout 0); a different value is refused, naming the recipe field."""
+    from beam_hpc.backends.miles.flags import ALSO_IN_MODEL_SCRIPTS, SOURCES
+
+    theirs, mine = flag_values(model_args), flag_values(own)
+    drop = []
+    for flag in ALSO_IN_MODEL_SCRIPTS:
+        if flag not in theirs:
+            continue
+        if flag not in mine or not _same_value(mine[flag], theirs[flag]):
+            shown = "off" if flag not in mine else f"{flag} {mine[flag]}"
+            raise InputError(f"{SOURCES[flag]}: the model's architecture flags set {flag}"
+                             f"{' ' + str(theirs[flag]) if theirs[flag] is not None else ''} but the recipe gives {shown}; "
+                             f"set {SOURCES[flag]} to match the model script")
+        drop.append(flag)
+    return _without(own, drop)
+
+
+def _same_value(a: str | None, b: str | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return a == b
+
+
+def _without(argv: list[str], flags: list[str]) -> list[str]:
+    """``argv`` without each of ``flags`` and its value (``--flag v`` or a bare switch)."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a in flags:
+            skip = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            continue
+        out.append(a)
+    return out
+
+
 def _no_overlap(from_script: list[str], explicit: list[str], script: str) -> None:
     both = sorted(set(flag_values(from_script)) & set(flag_values(explicit)))
     if both:
@@ -369,8 +412,9 @@ def expand_deferred_with_form(script: str | None, script_vars: list[str] | None,
                          "predates scripts/models/*.py (Miles #1910); name its <name>.sh instead, or build the image "
                          "from a newer Miles") from None
     from_script = list(found.args)
-    clash = sorted(set(flag_values(from_script)) & set(flag_values(miles_argv)))
+    own = reconcile(miles_argv, from_script)  # practice flags the script repeats with the same value
+    clash = sorted(set(flag_values(from_script)) & set(flag_values(own)))
     if clash:
         raise InputError(f"model.miles_model_script: {script} sets {', '.join(clash)}, which the recipe already sets "
                          "(beam-hpc or model.miles_model_args); set each flag in one place")
-    return [*miles_argv, *from_script], found.form
+    return [*own, *from_script], found.form
