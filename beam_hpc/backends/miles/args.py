@@ -268,8 +268,8 @@ def _offload(out: _Argv, recipe: Recipe) -> None:
 def _numerics(out: _Argv, recipe: Recipe) -> None:
     """Dropout and fp32 accumulation as Miles's launchers set them (Megatron's dropout default is 0.1)."""
     t = recipe.training
-    out.add("--attention-dropout", t.dropout)
-    out.add("--hidden-dropout", t.dropout)
+    for where in ("attention", "hidden"):  # one recipe field for both of Megatron's dropouts
+        out.add(f"--{where}-dropout", t.dropout)
     out.switch("--accumulate-allreduce-grads-in-fp32", t.fp32_grad_allreduce)
     out.switch("--attention-softmax-in-fp32", t.fp32_softmax)
 
