@@ -132,14 +132,20 @@ def run_python_script(path: str, overrides: dict[str, str] | None = None, *, pyt
     return ScriptFlags(tuple(d["args"]), FORM_PYTHON, d.get("loader", ""))
 
 
+def _checkout_of(script: Path) -> Path:
+    """The Miles checkout a ``<checkout>/scripts/models/<name>.py`` belongs to (its grandparent)."""
+    parents = script.resolve().parents
+    return parents[2] if len(parents) > 2 else script.resolve().parent
+
+
 def find_loader(script: Path) -> tuple[Any, str] | None:
     """(Miles's ``load_model_args``, where it came from) reachable from this Python, or None:
     the script's own checkout first (the loader that matches the script), then ``import miles``."""
     import importlib
     import importlib.util
 
-    candidate = script.resolve().parents[2].joinpath(*LOADER_IN_CHECKOUT) if len(script.resolve().parents) > 2 else None
-    if candidate is not None and candidate.is_file():
+    candidate = _checkout_of(script).joinpath(*LOADER_IN_CHECKOUT)
+    if candidate.is_file():
         name = "_beam_miles_model_args_utils"
         spec = importlib.util.spec_from_file_location(name, candidate)
         if spec is not None and spec.loader is not None:
@@ -149,7 +155,7 @@ def find_loader(script: Path) -> tuple[Any, str] | None:
             return module.load_model_args, str(candidate)
     try:
         module = importlib.import_module(LOADER_MODULE)
-    except ImportError:
+    except Exception:  # noqa: BLE001 - absent (ImportError) or an install that does not load: no loader here
         return None
     return module.load_model_args, str(getattr(module, "__file__", LOADER_MODULE))
 
@@ -160,8 +166,8 @@ def _child(path: str) -> dict[str, Any]:
     found = find_loader(script)
     if found is None:
         return {"ok": False, "missing_loader": True,
-                "error": f"no Miles model_args_utils in {script.resolve().parents[2] if len(script.resolve().parents) > 2 else script.parent} "
-                         f"nor importable as {LOADER_MODULE} in {sys.executable}"}
+                "error": f"no Miles model_args_utils in {_checkout_of(script)} nor importable as {LOADER_MODULE} "
+                         f"in {sys.executable}"}
     load, where = found
     try:
         text = load(script.stem, model_script_dir=script.parent)
