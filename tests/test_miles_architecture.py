@@ -1,4 +1,5 @@
-"""Architecture flags: Miles model scripts read without bash, derivation from config.json, and the
+"""Architecture flags: Miles model scripts in both forms (Python ``model_args()`` through Miles's
+loader, bash read without bash), derivation from config.json, and the
 field-by-field comparison Miles's ``hf_validate_args`` would make after start-up, made first.
 
 The config.json values are the published ones of public models (Hugging Face: Qwen/Qwen3-30B-A3B,
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from beam_hpc.backends.miles import architecture as arch
+from beam_hpc.backends.miles import model_script
 from beam_hpc.backends.miles.args import build_driver
 from beam_hpc.backends.miles.launch import parse_args as launch_parse_args
 from beam_hpc.config.recipe import load_recipe
@@ -204,7 +206,7 @@ def test_layer_frequencies() -> None:
 
 def test_model_script_is_read_without_bash() -> None:
     freq = "[" + ",".join(["1"] * 48) + "]"  # what the script's printf builds
-    words = arch.parse_model_script(QWEN3_30B_A3B_SCRIPT, where="qwen3-30B-A3B.sh",
+    words = model_script.parse_model_script(QWEN3_30B_A3B_SCRIPT, where="qwen3-30B-A3B.sh",
                                     overrides={"MOE_LAYER_FREQ": freq})
     f = arch.flag_values(words)
     assert f["--rotary-base"] == "10000000"  # the ${VAR:-default}
@@ -212,7 +214,7 @@ def test_model_script_is_read_without_bash() -> None:
     derived = arch.flag_values(arch.derive_args(QWEN3_30B_A3B))
     for flag in SCRIPT_VALUES["qwen3_moe"]:
         assert f[flag] == derived[flag] or _float(f[flag]) == _float(derived[flag]), flag
-    with_base = arch.parse_model_script(QWEN3_30B_A3B_SCRIPT, where="s",
+    with_base = model_script.parse_model_script(QWEN3_30B_A3B_SCRIPT, where="s",
                                         overrides={"MOE_LAYER_FREQ": freq, "MODEL_ARGS_ROTARY_BASE": "1000000"})
     arch.compare_with_config(with_base, QWEN3_30B_A3B, source="model.miles_model_script (s)", config_path="c")
 
@@ -226,7 +228,7 @@ export MODEL_ARGS=( --num-layers $((N_DENSE + N_MOE)) \\
 )
 OTHER=(--ignored)
 """
-    assert arch.parse_model_script(text, where="s") == [
+    assert model_script.parse_model_script(text, where="s") == [
         "--num-layers", "92", "--moe-layer-freq", "[0]*3+[1]*89", "--normalization", "RMSNorm",
         "--x", "${literal}", "--y", "dflt"]
 
@@ -240,7 +242,7 @@ OTHER=(--ignored)
 ])
 def test_script_refusals(text: str, message: str) -> None:
     with pytest.raises(InputError, match=message):
-        arch.parse_model_script(text, where="s.sh")
+        model_script.parse_model_script(text, where="s.sh")
 
 
 MISMATCHES = [
@@ -353,3 +355,82 @@ def test_unreadable_script_is_read_by_the_launcher(tmp_path: Path) -> None:
     script.write_text("MODEL_ARGS=(\n  --save /x\n)\n")
     with pytest.raises(Exception, match="--save"):
         launch_parse_args([*launcher, *argv[cut:]])
+
+
+# -- the Python form (Miles main: scripts/models/*.py) -----------------------------------------
+
+MILES_MAIN = Path(__file__).parent / "fixtures" / "miles_main"  # its README says which facts, from which commit
+PY_QWEN = MILES_MAIN / "scripts" / "models" / "qwen3-30B-A3B.py"
+PY_GLM = MILES_MAIN / "scripts" / "models" / "glm4.5-355B-A32B.py"
+PY_TINY = MILES_MAIN / "scripts" / "models" / "beam-tiny.py"
+
+
+def test_python_script_runs_through_miles_loader() -> None:
+    """model_args() called as Miles's load_model_args calls it (the checkout's own loader), its
+    environment overrides passed through; the flags describe the published config.json."""
+    got = model_script.read_script(str(PY_QWEN))
+    assert got.form == "python" and got.loader.endswith("miles/utils/external_utils/model_args_utils.py")
+    arch.compare_with_config(got.args, QWEN3_30B_A3B, source="model.miles_model_script (q)", config_path="c")
+    f = arch.flag_values(got.args)
+    derived = arch.flag_values(arch.derive_args(QWEN3_30B_A3B))
+    for flag in SCRIPT_VALUES["qwen3_moe"]:
+        assert f[flag] == derived[flag] or _float(f[flag]) == _float(derived[flag]), flag
+    assert layer_list(f["--moe-layer-freq"]) == [1] * 48  # moe_layer_freq from model_args_utils
+    tiny = arch.flag_values(model_script.read_model_script(
+        str(PY_TINY), {"MODEL_ARGS_NUM_LAYERS": "3", "MODEL_ARGS_ROTARY_BASE": "500000"}))
+    assert tiny["--num-layers"] == "3" and tiny["--rotary-base"] == "500000"
+    assert tiny["--moe-layer-freq"] == "[0,1,1]"
+    glm = arch.flag_values(model_script.read_model_script(str(PY_GLM)))  # model_args() takes no parameters
+    assert glm["--num-layers"] == "92" and glm["--moe-layer-freq"] == "[0]*3+[1]*89"
+
+
+def test_python_script_failures_name_the_script(tmp_path: Path) -> None:
+    bad = tmp_path / "checkout" / "scripts" / "models"
+    bad.mkdir(parents=True)
+    loader = tmp_path / "checkout" / "miles" / "utils" / "external_utils"
+    loader.mkdir(parents=True)
+    (loader / "model_args_utils.py").write_text(
+        (MILES_MAIN / "miles" / "utils" / "external_utils" / "model_args_utils.py").read_text())
+    (bad / "broken.py").write_text("import os\ndef model_args():\n    return '--num-layers ' + str(int(os.environ['L']))\n")
+    with pytest.raises(InputError, match=r"broken.py'?: model_args\(\) failed: KeyError: 'L'.*model.miles_model_script_vars"):
+        model_script.read_model_script(str(bad / "broken.py"))
+    assert model_script.read_model_script(str(bad / "broken.py"), {"L": "7"}) == ["--num-layers", "7"]
+    with pytest.raises(InputError, match="model.miles_model_script_vars: 'A-B' cannot be environment variable names"):
+        model_script.read_model_script(str(bad / "broken.py"), {"A-B": "1"})
+    alone = tmp_path / "alone.py"  # no Miles checkout around it, and miles-rl 0.0.2 has no loader
+    alone.write_text(PY_TINY.read_text())
+    with pytest.raises(model_script.LoaderMissing, match="no Miles model_args_utils"):
+        model_script.read_model_script(str(alone))
+
+
+def python_recipe_driver(tmp: Path, script: Path, *overrides: str) -> list[str]:
+    model = write_model(tmp, QWEN3_30B_A3B) if not (tmp / "model").exists() else tmp / "model"
+    r = load_recipe(ROOT / "recipes" / "dedicated.yaml", [f"model.path={model}", f"model.miles_model_script={script}",
+                                                         *overrides])
+    return build_driver(r, SITE, str(tmp / "plan.json"))[0]
+
+
+def test_recipe_with_a_readable_python_script_derives_at_submit(tmp_path: Path) -> None:
+    argv = python_recipe_driver(tmp_path, PY_QWEN)
+    assert "--model-script" not in argv
+    assert arch.flag_values(argv[argv.index("--") + 2:])["--num-experts"] == "128"
+    with pytest.raises(InputError, match="rope_theta in .*config.json is 1000000 but --rotary-base 10000000"):
+        python_recipe_driver(tmp_path, PY_QWEN, "model.miles_model_script_vars={MODEL_ARGS_ROTARY_BASE: '10000000'}")
+
+
+def test_python_script_without_a_loader_here_is_read_in_the_job(tmp_path: Path) -> None:
+    """Readable on the login node but no Miles to run it as Miles does: the launcher reads it in
+    the image (here: a checkout copied next to it stands for the image's Miles)."""
+    alone = tmp_path / "qwen3-30B-A3B.py"
+    alone.write_text(PY_QWEN.read_text())
+    argv = python_recipe_driver(tmp_path, alone, "model.miles_model_script_vars={MODEL_ARGS_NUM_LAYERS: '48'}")
+    cut = argv.index("--")
+    launcher = argv[3:cut]
+    assert launcher[launcher.index("--model-script") + 1] == str(alone)
+    assert "MODEL_ARGS_NUM_LAYERS=48" in launcher
+    with pytest.raises(Exception, match="Python model script.*predates scripts/models/\\*.py"):
+        launch_parse_args([*launcher, *argv[cut:]])
+    launcher[launcher.index("--model-script") + 1] = str(PY_QWEN)
+    _, rest = launch_parse_args([*launcher, *argv[cut:]])
+    f = arch.flag_values(rest)
+    assert f["--num-layers"] == "48" and f["--moe-layer-freq"] == "[" + ",".join(["1"] * 48) + "]"

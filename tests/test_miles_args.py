@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from beam_hpc.errors import InputError
 
+import json
 import re
 from pathlib import Path
 
@@ -329,11 +330,43 @@ def test_make_plan_stores_the_miles_command() -> None:
 
 
 def test_passthrough_flags_are_appended() -> None:
+    """The README's example: any other Miles flag through backend_options.extra_args, verbatim."""
     r = recipe("dedicated", "model.miles_model_args=[--num-layers, '4', --num-experts, '64']",
-               "backend_options={extra_args: [--use-dynamic-batch-size, --max-tokens-per-gpu, '9216']}")
+               "backend_options={extra_args: [--rollout-stop-token-ids, '151329', '151336', --use-tis]}")
     argv = build_driver(r, SITE, PLAN_PATH)[0]
-    assert argv[-7:] == ["--num-layers", "4", "--num-experts", "64", "--use-dynamic-batch-size",
-                         "--max-tokens-per-gpu", "9216"]
+    assert argv[-8:] == ["--num-layers", "4", "--num-experts", "64", "--rollout-stop-token-ids", "151329",
+                         "151336", "--use-tis"]
+    assert all(miles_accepts(a) for a in argv[-8:] if a.startswith("--"))
+
+
+OWNED_CASES = [
+    ("--save", "remove it and set output_dir (pinned: <output>/checkpoints) instead"),
+    ("--num-rollout", "remove it and set num_rollout instead"),
+    ("--actor-num-nodes", "remove it and set topology.trainer.nodes instead"),
+    ("--prompt-data", "remove it and set data.dir + data.train instead"),
+    ("--max-tokens-per-gpu", "remove it and set performance.max_tokens_per_gpu"),
+    ("--start-rollout-id", "set num_rollout instead"),
+    ("--ckpt-step", "every segment resumes from the latest checkpoint"),
+    ("--exit-duration-in-mins", "set lifecycle.walltime instead"),
+    ("--offload-train", "set training.colocated"),
+]
+
+
+def test_extra_args_refuses_what_beam_hpc_owns_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """Through the CLI, as a user meets it: exit 2 and one line per owned flag, naming the recipe
+    field to use instead; nothing printed as a plan."""
+    from beam_hpc.cli.app import main as cli_main
+
+    extra = json.dumps([f"{flag}=1" if i % 2 else flag for i, (flag, _) in enumerate(OWNED_CASES)] + ["--use-tis"])
+    code = cli_main(["submit", str(ROOT / "recipes" / "dedicated.yaml"), "--site", str(ROOT / "env" / "example-site.yaml"),
+                     "--dry-run", "--set", f"backend_options={{extra_args: {extra}}}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if "backend_options.extra_args:" in line]
+    assert len(lines) == len(OWNED_CASES)
+    for (flag, fix), line in zip(OWNED_CASES, lines):
+        assert f"backend_options.extra_args: {flag} belongs to beam-hpc" in line and fix in line, line
+    assert all(f in managed_flags() and miles_accepts(f) for f, _ in OWNED_CASES)
 
 
 def test_colocated_engine_size_option() -> None:
@@ -359,8 +392,8 @@ BAD = [
     (("dedicated", "data.eval=''"), "data.eval: eval.interval is set"),
     (("dedicated", "model.ref_load=null"), "model.ref_load"),
     (("lora", "training.kl_coef=0.01"), "training.kl_coef"),
-    (("dedicated", "model.miles_model_args=[--save, /tmp/x]"), "--save is set by beam-hpc"),
-    (("dedicated", "backend_options={extra_args: ['--load=/x']}"), "--load is set by beam-hpc"),
+    (("dedicated", "model.miles_model_args=[--save, /tmp/x]"), "--save belongs to beam-hpc"),
+    (("dedicated", "backend_options={extra_args: ['--load=/x']}"), "--load belongs to beam-hpc"),
     (("dedicated", "backend_options={rollout_gpus_per_engine: 8}"), "dedicated recipes set topology.rollout"),
     (("dedicated", "backend_options={nope: 1}"), "backend_options: nope unknown"),
     (("colocated", "backend_options={rollout_gpus_per_engine: 6}"), "does not divide the 64 GPUs"),
@@ -398,3 +431,224 @@ def test_dry_run_matches_golden(name: str, capsys: pytest.CaptureFixture[str]) -
                        "--rollout-max-response-len 4096", "--eval-interval 5", "--n-samples-per-eval-prompt 8",
                        "--save-interval 20", "--eps-clip 0.2", "--eps-clip-high 0.28"):
         assert seed_value in golden, seed_value
+
+
+# -- Miles's launchers' practice as recipe fields ----------------------------------------------------
+
+PRACTICE = {"--attention-dropout": ["0.0"], "--hidden-dropout": ["0.0"], "--accumulate-allreduce-grads-in-fp32": [],
+            "--attention-softmax-in-fp32": [], "--attention-backend": ["flash"], "--recompute-granularity": ["full"],
+            "--recompute-method": ["uniform"], "--recompute-num-layers": ["1"], "--use-dynamic-batch-size": [],
+            "--max-tokens-per-gpu": ["10240"], "--sglang-mem-fraction-static": ["0.7"], "--balance-data": []}
+
+
+@pytest.mark.parametrize("mode", ["dedicated-async", "colocated", "lora"])
+def test_seed_recipes_run_as_miles_launchers_do(mode: str) -> None:
+    """Each seed recipe carries Miles's launcher practice (radixark/miles 31f1ca96 scripts/run_*.py)."""
+    _, _, f = built(mode)
+    assert {k: f.get(k) for k in PRACTICE} == PRACTICE
+
+
+def test_practice_fields_change_the_flags() -> None:
+    r = recipe("dedicated", "training.dropout=0.1", "training.fp32_softmax=false", "training.fp32_grad_allreduce=false",
+               "performance={attention_backend: null, recompute: selective, dynamic_batch_size: false, "
+               "sglang_mem_fraction: 0.8, balance_data: false}")
+    argv = build_driver(r, SITE, PLAN_PATH)[0]
+    f = parse_flags(argv[argv.index("--") + 2:])
+    assert f["--attention-dropout"] == f["--hidden-dropout"] == ["0.1"]
+    assert f["--recompute-granularity"] == ["selective"] and "--recompute-method" not in f
+    assert f["--sglang-mem-fraction-static"] == ["0.8"]
+    for gone in ("--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32", "--attention-backend",
+                 "--use-dynamic-batch-size", "--max-tokens-per-gpu", "--balance-data"):
+        assert gone not in f, gone
+    none = build_driver(recipe("dedicated", "performance.recompute=none"), SITE, PLAN_PATH)[0]
+    assert not any(k.startswith("--recompute") for k in none)
+
+
+def test_token_budget_follows_tokens_and_context_parallel() -> None:
+    assert recipe("dedicated").max_tokens_per_gpu == 2 * (1024 + 4096)
+    assert recipe("dedicated", "tokens.max_response=8192", "model.context_parallel=2",
+                  "model.expert_parallel=8").max_tokens_per_gpu == (1024 + 8192)
+    assert recipe("dedicated", "performance.max_tokens_per_gpu=16384").max_tokens_per_gpu == 16384
+    with pytest.raises(InputError, match="performance.sglang_mem_fraction"):
+        recipe("dedicated", "performance.sglang_mem_fraction=1.5")
+    with pytest.raises(InputError, match="performance.attention_backend"):
+        recipe("dedicated", "performance.attention_backend=fast")
+
+
+def test_model_flags_may_repeat_practice_flags_with_the_same_value() -> None:
+    """Miles's MLA scripts carry --attention-softmax-in-fp32 and some carry dropout 0: the same
+    value is taken once; a different one names the recipe field. MLA refuses flash attention."""
+    same = ["--num-layers", "4", "--attention-softmax-in-fp32", "--hidden-dropout", "0.0"]
+    r = recipe("dedicated", f"model.miles_model_args={json.dumps(same)}")
+    argv = build_driver(r, SITE, PLAN_PATH)[0]
+    f = parse_flags(argv[argv.index("--") + 2:])  # parse_flags fails on a repeated flag
+    assert "--attention-softmax-in-fp32" in f and f["--hidden-dropout"] == ["0.0"]
+    with pytest.raises(InputError, match=r"training.dropout: the model's architecture flags set --hidden-dropout 0.1 "
+                                         r"but the recipe gives --hidden-dropout 0.0"):
+        build_driver(recipe("dedicated", "model.miles_model_args=[--hidden-dropout, '0.1']"), SITE, PLAN_PATH)
+    with pytest.raises(InputError, match="training.fp32_softmax: .* but the recipe gives off"):
+        build_driver(recipe("dedicated", "training.fp32_softmax=false",
+                            "model.miles_model_args=[--attention-softmax-in-fp32]"), SITE, PLAN_PATH)
+    with pytest.raises(InputError, match="performance.attention_backend: flash does not run the model's multi-latent"):
+        build_driver(recipe("dedicated", "model.miles_model_args=[--multi-latent-attention]"), SITE, PLAN_PATH)
+    build_driver(recipe("dedicated", "model.miles_model_args=[--multi-latent-attention]",
+                        "performance.attention_backend=null"), SITE, PLAN_PATH)
+
+
+# -- launcher parity: beam-hpc's command next to Miles's own launchers' --------------------------------
+
+LAUNCHERS = json.loads((ROOT / "tests" / "fixtures" / "miles_launchers_31f1ca96.json").read_text())
+MILES_MAIN_MODELS = ROOT / "tests" / "fixtures" / "miles_main" / "scripts" / "models"
+
+# Why beam-hpc's command differs from Miles's launcher, flag by flag. The test fails on any
+# difference missing here and on any entry here that is no longer a difference.
+LIFECYCLE = "beam-hpc's lifecycle: checkpoints pinned to <output>/checkpoints, resumed every segment"
+PATHS = "a path: the site's shared storage instead of the launcher's /root"
+SEED_BATCH = "the seed's batch: 32 prompts x 8 responses, one update per rollout"
+WHY: dict[str, str] = {
+    # added by beam-hpc's lifecycle and observation
+    "--save": LIFECYCLE, "--load": LIFECYCLE, "--save-interval": LIFECYCLE + ", every checkpoint.interval (20)",
+    "--save-trigger-sentinel": "beam-hpc's lifecycle: save now before the walltime or a preemption",
+    "--use-tensorboard": "beam-hpc reads metrics from <output>/tensorboard (status, plot)",
+    "--dump-details": "beam-hpc keeps Miles's dumps in <output>/dumps",
+    "--use-fault-tolerance": "rollout engine health checks, so one dead engine does not hang a segment",
+    "--save-retain-interval": "Miles's launcher prunes off-grid checkpoints; beam-hpc also saves on the walltime lead "
+                              "and on preemption, and resumes from those",
+    # the seed's algorithm, reward and data, which differ on purpose
+    "--custom-rm-path": "the seed's reward: boxed answer +1/-1 with DAPO's overlong penalty (beam-hpc's reward "
+                        "adapter), not Miles's deepscaler",
+    "--rm-type": "see --custom-rm-path",
+    "--reward-key": "the training reward includes the overlong penalty",
+    "--eval-reward-key": "eval accuracy is correctness alone, as the seed reports it",
+    "--advantage-estimator": "the seed is GRPO; Miles's 8-node GLM launcher runs GSPO",
+    "--eps-clip": "DAPO's clip 0.2 / 0.28 (the seed) instead of GSPO's 1e-4 / 2e-4",
+    "--eps-clip-high": "see --eps-clip",
+    "--use-tis": "GSPO's truncated importance sampling: not in the seed (extra_args can add it)",
+    "--over-sampling-batch-size": "DAPO's dynamic sampling: not in the seed (extra_args can add it)",
+    "--dynamic-sampling-filter-path": "see --over-sampling-batch-size",
+    "--kl-coef": "Miles's own default (0) spelled out by the launcher; beam-hpc leaves it",
+    "--entropy-coef": "Miles's own default (0) spelled out by the launcher; beam-hpc leaves it",
+    "--use-kl-loss": "training.kl_coef 0 (the seed): beam-hpc turns the KL loss off rather than weighting it by 0",
+    "--kl-loss-coef": "see --use-kl-loss (inert at 0 in the launchers)",
+    "--kl-loss-type": "see --use-kl-loss (inert at 0 in the launchers)",
+    "--calculate-per-token-loss": "DAPO's token-level loss (the seed)",
+    "--seed": "the recipe's seed, for both Megatron and the rollout order", "--rollout-seed": "see --seed",
+    "--rollout-max-prompt-len": "the seed's 1,024-token prompt budget",
+    "--eval-max-prompt-len": "the seed's 1,024-token prompt budget",
+    "--rollout-max-response-len": "the seed's 4,096-token responses",
+    "--eval-max-response-len": "the seed evaluates at its 4,096-token response budget",
+    "--max-tokens-per-gpu": "sized from the seed's token budget: 2 x (1,024 + 4,096) / context_parallel",
+    "--num-rollout": "the seed's 100 rollouts (resume with a larger value)",
+    "--rollout-batch-size": SEED_BATCH,
+    "--global-batch-size": SEED_BATCH + " (beam-hpc gives the step size; Miles derives it from --num-steps-per-rollout)",
+    "--num-steps-per-rollout": SEED_BATCH,
+    "--eval-interval": "the seed evaluates every 5 rollouts",
+    "--n-samples-per-eval-prompt": "the seed: 8 responses per AIME problem",
+    "--eval-temperature": "eval.temperature, given explicitly (the seed samples at 1.0)",
+    "--eval-prompt-data": "the seed's AIME2025 set (aime25), not AIME2024",
+    "--prompt-data": PATHS, "--hf-checkpoint": PATHS, "--ref-load": PATHS,
+    # optimizer and memory
+    "--use-distributed-optimizer": "always on: NVMe streaming of optimizer state needs it",
+    "--clip-grad": "training.optimizer.grad_clip, given explicitly (Megatron's default 1.0)",
+    "--optimizer-cpu-offload": "the seed keeps optimizer state on node-local NVMe (training.offload.target: nvme; "
+                               "cpu gives these three flags)",
+    "--overlap-cpu-optimizer-d2h-h2d": "see --optimizer-cpu-offload",
+    "--use-precision-aware-optimizer": "see --optimizer-cpu-offload",
+    "--stream-optimizer-state-to-disk": "see --optimizer-cpu-offload",
+    "--offload-train-disk-dir": "see --optimizer-cpu-offload",
+    "--offload-train-target": "colocated on NVMe: the trainer is parked on disk while SGLang generates",
+}
+# Per launcher: the equivalent beam-hpc recipe (the seed's colocated recipe with the launcher's
+# model, nodes and parallel layout; the model- and hardware-specific serving and dispatch flags
+# through backend_options.extra_args, the documented way) and the flags that differ.
+PARITY = {
+    "run_glm45_355b_a32b_8node": (
+        ["topology.trainer={nodes: 8, gpus_per_node: 8}", "model.tensor_parallel=8", "model.pipeline_parallel=4",
+         "model.context_parallel=2", "model.expert_parallel=16",
+         f"model.miles_model_script={MILES_MAIN_MODELS / 'glm4.5-355B-A32B.py'}",
+         "backend_options={rollout_gpus_per_engine: 32, extra_args: [--rollout-stop-token-ids, '151329', '151336', "
+         "'151338', --sglang-enable-dp-attention, --sglang-dp-size, '4', --sglang-ep-size, '32', "
+         "--sglang-enable-dp-lm-head, --sglang-moe-dense-tp-size, '1', --sglang-speculative-algorithm, EAGLE, "
+         "--sglang-speculative-num-steps, '1', --sglang-speculative-eagle-topk, '1', "
+         "--sglang-speculative-num-draft-tokens, '2', --sglang-enable-draft-weights-cpu-backup, "
+         "--moe-token-dispatcher-type, flex, --moe-enable-deepep]}"],
+        {"--save", "--load", "--save-interval", "--save-trigger-sentinel", "--use-tensorboard", "--dump-details",
+         "--use-fault-tolerance", "--custom-rm-path", "--rm-type", "--reward-key", "--eval-reward-key",
+         "--advantage-estimator", "--eps-clip", "--eps-clip-high", "--use-tis", "--over-sampling-batch-size",
+         "--dynamic-sampling-filter-path", "--kl-coef", "--entropy-coef", "--kl-loss-coef", "--kl-loss-type",
+         "--calculate-per-token-loss", "--seed", "--rollout-seed", "--rollout-max-prompt-len", "--eval-max-prompt-len",
+         "--rollout-max-response-len", "--eval-max-response-len", "--max-tokens-per-gpu", "--num-rollout",
+         "--rollout-batch-size", "--global-batch-size", "--num-steps-per-rollout", "--eval-interval",
+         "--eval-temperature", "--eval-prompt-data", "--prompt-data", "--hf-checkpoint", "--ref-load",
+         "--use-distributed-optimizer", "--clip-grad", "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d",
+         "--use-precision-aware-optimizer", "--stream-optimizer-state-to-disk", "--offload-train-disk-dir",
+         "--offload-train-target"},
+    ),
+    "run_qwen3_30b_a3b": (
+        ["topology.trainer={nodes: 1, gpus_per_node: 8}", "model.tensor_parallel=4", "model.pipeline_parallel=1",
+         "model.expert_parallel=8", f"model.miles_model_script={MILES_MAIN_MODELS / 'qwen3-30B-A3B.py'}",
+         "backend_options={rollout_gpus_per_engine: 8, extra_args: [--sglang-cuda-graph-max-bs, '512']}"],
+        {"--save", "--load", "--save-retain-interval", "--save-trigger-sentinel", "--use-tensorboard",
+         "--dump-details", "--custom-rm-path", "--rm-type", "--reward-key", "--eval-reward-key",
+         "--use-kl-loss", "--kl-loss-coef", "--kl-loss-type", "--entropy-coef", "--calculate-per-token-loss",
+         "--seed", "--rollout-seed", "--rollout-max-prompt-len", "--eval-max-prompt-len", "--rollout-max-response-len",
+         "--eval-max-response-len", "--max-tokens-per-gpu", "--num-rollout", "--eval-interval",
+         "--n-samples-per-eval-prompt", "--eval-temperature", "--eval-prompt-data", "--prompt-data", "--hf-checkpoint",
+         "--ref-load", "--use-distributed-optimizer", "--clip-grad", "--optimizer-cpu-offload",
+         "--overlap-cpu-optimizer-d2h-h2d", "--use-precision-aware-optimizer", "--stream-optimizer-state-to-disk",
+         "--offload-train-disk-dir", "--offload-train-target"},
+    ),
+}
+
+
+def last_wins(argv: list[str]) -> dict[str, tuple[str, ...]]:
+    """What argparse keeps: ``--flag v...`` -> values, a repeated flag's last occurrence."""
+    out: dict[str, tuple[str, ...]] = {}
+    flag = None
+    for tok in argv:
+        if tok.startswith("--"):
+            flag = tok
+            out[flag] = ()
+        else:
+            assert flag is not None, tok
+            out[flag] += (tok,)
+    return out
+
+
+def _same(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    def norm(v: str) -> object:
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return len(a) == len(b) and all(norm(x) == norm(y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("launcher", sorted(PARITY))
+def test_command_matches_miless_own_launcher(launcher: str) -> None:
+    """beam-hpc's command for the equivalent recipe equals the flags Miles's launcher passes
+    (tests/fixtures/miles_launchers_31f1ca96.json, with the model script's flags first, as Miles's
+    load_model_args puts them), apart from the differences WHY explains, no more and no fewer."""
+    facts = LAUNCHERS["launchers"][launcher]
+    overrides, expected = PARITY[launcher]
+    script = MILES_MAIN_MODELS / Path(facts["model_script"]).name
+    from beam_hpc.backends.miles.model_script import read_model_script
+
+    miles = last_wins([*read_model_script(str(script)), *facts["argv"]])
+    r = recipe("colocated", *overrides)
+    argv, _ = build_driver(r, SITE, PLAN_PATH)
+    cut = argv.index("--")
+    assert argv[cut + 1] == facts["entry"]
+    ours = last_wins(argv[cut + 2:])
+    differ = {f for f in set(miles) | set(ours) if f not in miles or f not in ours or not _same(miles[f], ours[f])}
+    assert differ == expected, (f"not explained: {sorted(differ - expected)}; no longer differ: "
+                                f"{sorted(expected - differ)}")
+    assert expected <= set(WHY), sorted(expected - set(WHY))
+    practice = set(PRACTICE) - {"--max-tokens-per-gpu"}
+    assert {f: miles[f] for f in practice} == {f: ours[f] for f in practice}  # Miles's practice, as Miles sets it
+
+
+def test_every_written_difference_is_a_difference_somewhere() -> None:
+    used = set().union(*(expected for _, expected in PARITY.values()))
+    assert set(WHY) == used, f"reasons for flags no launcher differs on: {sorted(set(WHY) - used)}"
+    assert LAUNCHERS["commit"].startswith("31f1ca96")  # the commit the flag table targets

@@ -20,7 +20,7 @@ from beam_hpc.config.recipe import load_recipe
 from beam_hpc.config.site import Site
 from beam_hpc.observe import doctor
 from beam_hpc.plan.plan import make_plan
-from tests.test_miles_architecture import QWEN3_30B_A3B
+from tests.test_miles_architecture import MILES_MAIN, QWEN3_30B_A3B
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_MILES_LACKS = ("--save-trigger-sentinel", "--stream-optimizer-state-to-disk", "--offload-train-disk-dir",
@@ -133,6 +133,34 @@ def test_deferred_model_script_is_read_and_checked_in_the_image(fake_miles: Path
     assert "hidden_size in " in msg and "is 2048 but --hidden-size 4096" in msg
 
 
+@pytest.mark.slow  # a check process imports torch and transformers: 3-8 s each
+def test_deferred_python_model_script_is_run_by_the_images_miles(fake_miles: Path) -> None:
+    """Miles main's form: the image's Python calls model_args() through the image's Miles loader
+    (here the fixture's double, importable as miles.utils.external_utils.model_args_utils), with
+    model.miles_model_script_vars in its environment; the verdict says which form it found."""
+    loader = fake_miles / "fake" / "miles" / "utils" / "external_utils"
+    loader.mkdir()
+    (loader / "__init__.py").write_text("")
+    (loader / "model_args_utils.py").write_text((MILES_MAIN / "miles" / "utils" / "external_utils" /
+                                                 "model_args_utils.py").read_text())
+    script = fake_miles / "image-only" / "qwen3-30B-A3B.py"
+    plan = plan_for(fake_miles, "dedicated", "training.offload.target=cpu", "lifecycle.save_on_request=false",
+                    f"model.miles_model_script={script}", "model.miles_model_script_vars={MODEL_ARGS_NUM_LAYERS: '48'}")
+    assert "--model-script" in plan.driver_argv  # not there at plan time: deferred
+    script.parent.mkdir()
+    script.write_text((MILES_MAIN / "scripts" / "models" / "qwen3-30B-A3B.py").read_text())
+    verdict = preflight.check_plan(plan)
+    assert verdict.ok, verdict.refusal()
+    assert verdict.model_script_note() == (f"model script {script}: Python model_args() through the image's Miles "
+                                           f"loader, {len(_read(script))} words of architecture flags")
+
+
+def _read(script: Path) -> list[str]:
+    from beam_hpc.backends.miles.model_script import read_model_script
+
+    return read_model_script(str(script), {"MODEL_ARGS_NUM_LAYERS": "48"})
+
+
 def test_reference_plans_are_not_checked(tmp_path: Path) -> None:
     from beam_hpc.submission.submit import build_recipe
 
@@ -148,10 +176,14 @@ def test_doctor_line(fake_miles: Path) -> None:
     check = doctor.miles_parser_check(site, r)
     assert check.status == "fail" and "unrecognized arguments" in check.detail
     assert "lifecycle.save_on_request: false" in check.fix
+    # A readable Python model script in a Miles checkout: read at submit time, and doctor says so.
+    script = MILES_MAIN / "scripts" / "models" / "qwen3-30B-A3B.py"
     ok = doctor.miles_parser_check(site, r.model_copy(update={
         "training": r.training.model_copy(update={"offload": r.training.offload.model_copy(update={"target": "cpu"})}),
-        "lifecycle": r.lifecycle.model_copy(update={"save_on_request": False})}))
+        "lifecycle": r.lifecycle.model_copy(update={"save_on_request": False}),
+        "model": r.model.model_copy(update={"miles_model_script": str(script)})}))
     assert ok.status == "pass", ok
+    assert f"model script {script}: Python model_args() through the login node's Miles loader" in ok.detail
     bad = doctor.miles_parser_check(site, load_recipe(ROOT / "recipes" / "dedicated.yaml", [
         "model.miles_model_script=null", f"model.path={fake_miles}/none"]))
     assert bad.status == "fail" and "architecture flags" in bad.detail

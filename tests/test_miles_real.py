@@ -34,6 +34,7 @@ from beam_hpc.config.site import Site
 from beam_hpc.plan.plan import make_plan
 from tests.real_miles import require_miles
 from tests.test_miles_architecture import QWEN3_30B_A3B
+from tests.test_miles_args import PRACTICE
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -75,9 +76,15 @@ def test_real_miles_refuses_the_flags_it_lacks(tmp_path: Path, importable_beam_h
 
 @pytest.mark.slow
 def test_real_miles_accepts_the_command_without_them(tmp_path: Path, importable_beam_hpc: None) -> None:
-    """With the remedies the refusal names, the older Miles's whole validation passes (the
-    architecture flags derived from Qwen3-30B-A3B's config.json satisfy its hf_validate_args)."""
-    plan = plan_for(tmp_path, "dedicated", "training.offload.target=cpu", "lifecycle.save_on_request=false")
+    """With the remedies the refusal names, the older Miles's whole validation passes: the
+    architecture flags, from a Miles-main-style Qwen3-30B-A3B ``.py`` model script run through its
+    loader, satisfy its hf_validate_args, and Miles's launcher practice (dropout 0, fp32, flash
+    attention, recompute, dynamic batch size, SGLang memory fraction, data balancing) parses."""
+    script = FIXTURES / "miles_main" / "scripts" / "models" / "qwen3-30B-A3B.py"
+    plan = plan_for(tmp_path, "dedicated", "training.offload.target=cpu", "lifecycle.save_on_request=false",
+                    f"model.miles_model_script={script}")
+    assert "--model-script" not in plan.driver_argv and "--num-experts" in plan.driver_argv  # read at submit
+    assert set(PRACTICE) <= set(plan.driver_argv)
     verdict = preflight.check_plan(plan)
     assert verdict.ok, verdict.refusal()
     assert verdict.detail["capability_patched"] is True  # this machine has no CUDA

@@ -21,6 +21,9 @@ from beam_hpc.config.strict_yaml import parse_yaml_value, read_yaml_mapping
 
 Backend = Literal["miles", "reference"]
 OffloadTarget = Literal["nvme", "cpu", "none"]
+# Megatron's choices (--attention-backend: its AttnBackend enum; --recompute-granularity / -method).
+AttentionBackend = Literal["flash", "fused", "unfused", "local", "auto"]
+Recompute = Literal["full", "selective", "none"]
 TrainMode = Literal["full", "lora"]
 
 
@@ -168,9 +171,37 @@ class TrainingSpec(_Strict):
     per_token_loss: bool = True
     kl_coef: float = Field(0.0, ge=0)
     temperature: float = Field(1.0, gt=0)
+    # Numerics as every Miles launcher sets them (radixark/miles 31f1ca96, scripts/run_*.py:
+    # "default dropout in megatron is 0.1"; fp32 gradient accumulation and softmax "should be good
+    # for model performance"). Dropout applies to attention and hidden states alike.
+    dropout: float = Field(0.0, ge=0, lt=1)
+    fp32_grad_allreduce: bool = True
+    fp32_softmax: bool = True
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     offload: OffloadSpec = Field(default_factory=OffloadSpec)
     lora: LoraSpec | None = None
+
+
+class PerformanceSpec(_Strict):
+    """How Miles runs the work, not what is learned: the practice of Miles's own launchers
+    (radixark/miles 31f1ca96, ``scripts/run_glm45_355b_a32b_8node.py``, ``run_qwen3_30b_a3b.py``
+    and most ``scripts/run_*.py``), each field defaulting to their value.
+
+    ``max_tokens_per_gpu`` is the token budget of one micro-batch on one GPU with dynamic batch
+    sizes (Miles packs samples up to it, ``x context_parallel`` per CP group; a longer sample
+    is a micro-batch of its own). ``None`` sizes it from the recipe's token budget: two of the
+    longest samples, ``2 x (tokens.max_prompt + tokens.max_response) / model.context_parallel``
+    (the seed: 10,240); Miles's launchers use 2-4 responses' worth (16,384 at 32,768 tokens with
+    CP 2; 32,768 at 8,192)."""
+
+    attention_backend: AttentionBackend | None = "flash"  # None: Megatron chooses (Miles: drop it for MLA)
+    recompute: Recompute = "full"  # full activation recompute: memory for compute
+    recompute_method: Literal["uniform", "block"] = "uniform"
+    recompute_num_layers: int = Field(1, ge=1)
+    dynamic_batch_size: bool = True
+    max_tokens_per_gpu: int | None = Field(None, ge=1)
+    sglang_mem_fraction: float = Field(0.7, gt=0, lt=1)  # SGLang's static share of GPU memory
+    balance_data: bool = True  # balance tokens over data-parallel ranks (Miles --balance-data)
 
 
 class GroupSpec(_Strict):
@@ -245,6 +276,7 @@ class Recipe(_Strict):
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     topology: TopologySpec
     lifecycle: LifecycleSpec = Field(default_factory=LifecycleSpec)
+    performance: PerformanceSpec = Field(default_factory=PerformanceSpec)
     # Free-form knobs a backend understands (e.g. the reference backend's tiny-model size).
     backend_options: dict[str, Any] = Field(default_factory=dict)
 
@@ -303,6 +335,14 @@ class Recipe(_Strict):
                 )
         parse_walltime(self.lifecycle.walltime)  # raises a clear error
         return self
+
+    @property
+    def max_tokens_per_gpu(self) -> int:
+        """``performance.max_tokens_per_gpu``, else two of the longest samples per GPU (see PerformanceSpec)."""
+        if self.performance.max_tokens_per_gpu is not None:
+            return self.performance.max_tokens_per_gpu
+        per_sample = self.tokens.max_prompt + self.tokens.max_response
+        return -(-2 * per_sample // self.model.context_parallel)
 
     @property
     def eval_max_response(self) -> int:

@@ -330,7 +330,9 @@ def miles_parser_check(site: Site, recipe: "Recipe") -> Check:
     except InputError as err:  # the recipe itself is refused (architecture flags, layout)
         return Check(name, "fail", str(err), "fix the recipe field it names")
     if verdict.ok:
-        return Check(name, "pass", f"the image's Miles accepts the driver command ({verdict.seconds:.1f} s)")
+        note = verdict.model_script_note()  # which form of model script the image read, if any
+        return Check(name, "pass", f"the image's Miles accepts the driver command ({verdict.seconds:.1f} s)"
+                     + (f"; {note}" if note else ""))
     refusal = verdict.refusal() or verdict.error
     first, _, rest = refusal.partition("\n")
     return Check(name, "fail", first, rest.strip().replace("\n", "; ") or "use an image whose Miles accepts it")

@@ -10,16 +10,16 @@ is written or allocated (``render``, ``submit``, ``doctor`` all build the Plan t
 Three sources, in this order:
 
 1. ``model.miles_model_args``: flags written in the recipe;
-2. ``model.miles_model_script``: a Miles ``scripts/models/<name>.sh``, read for its
-   ``MODEL_ARGS=( ... )`` array *without running bash* (:func:`parse_model_script`): comments, line
-   continuations, quotes, plain ``NAME=value`` assignments above the array, ``$NAME``, ``${NAME}``,
-   ``${NAME:-default}`` / ``${NAME-default}`` and integer ``$((a + b))`` are resolved;
-   ``model.miles_model_script_vars`` sets or overrides variables (e.g. ``MOE_LAYER_FREQ``, which
-   Miles's scripts build with a bash loop, or ``MODEL_ARGS_ROTARY_BASE``); anything else is refused
-   naming the line. A script that is not readable here (it lives in the image's Miles checkout,
-   which a login node does not see) is *deferred*: the driver gets ``--model-script PATH`` and
-   reads it inside the container (:func:`expand_driver_argv`), and the in-job preflight
-   (``backends.miles.preflight``) checks the result before Ray starts;
+2. ``model.miles_model_script``: a Miles ``scripts/models/<name>.py`` (Miles main: its
+   ``model_args()`` called through Miles's own ``load_model_args``) or ``<name>.sh`` (older Miles:
+   its ``MODEL_ARGS=( ... )`` array read without bash), with ``model.miles_model_script_vars``
+   (environment overrides such as ``MODEL_ARGS_NUM_LAYERS`` for the Python form, variables for
+   the bash form); both forms live in ``backends.miles.model_script``. A script that cannot be
+   read here (it lives in the image's Miles checkout, which a login node does not see), or a
+   Python script whose Miles loader is not reachable here, is *deferred*: the driver gets
+   ``--model-script PATH`` and reads it inside the container, with the image's Python
+   (:func:`expand_deferred`), and the in-job preflight (``backends.miles.preflight``) checks the
+   result before Ray starts and logs which form it found;
 3. derived from the model's HF ``config.json`` (``model.hf_config``, else ``<model.path>/config.json``)
    for the families that map cleanly onto Megatron: Qwen2 and Qwen3 dense, Qwen3 MoE, DeepSeek-V3
    and GLM-4.5 MoE (:func:`derive_args`; the flag sets follow Miles's and slime's own
@@ -31,28 +31,27 @@ MoE FFN size, shared-expert size, experts, top-k, vocabulary, and the three Mile
 ``hf_validate_args`` also checks (RoPE base, RMSNorm epsilon, tied embeddings). A mismatch names
 the config field, both values and the fix.
 
-Pure apart from reading the two files; no Miles, Megatron or torch import.
+No Miles, Megatron or torch import in this process: a Python model script runs in a child
+process (``model_script.run_python_script``).
 """
 
 from __future__ import annotations
 
 import json
-import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from beam_hpc.backends.miles.model_script import LoaderMissing, form_of, read_model_script, read_script
 from beam_hpc.config.recipe import ModelSpec
 from beam_hpc.errors import InputError, shorten
 
-ARRAY_NAME = "MODEL_ARGS"
 MODEL_SCRIPT_OPTION = "--model-script"  # the launcher's option for a script read inside the job
 MODEL_SCRIPT_VAR_OPTION = "--model-script-var"  # NAME=VALUE, repeatable
 FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "glm4_moe")
 SOURCES_HELP = (
     "give them one of three ways: model.miles_model_args (the flags themselves), "
-    "model.miles_model_script (a Miles scripts/models/<name>.sh, e.g. in the image's Miles checkout), "
+    "model.miles_model_script (a Miles scripts/models/<name>.py or .sh, e.g. in the image's Miles checkout), "
     "or a readable HF config.json (model.hf_config, else <model.path>/config.json) of a family "
     f"beam-hpc derives them for ({', '.join(FAMILIES)})"
 )
@@ -71,192 +70,7 @@ class Architecture:
     deferred_script: str | None = None
     script_vars: dict[str, str] = field(default_factory=dict)
     config_path: str | None = None  # the config.json compared with, if any
-
-
-# -- the model script --------------------------------------------------------------------------
-
-_ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*)|\(\(([^)]*)\)\))")
-
-
-def parse_model_script(text: str, *, where: str, overrides: dict[str, str] | None = None) -> list[str]:
-    """The words of the script's ``MODEL_ARGS=( ... )`` array, variables resolved; raises InputError.
-
-    Only what can be known without running bash: simple assignments before the array (their values
-    resolved the same way), ``overrides`` winning over them. ``where`` names the file in errors.
-    """
-    overrides = dict(overrides or {})
-    env: dict[str, str] = {}
-    lines = _logical_lines(text)
-    start = None
-    for i, (lineno, line) in enumerate(lines):
-        if re.match(rf"^(?:export\s+)?{ARRAY_NAME}=\(", line):
-            start = i
-            break
-        m = _ASSIGN.match(line)
-        if m and not m.group(2).startswith("("):
-            try:
-                words = shlex.split(_expand(m.group(2), env, overrides, where, lineno), comments=True)
-            except (InputError, ValueError):
-                continue  # a value we cannot know (command substitution, arrays): unknown unless used
-            if len(words) <= 1:
-                env[m.group(1)] = words[0] if words else ""
-    if start is None:
-        raise InputError(f"model.miles_model_script: {where} has no {ARRAY_NAME}=( ... ) array; "
-                         "point it at a Miles scripts/models/<name>.sh, or use model.miles_model_args")
-    body: list[tuple[int, str]] = []
-    depth = 0
-    first_no, first = lines[start]
-    rest = first.split("(", 1)[1]
-    for lineno, line in [(first_no, rest), *lines[start + 1:]]:
-        stripped = _strip_comment(line)
-        depth, end = _close(stripped, depth if body else 0)
-        if end >= 0:
-            body.append((lineno, stripped[:end]))
-            break
-        body.append((lineno, stripped))
-    else:
-        raise InputError(f"model.miles_model_script: {where}: {ARRAY_NAME}=( is never closed")
-    words: list[str] = []
-    for lineno, chunk in body:
-        expanded = _expand(chunk, env, overrides, where, lineno)
-        try:
-            words += shlex.split(expanded)
-        except ValueError as err:
-            raise InputError(f"model.miles_model_script: {where} line {lineno}: {err}") from None
-    return words
-
-
-def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, line) with backslash continuations joined and whole-line comments dropped."""
-    out: list[tuple[int, str]] = []
-    buf, first = "", 0
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.rstrip()
-        if not buf:
-            first = n
-        if line.endswith("\\"):
-            buf += line[:-1] + " "
-            continue
-        buf += line
-        if buf.strip() and not buf.strip().startswith("#"):
-            out.append((first, buf.strip()))
-        buf = ""
-    if buf.strip():
-        out.append((first, buf.strip()))
-    return out
-
-
-def _close(text: str, depth: int) -> tuple[int, int]:
-    """(paren depth after ``text``, index of the ``)`` that closes the array or -1); parentheses
-    inside quotes and those of ``$(( ))`` do not close it."""
-    for i, ch in enumerate(text):
-        if _inside_quotes(text, i):
-            continue
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth < 0:
-                return depth, i
-    return depth, -1
-
-
-def _quotes_open(text: str, pos: int) -> tuple[bool, bool]:
-    """Whether a single- and a double-quoted string are open at ``pos`` (bash rules: each kind
-    of quote is literal inside the other)."""
-    single = double = False
-    for ch in text[:pos]:
-        if ch == "'" and not double:
-            single = not single
-        elif ch == '"' and not single:
-            double = not double
-    return single, double
-
-
-def _in_single_quotes(text: str, pos: int) -> bool:
-    return _quotes_open(text, pos)[0]
-
-
-def _inside_quotes(text: str, pos: int) -> bool:
-    return any(_quotes_open(text, pos))
-
-
-def _strip_comment(line: str) -> str:
-    """Drop a ``# comment`` that starts a word outside quotes."""
-    for i, ch in enumerate(line):
-        if ch == "#" and (i == 0 or line[i - 1].isspace()) and not _inside_quotes(line, i):
-            return line[:i]
-    return line
-
-
-def _expand(text: str, env: dict[str, str], overrides: dict[str, str], where: str, lineno: int) -> str:
-    def value(name: str) -> str | None:
-        return overrides.get(name, env.get(name))
-
-    def sub(m: re.Match[str]) -> str:
-        if _in_single_quotes(text, m.start()):
-            return m.group(0)  # bash leaves '$X' alone
-        if m.group(5) is not None:
-            return str(_arith(m.group(5), value, where, lineno))
-        name = m.group(1) or m.group(4)
-        got = value(name)
-        op, default = m.group(2), m.group(3)
-        if op == ":-" and not got:
-            return _expand(default, env, overrides, where, lineno)
-        if op == "-" and got is None:
-            return _expand(default, env, overrides, where, lineno)
-        if got is None:
-            raise InputError(
-                f"model.miles_model_script: {where} line {lineno}: ${name} is not a plain assignment in the "
-                f"script (bash would compute it); set it with model.miles_model_script_vars: {{{name}: ...}} "
-                "(e.g. MOE_LAYER_FREQ: \"[0]*3+[1]*58\"), or give the flags in model.miles_model_args"
-            )
-        return got
-
-    if "$(" in text.replace("$((", ""):
-        raise InputError(f"model.miles_model_script: {where} line {lineno}: command substitution $( ... ) is not "
-                         "read without running bash; give the flags in model.miles_model_args")
-    return _VAR.sub(sub, text)
-
-
-def _arith(expr: str, value: Any, where: str, lineno: int) -> int:
-    """Integer ``a + b - c * d`` over numbers and variable names (bash ``$(( ))``, the part scripts use)."""
-    tokens = re.findall(r"\d+|[A-Za-z_][A-Za-z0-9_]*|[-+*]", expr.replace("$", ""))
-    if not tokens or "".join(tokens) != re.sub(r"[\s$]", "", expr):
-        raise InputError(f"model.miles_model_script: {where} line {lineno}: $(({expr})) is beyond the arithmetic "
-                         "read here (+, -, * of integers); give the flags in model.miles_model_args")
-    nums: list[int] = []
-    ops: list[str] = []
-    for t in tokens:
-        if t in "+-*":
-            ops.append(t)
-            continue
-        v = t if t.isdigit() else value(t)
-        if v is None or not str(v).lstrip("-").isdigit():
-            raise InputError(f"model.miles_model_script: {where} line {lineno}: {t} in $(({expr})) is not a known "
-                             "integer; set it with model.miles_model_script_vars")
-        nums.append(int(v))
-    terms, prod = [], nums[0]
-    signs = ["+"]
-    for op, n in zip(ops, nums[1:]):
-        if op == "*":
-            prod *= n
-        else:
-            terms.append(prod)
-            signs.append(op)
-            prod = n
-    terms.append(prod)
-    return sum(t if s == "+" else -t for s, t in zip(signs, terms))
-
-
-def read_model_script(path: str, overrides: dict[str, str] | None = None) -> list[str]:
-    """Parse the script at ``path``; raises InputError when it cannot be read or parsed."""
-    try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise InputError(f"model.miles_model_script: {shorten(path)}: {err.strerror or err}") from None
-    return parse_model_script(text, where=path, overrides=overrides)
+    script_form: str | None = None  # "python" / "bash" when a model script is the source
 
 
 # -- derivation from config.json ---------------------------------------------------------------
@@ -489,12 +303,17 @@ def resolve(model: ModelSpec) -> Architecture:
     vars_ = dict(model.miles_model_script_vars)
     config, cpath = read_config(model)
     script = model.miles_model_script
+    deferred = Architecture(tuple(explicit), f"model.miles_model_script ({script}, read in the job)",
+                            deferred_script=script, script_vars=vars_,
+                            script_form=form_of(script) if script else None)
     if script and not Path(script).is_file():
         # Not visible here (the image's checkout): read inside the job, checked there before Ray.
-        return Architecture(tuple(explicit), f"model.miles_model_script ({script}, read in the job)",
-                            deferred_script=script, script_vars=vars_)
+        return deferred
     if script:
-        from_script = read_model_script(script, vars_)
+        try:
+            from_script = read_model_script(script, vars_)
+        except LoaderMissing:  # readable, but no Miles here to run its model_args() as Miles does
+            return deferred
         _no_overlap(from_script, explicit, script)
         args, source = from_script + explicit, f"model.miles_model_script ({script})"
     elif explicit:
@@ -506,7 +325,51 @@ def resolve(model: ModelSpec) -> Architecture:
                          f"builds the network from them; {cpath} is not readable here); " + SOURCES_HELP)
     if config is not None:
         compare_with_config(args, config, source=source, config_path=cpath)
-    return Architecture(tuple(args), source, config_path=cpath if config is not None else None)
+    return Architecture(tuple(args), source, config_path=cpath if config is not None else None,
+                        script_form=form_of(script) if script else None)
+
+
+def reconcile(own: list[str], model_args: list[str]) -> list[str]:
+    """beam-hpc's flags minus the practice flags the architecture flags already set to the same
+    value (``flags.ALSO_IN_MODEL_SCRIPTS``: Miles's MLA scripts carry --attention-softmax-in-fp32,
+    some carry dropout 0); a different value is refused, naming the recipe field."""
+    from beam_hpc.backends.miles.flags import ALSO_IN_MODEL_SCRIPTS, SOURCES
+
+    theirs, mine = flag_values(model_args), flag_values(own)
+    drop = []
+    for flag in ALSO_IN_MODEL_SCRIPTS:
+        if flag not in theirs:
+            continue
+        if flag not in mine or not _same_value(mine[flag], theirs[flag]):
+            shown = "off" if flag not in mine else f"{flag} {mine[flag]}"
+            raise InputError(f"{SOURCES[flag]}: the model's architecture flags set {flag}"
+                             f"{' ' + str(theirs[flag]) if theirs[flag] is not None else ''} but the recipe gives {shown}; "
+                             f"set {SOURCES[flag]} to match the model script")
+        drop.append(flag)
+    return _without(own, drop)
+
+
+def _same_value(a: str | None, b: str | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return a == b
+
+
+def _without(argv: list[str], flags: list[str]) -> list[str]:
+    """``argv`` without each of ``flags`` and its value (``--flag v`` or a bare switch)."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a in flags:
+            skip = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            continue
+        out.append(a)
+    return out
 
 
 def _no_overlap(from_script: list[str], explicit: list[str], script: str) -> None:
@@ -530,14 +393,28 @@ def launcher_options(arch: Architecture) -> list[str]:
 
 
 def expand_deferred(script: str | None, script_vars: list[str] | None, miles_argv: list[str]) -> list[str]:
-    """Miles's argv with the deferred script's MODEL_ARGS appended (what the driver runs and the
-    preflight checks: one function, so they cannot differ)."""
+    """Miles's argv with the deferred script's flags appended (what the driver runs and the
+    preflight checks: one function, so they cannot differ). Runs where the image's Python runs."""
+    return expand_deferred_with_form(script, script_vars, miles_argv)[0]
+
+
+def expand_deferred_with_form(script: str | None, script_vars: list[str] | None,
+                              miles_argv: list[str]) -> tuple[list[str], str | None]:
+    """:func:`expand_deferred` and the script's form (``python``/``bash``; None without a script),
+    which the in-job preflight reports."""
     if not script:
-        return list(miles_argv)
+        return list(miles_argv), None
     overrides = dict(v.split("=", 1) for v in (script_vars or []))
-    from_script = read_model_script(script, overrides)
-    clash = sorted(set(flag_values(from_script)) & set(flag_values(miles_argv)))
+    try:
+        found = read_script(script, overrides)
+    except LoaderMissing as err:
+        raise InputError(f"model.miles_model_script: {script} is a Python model script, but {err}: the image's Miles "
+                         "predates scripts/models/*.py (Miles #1910); name its <name>.sh instead, or build the image "
+                         "from a newer Miles") from None
+    from_script = list(found.args)
+    own = reconcile(miles_argv, from_script)  # practice flags the script repeats with the same value
+    clash = sorted(set(flag_values(from_script)) & set(flag_values(own)))
     if clash:
         raise InputError(f"model.miles_model_script: {script} sets {', '.join(clash)}, which the recipe already sets "
                          "(beam-hpc or model.miles_model_args); set each flag in one place")
-    return [*miles_argv, *from_script]
+    return [*own, *from_script], found.form

@@ -101,9 +101,12 @@ def _miles_args(recipe: Recipe, site: Site, arch: architecture.Architecture) -> 
     _loss(out, recipe)
     _optimizer(out, recipe)
     _offload(out, recipe)
+    _numerics(out, recipe)
+    _performance(out, recipe)
     _lora(out, recipe)
     _outputs(out, recipe)
-    return out.argv + list(arch.args) + list(recipe.backend_options.get(OPTION_EXTRA_ARGS, []))
+    own = architecture.reconcile(out.argv, list(arch.args))  # a model script may repeat a practice flag
+    return own + list(arch.args) + list(recipe.backend_options.get(OPTION_EXTRA_ARGS, []))
 
 
 def driver_env(recipe: Recipe) -> dict[str, str]:
@@ -260,6 +263,33 @@ def _offload(out: _Argv, recipe: Recipe) -> None:
         out.add("--optimizer-cpu-offload")
         out.add("--overlap-cpu-optimizer-d2h-h2d")
         out.add("--use-precision-aware-optimizer")
+
+
+def _numerics(out: _Argv, recipe: Recipe) -> None:
+    """Dropout and fp32 accumulation as Miles's launchers set them (Megatron's dropout default is 0.1)."""
+    t = recipe.training
+    for where in ("attention", "hidden"):  # one recipe field for both of Megatron's dropouts
+        out.add(f"--{where}-dropout", t.dropout)
+    out.switch("--accumulate-allreduce-grads-in-fp32", t.fp32_grad_allreduce)
+    out.switch("--attention-softmax-in-fp32", t.fp32_softmax)
+
+
+def _performance(out: _Argv, recipe: Recipe) -> None:
+    """Attention kernels, activation recompute, token-budget micro-batches, SGLang's memory share
+    and data balancing: the ``performance`` section, Miles's launchers' values by default."""
+    p = recipe.performance
+    if p.attention_backend is not None:
+        out.add("--attention-backend", p.attention_backend)
+    if p.recompute != "none":
+        out.add("--recompute-granularity", p.recompute)
+        if p.recompute == "full":  # Megatron: method and layer count apply to full recompute only
+            out.add("--recompute-method", p.recompute_method)
+            out.add("--recompute-num-layers", p.recompute_num_layers)
+    if p.dynamic_batch_size:
+        out.add("--use-dynamic-batch-size")
+        out.add("--max-tokens-per-gpu", recipe.max_tokens_per_gpu)
+    out.add("--sglang-mem-fraction-static", p.sglang_mem_fraction)
+    out.switch("--balance-data", p.balance_data)
 
 
 def _lora(out: _Argv, recipe: Recipe) -> None:

@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from beam_hpc.backends.miles.flags import managed_flags
+from beam_hpc.backends.miles.flags import ALSO_IN_MODEL_SCRIPTS, managed_flags
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
 
@@ -98,6 +98,7 @@ def check(recipe: Recipe, site: Site, *, model_args: list[str] | None = None) ->
         )
     _check_eval(recipe)
     _check_weights(recipe)
+    _check_attention(recipe, model_args)
     _check_passthrough(recipe, model_args)
     return MilesLayout(
         trainer_nodes=trainer.nodes,
@@ -223,20 +224,36 @@ def _check_weights(recipe: Recipe) -> None:
         )
 
 
+def _check_attention(recipe: Recipe, model_args: list[str]) -> None:
+    """Megatron's flash attention backend does not take multi-latent attention; Miles's launchers
+    drop ``--attention-backend flash`` for MLA models ("need to comment this when using model with MLA")."""
+    if "--multi-latent-attention" in model_args and recipe.performance.attention_backend == "flash":
+        raise InputError(
+            "performance.attention_backend: flash does not run the model's multi-latent attention "
+            "(--multi-latent-attention in its architecture flags); set performance.attention_backend: null "
+            "(Megatron chooses), as Miles's launchers do for MLA models"
+        )
+
+
 def _check_passthrough(recipe: Recipe, model_args: list[str]) -> None:
-    """Pass-through flags must not override the ones beam-hpc derives from the recipe."""
+    """Pass-through flags must not override the ones beam-hpc derives from the recipe, nor the ones
+    its lifecycle, checkpoints, topology and data depend on (``flags.managed_flags``): one line per
+    flag, naming the recipe field to use instead."""
     owned = managed_flags()
+    problems = []
     for field, args in (
         ("model.miles_model_args", model_args),
         (f"backend_options.{OPTION_EXTRA_ARGS}", recipe.backend_options.get(OPTION_EXTRA_ARGS, [])),
     ):
         for arg in args:
             name = arg.split("=", 1)[0]
+            if field == "model.miles_model_args" and name in ALSO_IN_MODEL_SCRIPTS:
+                continue  # Miles's own model scripts carry these; architecture.reconcile compares values
             if name in owned:
-                raise InputError(
-                    f"{field}: {name} is set by beam-hpc from the recipe (it would silently override it); "
-                    f"remove it and change the recipe field instead ({owned[name]})"
-                )
+                problems.append(f"{field}: {name} belongs to beam-hpc (a second copy would silently override or "
+                                f"break it); {owned[name]}")
+    if problems:
+        raise InputError("\n".join(problems))
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:

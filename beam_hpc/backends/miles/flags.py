@@ -75,6 +75,19 @@ SOURCES: dict[str, str] = {
     "--adam-beta1": "training.optimizer.adam_beta1",
     "--adam-beta2": "training.optimizer.adam_beta2",
     "--clip-grad": "training.optimizer.grad_clip",
+    # numerics and performance: Miles's launchers' practice (radixark/miles 31f1ca96)
+    "--attention-dropout": "training.dropout",
+    "--hidden-dropout": "training.dropout",
+    "--accumulate-allreduce-grads-in-fp32": "training.fp32_grad_allreduce",
+    "--attention-softmax-in-fp32": "training.fp32_softmax",
+    "--attention-backend": "performance.attention_backend",
+    "--recompute-granularity": "performance.recompute",
+    "--recompute-method": "performance.recompute_method",
+    "--recompute-num-layers": "performance.recompute_num_layers",
+    "--use-dynamic-batch-size": "performance.dynamic_batch_size",
+    "--max-tokens-per-gpu": "performance.max_tokens_per_gpu (default: 2 x (tokens.max_prompt + tokens.max_response) / model.context_parallel)",
+    "--sglang-mem-fraction-static": "performance.sglang_mem_fraction",
+    "--balance-data": "performance.balance_data",
     # optimizer state placement
     "--offload-train-target": "training.offload.target",
     "--stream-optimizer-state-to-disk": "training.offload.target",
@@ -99,6 +112,32 @@ SOURCES: dict[str, str] = {
 }
 
 
+# Flags beam-hpc never emits but owns all the same: the lifecycle, checkpoints, topology and data
+# depend on Miles *not* getting them, so ``backend_options.extra_args`` refuses them (exit 2),
+# naming what to use instead.
+OWNED_NOT_EMITTED: dict[str, str] = {
+    "--start-rollout-id": "set num_rollout instead: a resumed segment continues from the checkpoint's own cursor",
+    "--ckpt-step": "leave it out: every segment resumes from the latest checkpoint in <output>/checkpoints",
+    "--no-load-optim": "leave it out: a resumed segment must restore the optimizer state",
+    "--no-load-rng": "leave it out: a resumed segment must restore the RNG state",
+    "--finetune": "set model.ref_load instead: --finetune would restart every segment at rollout 0",
+    "--ckpt-format": "leave it out: beam-hpc's resume checks read Miles's torch_dist checkpoints",
+    "--exit-duration-in-mins": "set lifecycle.walltime instead: the lifecycle saves and stops before it",
+    "--exit-interval": "set num_rollout instead",
+    "--exit-signal-handler": "set lifecycle.save_on_request instead (the lifecycle's save-now sentinel)",
+    "--train-iters": "set num_rollout instead",
+    "--num-epoch": "set num_rollout instead (total rollouts, including those already done)",
+    "--offload": "set training.offload.target or training.colocated instead",
+    "--offload-train": "set training.colocated (--colocate turns it on) or training.offload.target instead",
+    "--critic-num-nodes": "leave it out: beam-hpc's topology places no critic group",
+    "--critic-num-gpus-per-node": "leave it out: beam-hpc's topology places no critic group",
+}
+# Flags that Miles's own model scripts may also set (the MLA scripts set --attention-softmax-in-fp32,
+# some set dropout 0): the architecture flags may repeat them with the recipe's value, and beam-hpc
+# then leaves its own copy out (``architecture.reconcile``); a different value is refused.
+ALSO_IN_MODEL_SCRIPTS = ("--attention-dropout", "--hidden-dropout", "--attention-softmax-in-fp32")
+
+
 def managed_flags() -> dict[str, str]:
-    """Flags beam-hpc sets from the recipe -> the field to change instead."""
-    return dict(SOURCES)
+    """Flags beam-hpc sets or owns -> what to do instead (one phrase each, for the refusal)."""
+    return {**{f: f"remove it and set {field} instead" for f, field in SOURCES.items()}, **OWNED_NOT_EMITTED}

@@ -201,10 +201,12 @@ def check(argv: list[str]) -> dict[str, Any]:
     return result
 
 
-def expand(options: list[str], argv: list[str]) -> list[str]:
+def expand(options: list[str], argv: list[str]) -> tuple[list[str], dict[str, Any]]:
     """The launcher's ``--model-script`` options applied to ``argv`` (entry point first), with the
     function the launcher uses, then the result compared with the model's config.json: what the
-    driver would run, checked with beam-hpc's clearer message before Miles's own."""
+    driver would run, checked with beam-hpc's clearer message before Miles's own. Also returns
+    what was found (``{"path", "form", "flags"}``, empty without a deferred script), which the
+    preflight reports: in the image, which form of model script the run will use."""
     from beam_hpc.backends.miles import architecture as arch
 
     script, script_vars = None, []
@@ -214,30 +216,33 @@ def expand(options: list[str], argv: list[str]) -> list[str]:
         elif flag == arch.MODEL_SCRIPT_VAR_OPTION:
             script_vars.append(value)
     if script is None:
-        return argv
-    miles_argv = arch.expand_deferred(script, script_vars, argv[1:])
+        return argv, {}
+    miles_argv, form = arch.expand_deferred_with_form(script, script_vars, argv[1:])
+    found = {"path": script, "form": form, "flags": len(miles_argv) - len(argv) + 1}
     hf = arch.flag_values(miles_argv).get("--hf-checkpoint")
     config = os.path.join(hf, "config.json") if hf else None
     if config and os.path.isfile(config):
         with open(config) as fh:
             arch.compare_with_config(miles_argv, json.load(fh), source=f"model.miles_model_script ({script})",
                                      config_path=config)
-    return [argv[0], *miles_argv]
+    return [argv[0], *miles_argv], found
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if "--" not in args or args.index("--") + 1 >= len(args):
-        print("usage: python -m beam_hpc.backends.miles.parser_check [--model-script SH ...] -- train_async.py "
+        print("usage: python -m beam_hpc.backends.miles.parser_check [--model-script PY|SH ...] -- train_async.py "
               "<Miles flags>", file=sys.stderr)
         return 2
     cut = args.index("--")
     try:
-        full = expand(args[:cut], args[cut + 1:])
+        full, found = expand(args[:cut], args[cut + 1:])
     except Exception as exc:  # noqa: BLE001 - beam-hpc's own refusal (InputError): report it
         print(RESULT_PREFIX + json.dumps({"ok": False, "error": str(exc), "unrecognized": []}), flush=True)
         return 0
     result = check(full)
+    if found:
+        result["model_script"] = found
     sys.stdout.flush()
     print(RESULT_PREFIX + json.dumps(result), flush=True)
     return 0

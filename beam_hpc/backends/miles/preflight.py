@@ -20,7 +20,9 @@ What runs in the image is ``python -m beam_hpc.backends.miles.parser_check`` (it
 how a GPU-only call on a CPU node is handled). The argv is the Plan's driver argv after the
 launcher's ``--``, its placeholders filled with harmless values (``{nvme_dir}`` a temporary
 directory, ``{head_ip}`` 127.0.0.1, ...), and a model script only the image can read
-(``--model-script``) read there, exactly as the launcher will.
+(``--model-script``) read there, exactly as the launcher will: a ``.py`` script through the image's
+Miles ``load_model_args``, a ``.sh`` one for its array; the verdict says which form it found
+(:meth:`Verdict.model_script_note`, logged in the job and shown by ``doctor --recipe``).
 
 A refusal quotes Miles's own message; for a flag this Miles does not know it also names the
 beam-hpc setting that produced it (``flags.SOURCES``) and what to do.
@@ -29,11 +31,12 @@ beam-hpc setting that produced it (``flags.SOURCES``) and what to do.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from beam_hpc.backends.miles.architecture import MODEL_SCRIPT_OPTION, MODEL_SCRIPT_VAR_OPTION
@@ -43,6 +46,7 @@ from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
 from beam_hpc.node.container import container_command
 
+log = logging.getLogger(__name__)
 CHECK_MODULE = "beam_hpc.backends.miles.parser_check"
 DEFAULT_TIMEOUT_S = 300.0  # importing Miles + Megatron + SGLang takes 10-30 s on a loaded CPU
 # What to do when the image's Miles does not know a flag beam-hpc emits.
@@ -67,6 +71,17 @@ class Verdict:
     unrecognized: tuple[str, ...] = ()
     seconds: float = 0.0
     detail: dict[str, Any] = field(default_factory=dict)
+
+    def model_script_note(self) -> str | None:
+        """Which model script the image read and in which form (None when the flags were settled
+        on the login node): ``doctor --recipe`` and the in-job log say it."""
+        found = self.detail.get("model_script") or {}
+        if not found:
+            return None
+        where = found.get("where", "image")
+        form = {"python": f"Python model_args() through the {where}'s Miles loader",
+                "bash": f"bash MODEL_ARGS array read on the {where}"}.get(found.get("form"), str(found.get("form")))
+        return f"model script {found.get('path')}: {form}, {found.get('flags')} words of architecture flags"
 
     def refusal(self) -> str | None:
         """None when Miles accepted the command; else Miles's message and, per unknown flag, the
@@ -143,9 +158,17 @@ def check_recipe(recipe: Recipe, site: Site, *, timeout_s: float = DEFAULT_TIMEO
     (the run directory need not exist yet, so it is not bound)."""
     from beam_hpc.plan.plan import make_plan
 
+    from beam_hpc.backends.miles.architecture import resolve
+
     plan = make_plan(recipe, site)
-    return run_check(site, plan.driver_argv, plan.output_dir, env=_env(plan.driver_env, plan.output_dir),
-                     timeout_s=timeout_s)
+    verdict = run_check(site, plan.driver_argv, plan.output_dir, env=_env(plan.driver_env, plan.output_dir),
+                        timeout_s=timeout_s)
+    arch = resolve(recipe.model)
+    if arch.script_form and not arch.deferred_script:  # read here, at submit time: say so too
+        found = {"path": recipe.model.miles_model_script, "form": arch.script_form,
+                 "flags": len(arch.args) - len(recipe.model.miles_model_args), "where": "login node"}
+        verdict = replace(verdict, detail={**verdict.detail, "model_script": found})
+    return verdict
 
 
 def check_in_job(plan: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
@@ -154,7 +177,11 @@ def check_in_job(plan: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | No
     pass unchecked."""
     if plan.recipe.backend != "miles":
         return None
-    return check_plan(plan, timeout_s=timeout_s).refusal()
+    verdict = check_plan(plan, timeout_s=timeout_s)
+    note = verdict.model_script_note()
+    if note:
+        log.info("in the image: %s", note)
+    return verdict.refusal()
 
 
 def _env(driver_env: dict[str, str], output_dir: str) -> dict[str, str]:
