@@ -432,7 +432,8 @@ def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(s
     next segment runs on other nodes and completes the run. status lists the node and counts the
     failed segment's GPU-hours as lost."""
     from beam_hpc.node.step import TEST_BAD_NODE_FILE_VAR
-    from beam_hpc.observe.status import format_status, gather
+    from beam_hpc.observe.status import gather
+    from beam_hpc.observe.status_table import format_status
 
     run = runs / "bad-node"
     claim = runs / "bad-node-claim"

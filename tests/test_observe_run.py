@@ -44,7 +44,9 @@ from beam_hpc.data.prepare import prepare
 from beam_hpc.data.tiny import write_tiny_sources
 from beam_hpc.observe.eval_set import eval_set_of
 from beam_hpc.observe.plot import charts_for, plot_run
-from beam_hpc.observe.status import format_status, gather, read_scalars
+from beam_hpc.observe.status import gather
+from beam_hpc.observe.status_table import format_status
+from beam_hpc.run.scalars import read_scalars
 from beam_hpc.submission.submit import build_recipe, build_site
 
 ROOT = Path(__file__).resolve().parents[1]
