@@ -115,6 +115,7 @@ def _segment_rows(run_dir: Path, records: list[dict[str, Any]], scalars: Scalars
             "end": None, "end_estimated": False, "duration_s": None,
             "rollouts_at_start": st.get("rollouts_at_start"),
             "rollouts_at_end": None,
+            "rollouts_run": None,  # rollout steps the segment finished, kept or not (from its scalars)
             "reason": None, "detail": None, "next_action": None, "next_job_id": None,
             "timings": {},
             "state": "ended",
@@ -124,7 +125,7 @@ def _segment_rows(run_dir: Path, records: list[dict[str, Any]], scalars: Scalars
             row.update(end=en.get("time"), rollouts_at_end=en.get("rollouts_at_end"),
                        reason=en.get("reason"), detail=en.get("detail"),
                        next_action=nx.get("action"), next_job_id=nx.get("job_id"),
-                       timings=en.get("timings") or {})
+                       timings=en.get("timings") or {}, rollouts_run=en.get("rollouts_run"))
         elif start is not None:
             running = (i == len(records) - 1 and live is not None and live.get("state") in _ACTIVE_STATES
                        and str(live.get("job_id")) == row["job_id"])

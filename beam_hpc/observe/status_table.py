@@ -90,6 +90,8 @@ def format_status(s: dict[str, Any]) -> str:
     for row in s["segments"]:
         a, b = row["rollouts_at_start"], row["rollouts_at_end"]
         roll = f"{a if a is not None else '?'}->{b if b is not None else '?'}"
+        if row.get("rollouts_run") is not None:
+            roll += f" ({row['rollouts_run']} run)"
         dur = duration(row["duration_s"]) + ("~" if row["end_estimated"] else "") if row["duration_s"] is not None else "-"
         nxt = row["next_action"] or "-"
         if row["next_job_id"]:
