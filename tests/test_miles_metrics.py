@@ -130,6 +130,7 @@ def miles_segment(tmp_path_factory: pytest.TempPathFactory) -> dict:
             "truth_miles": [s.reward[metric_names.MILES_CHECK_KEY] for s in ev]}
 
 
+@pytest.mark.slow  # imports Miles's logging, torch.distributed and sympy: ~15 s on a loaded 2-core machine
 def test_the_lifecycle_reads_what_miles_wrote_of_a_failed_segment(miles_segment: dict) -> None:
     m, decision = miles_segment["metrics"], miles_segment["decision"]
     # three steps ran (perf/step_time = train_wait + train: 3, 4, 5 s); the save's 0.75 s came with step 2
@@ -146,6 +147,7 @@ def test_the_lifecycle_reads_what_miles_wrote_of_a_failed_segment(miles_segment:
     assert "0->2 (3 run)" in format_status(status)
 
 
+@pytest.mark.slow  # imports Miles's logging, torch.distributed and sympy: ~15 s on a loaded 2-core machine
 def test_status_and_plot_show_what_miles_logged(miles_segment: dict, tmp_path: Path) -> None:
     run = miles_segment["run"]
     sc = read_scalars(run)
@@ -189,6 +191,7 @@ def _standin_tags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> set[str]:
     return set(read_scalars(tmp_path).series)
 
 
+@pytest.mark.slow  # imports Miles's logging, torch.distributed and sympy: ~15 s on a loaded 2-core machine
 def test_the_standin_writes_names_miles_writes(miles_segment: dict, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     miles_tags = set(read_scalars(miles_segment["run"]).series)
