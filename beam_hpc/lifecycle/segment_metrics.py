@@ -18,11 +18,13 @@ So, for every backend alike:
 "This segment's" is by wall time: scalars written at or after :func:`metrics_offset`'s mark, taken
 before the driver starts, so rollouts re-done after a kill are counted where they were run. The
 wall times come from the node that ran the driver; the mark from the batch host (same clock on one
-host, NTP-close across hosts).
+host, NTP-close across hosts). Reading TensorBoard needs the ``tensorboard`` package where the
+segment runs (beam-hpc's ``reference``/``viz`` extras); without it the reason is logged.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,8 @@ from pathlib import Path
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import checkpoint_layout, metric_names
 from beam_hpc.run.scalars import read_scalars
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,10 @@ def metrics_offset(paths: RunPaths) -> float:
 
 def segment_metrics(paths: RunPaths, offset: float) -> SegmentMetrics:
     """Rollout and save timings from the scalars written since ``offset`` (0: all of them)."""
-    scalars = read_scalars(paths.root).since(offset)
+    warnings: list[str] = []
+    scalars = read_scalars(paths.root, warnings).since(offset)
+    for w in warnings:  # e.g. no `tensorboard` package where the segment runs: say why the counts are 0
+        log.warning("segment metrics: %s", w)
     steps = scalars.series.get(metric_names.ROLLOUT_TIME, [])
     times = [p.value for p in steps]
     saves = scalars.series.get(metric_names.SAVE_TIME, [])
