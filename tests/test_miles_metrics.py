@@ -48,7 +48,7 @@ def _scored(responses: list[tuple[str, str]], lengths: list[int], monkeypatch: p
 
     monkeypatch.setenv(miles_cmd.ENV_OVERLONG_BUFFER, "16")
     samples = [Sample(prompt="p", response=r, label=lab, response_length=n, status=Sample.Status.COMPLETED)
-               for (r, lab), n in zip(responses, lengths)]
+               for (r, lab), n in zip(responses, lengths, strict=True)]
     for s in samples:
         s.reward = asyncio.run(reward(args, s))
     return samples

@@ -404,7 +404,7 @@ class Loop:
         length = sum(len(x) for x in roll["response_ids"]) / n
         # Miles's own answer checking beside beam-hpc's, logged as Miles logs the reward category
         # (eval/<name>/error_cat/<verdict>); "unavailable" where Miles is not importable here.
-        verdicts = [miles_verdict(t, str(lab)) for t, lab in zip(roll["response_text"], roll["label"])]
+        verdicts = [miles_verdict(t, str(lab)) for t, lab in zip(roll["response_text"], roll["label"], strict=True)]
         self.metrics.scalars("eval", step, {
             names.eval_accuracy_tag(r.data.eval_name): acc,
             names.eval_response_len_tag(r.data.eval_name): length,
