@@ -167,6 +167,7 @@ def test_status_and_plot_show_what_miles_logged(miles_segment: dict, tmp_path: P
     assert ev["miles_checker"]["accuracy"] == pytest.approx(miles.count("correct") / len(miles))
     # rewards as the reward function returned them: +1 and -1 (no penalty at these lengths)
     assert status["reward"]["value"] == pytest.approx(0.0) and status["reward"]["rollout"] == 2
+    assert status["reward"]["response_len"] == pytest.approx((12 + 42) / 2)  # rollout 2's two responses
     text = format_status(status)
     assert "(beam-hpc checker)" in text and "(Miles checker)" in text
     result = plot_run(run, tmp_path / "plots")

@@ -122,13 +122,14 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> PlotResul
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
         ax.plot([p.step for p in pts], [p.value for p in pts], marker="o", markersize=3,
-                linewidth=1.5, color="tab:blue",
+                linewidth=1.5, color="tab:blue", zorder=3,
                 label=f"{chart.tag} (beam-hpc checker)" if chart.miles_checker else chart.tag)
         if chart.miles_checker:
             miles_pts, unavailable = scalars.miles_checker_accuracy(ev.name)
             if miles_pts:
                 ax.plot([p.step for p in miles_pts], [p.value for p in miles_pts], marker="s", markersize=3,
-                        linewidth=1.5, color="tab:green", label="Miles checker (grade_answer_verl)")
+                        linewidth=1.5, linestyle="--", color="tab:green", zorder=2,
+                        label="Miles checker (grade_answer_verl)")  # beneath: where both agree, both show
             else:
                 ax.text(0.01, 0.97, "Miles checker: " + ("unavailable where the run scored (no miles)"
                                                          if unavailable else "not recorded"),

@@ -65,7 +65,9 @@ def format_status(s: dict[str, Any]) -> str:
                  + (f" (rollout {ev['rollout']})" if ev["rollout"] is not None else "")
                  + (f" [{ev['accuracy_tag']}]" if ev["label"] != ev["name"] else ""))
     lines.append(f"eval data  {EvalData(**ev['data']).describe()}")
+    rollout_len = s["reward"].get("response_len")
     lines.append(f"reward     {_num(s['reward']['value'])}"
+                 + (f", mean response length {rollout_len:.1f} tokens" if rollout_len is not None else "")
                  + (f" (rollout {s['reward']['rollout']})" if s["reward"]["rollout"] is not None else ""))
     gp_txt = f"{gp['value'] * 100:.0f}%" if gp["value"] is not None else "-"
     lines.append(f"goodput    {gp_txt} ({duration(gp['kept_rollout_s'])} of kept rollouts / "
