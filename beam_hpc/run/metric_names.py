@@ -23,7 +23,6 @@ through :data:`LEGACY_TAGS` / :func:`canonical_tag`, so old run directories stil
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 # -- per rollout (Miles's names) -----------------------------------------------------------------
@@ -65,21 +64,17 @@ def eval_miles_verdict_tag(eval_name: str, verdict: str) -> str:
     return f"{_EVAL_PREFIX}{eval_name}{_ERROR_CAT}{verdict}"
 
 
-# Miles's other per-set eval tags that have no "/" after the name ("eval/<name>-truncated_ratio",
-# "eval/<name>-pass@<k>" with --log-passrate): not set names.
-_NOT_A_SET = re.compile(r"-(truncated_ratio|pass@\d+)$")
-
-
 def eval_names_in(tags: Iterable[str]) -> list[str]:
-    """The evaluation-set names whose accuracy tag appears among ``tags`` (sorted): what a run
-    directory really recorded, whatever its plan says now."""
-    out = set()
-    for t in tags:
-        rest = t[len(_EVAL_PREFIX):]
-        if t.startswith(_EVAL_PREFIX) and rest and "/" not in rest and not _NOT_A_SET.search(rest) \
-                and not rest.endswith(_LEGACY_RESPONSE_LEN_SUFFIX) and rest != "step":
-            out.add(rest)
-    return sorted(out)
+    """The evaluation-set names recorded among ``tags`` (sorted): what a run directory really
+    recorded, whatever its plan says now. A set is an ``eval/<name>`` with its
+    ``eval/<name>/response_len/mean`` beside it (every writer logs both; read through
+    :func:`canonical_tag` for old runs), so Miles's other ``eval/...`` scalars without a "/" after
+    the name (``eval/<name>-truncated_ratio``, ``-pass@k``, ``-none_reward_ratio``,
+    ``eval/skipped_<reason>``) are never taken for a set."""
+    tags = set(tags)
+    return sorted(t[len(_EVAL_PREFIX):] for t in tags
+                  if t.startswith(_EVAL_PREFIX) and len(t) > len(_EVAL_PREFIX) and "/" not in t[len(_EVAL_PREFIX):]
+                  and eval_response_len_tag(t[len(_EVAL_PREFIX):]) in tags)
 
 
 EVAL_ACCURACY = eval_accuracy_tag(DEFAULT_EVAL_NAME)  # the seed's tags, for readers of seed runs
