@@ -4,8 +4,8 @@ miles-rl 0.0.2's logging code (tests/miles_logging.py: ``_log_rollout_data``,
 ``_log_eval_rollout_data``, the trainer's ``log_rollout_data``, ``log_perf_data_raw``, Miles's
 TensorBoard tracking) runs on real ``Sample`` objects, scored by beam-hpc's Miles reward function,
 into a run directory's ``tensorboard/``, as in a Miles segment that ran three rollouts, saved once,
-and then failed. Then the lifecycle's own readers (segment_metrics, decide, the ledger's end line)
-and `status` / `plot` read it. The Miles stand-in double's names are checked against the same code,
+and then failed. Then the segment's own end-of-segment code (``Segment._finish``: segment_metrics,
+decide, the ledger's end line) and `status` / `plot` read it. The Miles stand-in double's names are checked against the same code,
 and a run directory from before the rename (old tags) still reads and plots.
 """
 
@@ -14,19 +14,23 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import socket
 from pathlib import Path
 
 import pytest
 
-from beam_hpc.lifecycle.decide import decide, Outcome
+from beam_hpc.job.segment import Segment
+from beam_hpc.lifecycle.decide import Outcome, decide
 from beam_hpc.lifecycle.segment_metrics import metrics_offset, segment_metrics
 from beam_hpc.observe.plot import plot_run
 from beam_hpc.observe.status import gather
 from beam_hpc.observe.status_table import format_status
+from beam_hpc.plan.plan import make_plan
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import checkpoint_layout, ledger, metric_names
 from beam_hpc.run.scalars import read_scalars
+from beam_hpc.submission.submit import build_recipe, build_site
 from real_miles import require_miles
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +75,8 @@ def _one_process_group():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def miles_segment(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A Miles segment as Miles logs it: rollouts 0-2 (a save after rollout 1, evals after 1 and
-    2), then it fails; the ledger's start and end lines as the segment writes them."""
+    2), then its driver fails. The ledger's start line is written as Segment.run writes it (the
+    segment's id is ``l<pid>`` outside Slurm); the end line by the segment's own ``_finish``."""
     from miles.backends.training_utils.log_utils import log_rollout_data
     from miles.utils.timer import Timer
     from miles.utils.train_metric_utils import log_perf_data_raw
@@ -80,11 +85,14 @@ def miles_segment(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     mp = pytest.MonkeyPatch()
     run = tmp_path_factory.mktemp("miles-run") / "run"
-    paths = RunPaths(str(run))
+    recipe = build_recipe(str(ROOT / "recipes" / "tiny.yaml"), output_dir=str(run), base_dir=run, num_rollout=10)
+    plan = make_plan(recipe, build_site("local", search_dir=ROOT / "env"))
+    plan.write()
+    paths = plan.paths
     args = miles_args(rollout_max_response_len=64)
     start_tensorboard(args, paths.tensorboard)
     fns = rollout_logging()
-    ledger.append(paths.ledger, ledger.start_record(job_id="l1", restart=0, host="h", rollouts_at_start=0,
+    ledger.append(paths.ledger, ledger.start_record(job_id=f"l{os.getpid()}", restart=0, host="h", rollouts_at_start=0,
                                                     num_rollout=10, resume=False, walltime_s=600, lead_s=60))
     mark = metrics_offset(paths)
     dist = _one_process_group()
@@ -115,16 +123,16 @@ def miles_segment(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     for backend in _manager._backends:  # flush Miles's writer (finish_tracking would close it)
         backend._adapter._writer.flush()
-    # the segment fails here; what it records (beam_hpc.job.segment._finish's readers)
+    # the driver fails here: the segment's own end-of-segment code reads what Miles wrote, decides,
+    # and writes its ledger line (outside Slurm, so a resubmission is only decided, not sent)
+    seg = Segment(paths.plan, env={})
+    seg.metrics_offset = mark
+    seg._finish("error", "driver exited with 1")
     m = segment_metrics(paths, mark)
     done = checkpoint_layout.rollouts_done(paths.checkpoints)
-    outcome = Outcome(reason="error", rollouts_at_start=0, rollouts_at_end=done, num_rollout=10,
-                      rollouts_run=m.rollouts_run)
-    decision = decide(outcome, history=[], max_segments=4, cancelled=False, requeue_on_preemption=False)
-    ledger.append(paths.ledger, ledger.end_record(
-        job_id="l1", restart=0, rollouts_at_end=done, reason="error", detail=f"driver exited 1 -> {decision.detail}",
-        next_action=decision.action.value, next_job_id=None, rollout_s=m.rollout_s, save_s=m.save_s,
-        rollouts_run=m.rollouts_run))
+    decision = decide(Outcome(reason="error", rollouts_at_start=0, rollouts_at_end=0, num_rollout=10,
+                              rollouts_run=m.rollouts_run), history=[], max_segments=4, cancelled=False,
+                      requeue_on_preemption=False)  # had the save not landed
     return {"run": run, "metrics": m, "decision": decision, "done": done,
             "truth_acc": [s.reward["acc"] for s in ev],
             "truth_miles": [s.reward[metric_names.MILES_CHECK_KEY] for s in ev]}
@@ -136,9 +144,11 @@ def test_the_lifecycle_reads_what_miles_wrote_of_a_failed_segment(miles_segment:
     # three steps ran (perf/step_time = train_wait + train: 3, 4, 5 s); the save's 0.75 s came with step 2
     assert (m.rollouts_run, m.rollout_s, m.save_s) == (3, pytest.approx(4.0), pytest.approx(0.75))
     assert miles_segment["done"] == 2
-    assert decision.action.value == "resubmit", decision  # a failure after progress, not "before its first rollout"
+    # without the checkpoint it would be retried as a failure after rollouts, not "before its first rollout"
+    assert decision.detail == "error without a new checkpoint; retrying once", decision
     (seg,), warnings = ledger.read_ledger(RunPaths(str(miles_segment["run"])).ledger)
     assert not warnings and seg["end"]["rollouts_run"] == 3 and seg["end"]["reason"] == "error"
+    assert seg["end"]["rollouts_at_end"] == 2 and "error after 2 new rollouts" in seg["end"]["detail"], seg["end"]
     assert seg["end"]["timings"] == {"rollout_s": pytest.approx(4.0), "save_s": pytest.approx(0.75)}
     status = gather(miles_segment["run"], slurm=False)
     (row,) = status["segments"]
