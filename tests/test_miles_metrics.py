@@ -155,6 +155,11 @@ def test_the_lifecycle_reads_what_miles_wrote_of_a_failed_segment(miles_segment:
     assert (row["reason"], row["rollouts_run"], row["rollouts_at_end"]) == ("error", 3, 2)
     assert status["rollouts"]["generated"] == 3 and status["eta"]["s_per_rollout_step"] == pytest.approx(4.0)
     assert "0->2 (3 run)" in format_status(status)
+    # GPU-hour accounting (the tiny plan holds no GPU, so in seconds): the rollout run after the last
+    # checkpoint (3 run, 2 kept) is lost as re-done work
+    from beam_hpc.run.accounting import REDONE, segment_time
+
+    assert segment_time(seg, next_start=None, now=seg["end"]["time"]).lost_s[REDONE] > 0
 
 
 @pytest.mark.slow  # imports Miles's logging, torch.distributed and sympy: ~15 s on a loaded 2-core machine
