@@ -155,6 +155,8 @@ def test_the_lifecycle_reads_what_miles_wrote_of_a_failed_segment(miles_segment:
     assert (row["reason"], row["rollouts_run"], row["rollouts_at_end"]) == ("error", 3, 2)
     assert status["rollouts"]["generated"] == 3 and status["eta"]["s_per_rollout_step"] == pytest.approx(4.0)
     assert "0->2 (3 run)" in format_status(status)
+    # the next segment's walltime lead is sized from these measurements
+    assert ledger.measured_timings([seg]) == {"rollout_s": pytest.approx(4.0), "save_s": pytest.approx(0.75)}
     # GPU-hour accounting (the tiny plan holds no GPU, so in seconds): the rollout run after the last
     # checkpoint (3 run, 2 kept) is lost as re-done work
     from beam_hpc.run.accounting import REDONE, segment_time
