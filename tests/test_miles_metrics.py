@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,11 +37,6 @@ from real_miles import require_miles
 ROOT = Path(__file__).resolve().parents[1]
 # eval (response, label) pairs: right, wrong, a fraction against a decimal, no answer at all
 EVAL = [("\\boxed{34}", "34"), ("\\boxed{35}", "34"), ("\\boxed{\\frac{1}{2}}", "0.5"), ("no box", "7")]
-
-
-@pytest.fixture(autouse=True)
-def _miles() -> None:
-    require_miles()
 
 
 def _scored(responses: list[tuple[str, str]], lengths: list[int], monkeypatch: pytest.MonkeyPatch, args):  # type: ignore[no-untyped-def]
@@ -77,6 +73,7 @@ def miles_segment(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A Miles segment as Miles logs it: rollouts 0-2 (a save after rollout 1, evals after 1 and
     2), then its driver fails. The ledger's start line is written as Segment.run writes it (the
     segment's id is ``l<pid>`` outside Slurm); the end line by the segment's own ``_finish``."""
+    require_miles()
     from miles.backends.training_utils.log_utils import log_rollout_data
     from miles.utils.timer import Timer
     from miles.utils.train_metric_utils import log_perf_data_raw
@@ -244,3 +241,30 @@ def test_a_run_directory_with_the_old_tags_still_reads_and_plots(tmp_path: Path)
     assert sorted(p.name for p in result.written) == ["reward.png", "tiny-add_accuracy.png",
                                                       "tiny-add_response_length.png"], result.skipped
     assert result.written[0].parent == run / "plots"
+
+
+def test_without_miles_the_checker_says_unavailable_and_status_shows_it(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The boundary: where Miles cannot be imported (a laptop running the reference backend), the
+    verdict is "unavailable", logged as such, and status shows the word, not a number."""
+    from beam_hpc.reward import miles_check
+
+    monkeypatch.setitem(sys.modules, "miles.rollout.rm_hub.math_utils", None)  # import fails as without miles
+    miles_check._checker.cache_clear()
+    try:
+        assert not miles_check.miles_available()
+        verdicts = [miles_check.miles_verdict("\\boxed{2}", "2")] * 2
+    finally:
+        miles_check._checker.cache_clear()
+    assert verdicts == [metric_names.MILES_UNAVAILABLE] * 2
+    run = tmp_path / "run"
+    (run / "dumps").mkdir(parents=True)
+    values = {metric_names.eval_accuracy_tag("tiny-add"): 1.0, metric_names.eval_response_len_tag("tiny-add"): 9.0,
+              **{metric_names.eval_miles_verdict_tag("tiny-add", v): f
+                 for v, f in miles_check.verdict_fractions(verdicts).items()}}
+    (run / "dumps" / metric_names.METRICS_FILE).write_text(json.dumps({"rollout_id": 0, "time": 1.0, **values}) + "\n")
+    ledger.append(str(run / "ledger.jsonl"), ledger.start_record(job_id="1", restart=0, host="h", rollouts_at_start=0,
+                                                                  num_rollout=3, resume=False, walltime_s=600, lead_s=60))
+    status = gather(run, slurm=False)
+    assert status["eval"]["accuracy"] == 1.0 and status["eval"]["miles_checker"]["state"] == "unavailable"
+    assert "unavailable (Miles checker)" in format_status(status)
