@@ -21,7 +21,9 @@ Definitions (also in the JSON's "basis" strings, so a reader of the numbers know
   (allocated time). Time lost to start-up, saves, queue-less restarts and re-done rollouts is what
   makes it fall below 1.
 - eval: the latest numbers on the run's evaluation set, with its name, label and data file (rows
-  from the prepare manifest), as beam_hpc.observe.eval_set reads them from the plan and metrics.
+  from the prepare manifest), as beam_hpc.observe.eval_set reads them from the plan and metrics;
+  ``accuracy`` is beam-hpc's answer checker, ``miles_checker`` Miles's own (what the seed reported),
+  "unavailable" where Miles could not be imported when the run scored (beam_hpc.reward.miles_check).
 - ETA: remaining rollouts times the measured allocated seconds per kept rollout (so it includes
   start-up and save overheads at the rate this run has really had; queue waits are not included).
 
