@@ -133,13 +133,13 @@ def run_mode(work: Path, mode: str, num_rollout: int, data: Path, model: Path, e
     return {
         "mode": mode,
         "wall_s": round(wall, 1),
-        "step_s": med("perf/rollout_time_s"),
+        "step_s": med(metric_names.ROLLOUT_TIME),
         "generate_s": med("perf/generate_time_s"),
-        "train_s": med("perf/train_time_s"),
+        "train_s": med(metric_names.TRAIN_TIME),
         "wait_s": med("perf/rollout_wait_s"),
         "rollout_tokens_per_s": med("perf/rollout_tokens_per_s"),
-        "reward": [round(r["rollout/reward"], 3) for r in roll],
-        "correct": [round(r["rollout/correct"], 3) for r in roll],
+        "reward": [round(r[metric_names.ROLLOUT_REWARD], 3) for r in roll],
+        "correct": [round(r[metric_names.ROLLOUT_CORRECT], 3) for r in roll],
         "eval": {r["rollout_id"]: r[eval_tag] for r in rows if r["kind"] == "eval"},
         "eval_len": {r["rollout_id"]: round(r[eval_len_tag], 1) for r in rows if r["kind"] == "eval"},
     }

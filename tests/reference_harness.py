@@ -37,13 +37,13 @@ def _source_key() -> str:
 def build_tiny_assets() -> TinyAssets:
     from beam_hpc.backends.reference import tiny_model
     from beam_hpc.data.prepare import prepare
-    from beam_hpc.data.tiny import write_tiny_sources
+    from beam_hpc.data.tiny import PREPARED_EVAL_NAME, write_tiny_sources
 
     root = Path(os.environ.get("BEAM_TINY_CACHE", Path.home() / ".cache" / "beam-hpc")) / f"tiny-{_source_key()}"
     data_dir = root / "data"
-    if not (data_dir / "aime-2025.jsonl").is_file():
-        prepare(data_dir, from_local=write_tiny_sources(root / "src"), progress=False)
-    eval_texts = {json.loads(line)["prompt"][0]["content"] for line in (data_dir / "aime-2025.jsonl").read_text().splitlines()}
+    if not (data_dir / PREPARED_EVAL_NAME).is_file():
+        prepare(data_dir, from_local=write_tiny_sources(root / "src"), progress=False, eval_file=PREPARED_EVAL_NAME)
+    eval_texts = {json.loads(line)["prompt"][0]["content"] for line in (data_dir / PREPARED_EVAL_NAME).read_text().splitlines()}
     model_dir = tiny_model.build(root / "model", seed=0, exclude_texts=eval_texts)
     return TinyAssets(data_dir, model_dir)
 

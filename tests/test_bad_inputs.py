@@ -53,10 +53,10 @@ def build_run(tmp: Path) -> Path:
     record, metrics, and log directories of a Slurm and of a local (`execute`) segment."""
     data = tmp / "data"
     data.mkdir()
-    for name in ("dapo-math-17k.jsonl", "aime-2025.jsonl"):
-        (data / name).write_text("{}\n")
     run = tmp / "run"
     recipe = build_recipe(TINY, overrides=[f"data.dir={data}", f"model.path={data / 'model'}"], output_dir=str(run))
+    for path in (recipe.data.train_path(), recipe.data.eval_path()):  # the files the tiny recipe names
+        Path(path).write_text("{}\n")
     plan = make_plan(recipe, build_site(LOCAL_SITE))
     plan.write()
     for job, restart, at, end in (("100", 0, 0, 2), ("101", 0, 2, DONE)):

@@ -37,7 +37,7 @@ def test_execute_tiny_end_to_end(tmp_path: Path, tiny_assets, capsys: pytest.Cap
     assert "eval every 2 rollouts on tiny two-digit addition (held-out) (tiny-add: " in out, out
     assert "eval after 2 rollouts: tiny-add accuracy " in out and "aime25" not in out and "AIME" not in out
     evals = [json.loads(x) for x in (run / "dumps" / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
-    assert evals and all("eval/tiny-add" in m and "eval/tiny-add_response_len" in m for m in evals)
+    assert evals and all("eval/tiny-add" in m and "eval/tiny-add/response_len/mean" in m for m in evals)
     assert checkpoint_layout.rollouts_done(run / "checkpoints") == 3
     assert checkpoint_layout.resume_problems(run / "checkpoints") == []
     segments, warnings = read_ledger(run / "ledger.jsonl")

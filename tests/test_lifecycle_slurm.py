@@ -440,7 +440,8 @@ def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(s
     from beam_hpc.cli.app import main as cli
     from beam_hpc.lifecycle.quarantine import quarantined
     from beam_hpc.node.step import TEST_BAD_NODE_FILE_VAR
-    from beam_hpc.observe.status import format_status, gather
+    from beam_hpc.observe.status import gather
+    from beam_hpc.observe.status_table import format_status
 
     run = runs / "bad-node"
     claim = runs / "bad-node-claim"

@@ -65,8 +65,11 @@ def test_the_flag_names_an_awaitable_function() -> None:
 def test_same_score_as_the_reference_reward(reward_env: None, response: str, label: str, tokens: int) -> None:
     got = asyncio.run(miles_reward.reward(ARGS, Sample(response, label, tokens)))
     want = score_response(response, label, tokens, max_response_tokens=4096, buffer_tokens=1024, factor=1.0)
+    from miles.rollout.rm_hub.math_utils import grade_answer_verl  # Miles's own checker (miles-rl)
+
     assert got == {"reward": want.reward, "acc": 1.0 if want.correct else 0.0, "pred": want.pred,
-                   "penalty": want.penalty}
+                   "penalty": want.penalty,
+                   "miles_math": "correct" if grade_answer_verl(response, label) else "wrong"}
 
 
 def test_eval_key_is_accuracy_without_penalty(reward_env: None) -> None:

@@ -137,6 +137,10 @@ def test_walltime_save_at_sentinel_then_resume_with_exact_miles_flags(slurm_clus
     assert save["why"] == ["sentinel"] and one["rollouts"][-1] >= k and not one.get("finished")
     assert segs[0]["end"]["rollouts_at_end"] == k + 1 == segs[1]["start"]["rollouts_at_start"]
     assert not (run_dir / "SAVE_NOW").exists()
+    # what each segment ran comes from the TensorBoard scalars the double writes under Miles's names
+    # (perf/step_time per rollout step): the ledger's rollouts run and step seconds, and status
+    assert segs[0]["end"]["rollouts_run"] == len(one["rollouts"]) > 0, segs[0]["end"]
+    assert segs[0]["end"]["timings"]["rollout_s"] >= 0.3 * 0.9  # BEAM_STANDIN_ROLLOUT_S
 
     # segment 2: loaded rollout k's checkpoint and data cursor from --load, finished the run
     two = _json(dumps / f"standin-{k + 1}.json")
@@ -146,6 +150,14 @@ def test_walltime_save_at_sentinel_then_resume_with_exact_miles_flags(slurm_clus
     assert two["saves"][-1]["rollout_id"] == NUM_ROLLOUT - 1 and "final" in two["saves"][-1]["why"]
     assert checkpoint_layout.latest_iteration(plan.paths.checkpoints) == NUM_ROLLOUT - 1
     assert checkpoint_layout.resume_problems(plan.paths.checkpoints) == []
+    assert segs[1]["end"]["rollouts_run"] == len(two["rollouts"])
+    from beam_hpc.observe.status import gather
+
+    status = gather(run_dir, slurm=False)
+    assert [r["rollouts_run"] for r in status["segments"]] == [len(one["rollouts"]), len(two["rollouts"])]
+    assert status["metrics_source"] == "tensorboard" and status["reward"]["rollout"] == NUM_ROLLOUT - 1
+    # the eval the double logged as Miles does, both checkers (the command has --log-reward-category)
+    assert status["eval"]["accuracy"] == 0.5 and status["eval"]["miles_checker"]["accuracy"] == 0.25
 
     # the flags of both launches are what miles_args builds for this plan (--load on the resume too)
     expected = miles_args.miles_args(recipe, site)

@@ -41,10 +41,12 @@ from beam_hpc.cli.app import main
 from beam_hpc.plan.plan import make_plan
 from beam_hpc.progress import Progress
 from beam_hpc.data.prepare import prepare
-from beam_hpc.data.tiny import write_tiny_sources
+from beam_hpc.data.tiny import PREPARED_EVAL_NAME, write_tiny_sources
 from beam_hpc.observe.eval_set import eval_set_of
 from beam_hpc.observe.plot import charts_for, plot_run
-from beam_hpc.observe.status import format_status, gather, read_scalars
+from beam_hpc.observe.status import gather
+from beam_hpc.observe.status_table import format_status
+from beam_hpc.run.scalars import read_scalars
 from beam_hpc.submission.submit import build_recipe, build_site
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +82,8 @@ def build_run(run: Path, recorded_eval_name: str | None = None) -> Path:
     make_plan(recipe, build_site("local", search_dir=ROOT / "env")).write()
     eval_name = recorded_eval_name or recipe.data.eval_name
     eval_tags = (metric_names.eval_accuracy_tag(eval_name), metric_names.eval_response_len_tag(eval_name))
-    prepare(Path(recipe.data.dir), from_local=write_tiny_sources(run / "src", n_train=40), progress=False)
+    prepare(Path(recipe.data.dir), from_local=write_tiny_sources(run / "src", n_train=40), progress=False,
+            eval_file=PREPARED_EVAL_NAME)  # as `beam-hpc prepare --tiny` names it
     ckpt = run / "checkpoints"
     metrics = run / "dumps" / metric_names.METRICS_FILE
     metrics.parent.mkdir(parents=True)
@@ -154,7 +157,7 @@ def test_status_json_has_every_field_and_the_right_numbers(run_dir: Path, capsys
     assert (ev["name"], ev["label"], ev["accuracy_tag"]) == (*TINY_EVAL, "eval/tiny-add")
     assert (ev["accuracy"], ev["response_len"], ev["rollout"]) == (0.5, 27.0, 11)
     assert ev["aime25_accuracy"] is None and ev["aime25_response_len"] is None  # not AIME2025 data
-    assert ev["data"]["rows"] == 30 and ev["data"]["file"] == str(run_dir / "runs" / "tiny-data" / "aime-2025.jsonl")
+    assert ev["data"]["rows"] == 30 and ev["data"]["file"] == str(run_dir / "runs" / "tiny-data" / PREPARED_EVAL_NAME)
     assert s["reward"]["value"] == pytest.approx(0.1 + 0.05 * 11) and s["reward"]["rollout"] == 11
     g = s["goodput"]
     assert (g["kept_rollout_s"], g["allocated_s"]) == (pytest.approx(122.0), pytest.approx(170.0))
@@ -189,7 +192,7 @@ def test_status_midway_eta_and_table(run_dir: Path, tmp_path: Path) -> None:
     table = format_status(s)
     for needle in ("state      unknown", "6 of 12 checkpointed", "100-0", "101-0", "walltime", "resubmit 101",
                    "eval       tiny two-digit addition (held-out): accuracy 0.200", "[eval/tiny-add]",
-                   "eval data  " + str(run_dir / "runs" / "tiny-data" / "aime-2025.jsonl") + ": 30 rows", "goodput"):
+                   "eval data  " + str(run_dir / "runs" / "tiny-data" / PREPARED_EVAL_NAME) + ": 30 rows", "goodput"):
         assert needle in table, needle
     assert "AIME" not in table
 

@@ -25,7 +25,7 @@ from beam_hpc.data.prepare import (
     prepare,
 )
 from beam_hpc.reward.scoring import score_response
-from beam_hpc.data.tiny import write_tiny_sources
+from beam_hpc.data.tiny import PREPARED_EVAL_NAME, write_tiny_sources
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DAPO_PARQUET = FIXTURES / "dapo-math-17k-sample.parquet"
@@ -215,6 +215,8 @@ def test_cli_tiny_then_rerun(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert _cli(["prepare", "--tiny", "--data-dir", str(data_dir), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert f"{data_dir / TRAIN_FILE}: 2000 rows from" in out and "(written)" in out
+    # the eval file is named for what it holds (additions), the name recipes/tiny.yaml reads
+    assert f"{data_dir / PREPARED_EVAL_NAME}: 30 rows" in out and not (data_dir / "aime-2025.jsonl").exists()
     assert _cli(["prepare", "--tiny", "--data-dir", str(data_dir), "--no-progress"]) == 0
     assert out.count("(written)") == 2 and capsys.readouterr().out.count("verified, skipped") == 2
     with pytest.raises(SystemExit):  # --tiny and --from-local exclude each other

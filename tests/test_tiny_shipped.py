@@ -13,13 +13,14 @@ from pathlib import Path
 
 from beam_hpc.backends.reference import tiny_model
 from beam_hpc.data.prepare import prepare
-from beam_hpc.data.tiny import write_tiny_sources
+from beam_hpc.data.tiny import PREPARED_EVAL_NAME, write_tiny_sources
 
 
 def test_shipped_tiny_model_matches_the_code(tmp_path: Path) -> None:
-    prepare(tmp_path / "data", from_local=write_tiny_sources(tmp_path / "src"), progress=False)
+    prepare(tmp_path / "data", from_local=write_tiny_sources(tmp_path / "src"), progress=False,
+            eval_file=PREPARED_EVAL_NAME)
     texts = {json.loads(line)["prompt"][0]["content"]
-             for line in (tmp_path / "data" / "aime-2025.jsonl").read_text().splitlines()}
+             for line in (tmp_path / "data" / PREPARED_EVAL_NAME).read_text().splitlines()}
     key = tiny_model.build_key(0, tiny_model.pairs_in(texts))
     assert (tiny_model.SHIPPED / tiny_model.KEY_FILE).read_text().strip() == key, (
         "tiny_shipped/ is stale: run `python -m beam_hpc.backends.reference.tiny_model --refresh-shipped`")

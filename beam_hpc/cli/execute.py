@@ -55,7 +55,7 @@ def ensure_tiny_data(recipe) -> bool:  # type: ignore[no-untyped-def]
     with tempfile.TemporaryDirectory(prefix="beam-tiny-src-") as tmp:
         # seed 0: the data set the shipped tiny model was built against (its eval problems excluded)
         sources = write_tiny_sources(Path(tmp), seed=0)
-        prepare(Path(recipe.data.dir), from_local=sources, progress=True)
+        prepare(Path(recipe.data.dir), from_local=sources, progress=True, eval_file=Path(recipe.data.eval_path()).name)
     return True
 
 

@@ -62,7 +62,9 @@ def _fail(msg: str, code: int) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from beam_hpc.observe.status import RunDirError, format_status, gather
+    from beam_hpc.observe.run_dir import RunDirError
+    from beam_hpc.observe.status import gather
+    from beam_hpc.observe.status_table import format_status
 
     try:
         status = gather(args.run_dir, slurm=not args.no_slurm)
@@ -91,7 +93,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from beam_hpc.observe import logs as run_logs
-    from beam_hpc.observe.status import check_run_dir
+    from beam_hpc.observe.run_dir import check_run_dir
 
     run_logs.check_lines(args.lines)  # bad input (a path, a flag): InputError, exit 2 (cli.app)
     check_run_dir(args.run_dir)

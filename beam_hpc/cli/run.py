@@ -20,7 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from beam_hpc.lifecycle.cancel import cancel_run
-    from beam_hpc.observe.status import check_run_dir, load_plan
+    from beam_hpc.observe.run_dir import check_run_dir, load_plan
 
     # Before the cancel flag is written: a path that is no directory, or a damaged plan.json, is
     # bad input (exit 2, named with its repair) and leaves the run directory as it was.

@@ -382,7 +382,7 @@ def _prepare_file(
         "rows": rows,
         "bytes": size,
         "sha256": sha,
-        "dataset": _DATASET_OF_FILE[name],
+        "dataset": _DATASET_OF_FILE.get(name, "AIME2025"),  # another eval file name: the AIME2025 schema
         "source": signature,
         "input_rows": stats["input_rows"],
         "label_conflicts": stats["label_conflicts"],
@@ -439,11 +439,14 @@ def prepare(
     model: str | None = None,
     from_local: list[Path] | None = None,
     progress: bool = True,
+    eval_file: str = EVAL_FILE,
 ) -> PrepareReport:
     """Write the training and evaluation JSONL (and download ``model``) under ``data_dir``.
 
     With ``from_local``, each file's dataset is recognised by its columns and only the datasets
     found there are (re)written; nothing is downloaded. Without it, both come from the Hub.
+    ``eval_file`` names the evaluation file (the tiny set's is ``beam_hpc.data.tiny.PREPARED_EVAL_NAME``:
+    it holds additions, not AIME problems).
     """
     data_dir = Path(data_dir)
     for p in (data_dir, *data_dir.parents):
@@ -461,16 +464,16 @@ def prepare(
     if from_local:
         train = [s for s in sources if s.dataset == "DAPO-Math-17k"]
         evals = [s for s in sources if s.dataset == "AIME2025"]
-        for name, group in ((TRAIN_FILE, train), (EVAL_FILE, evals)):
+        for name, group in ((TRAIN_FILE, train), (eval_file, evals)):
             if not group:
-                notes.append(f"{name}: no {_DATASET_OF_FILE[name]} file among --from-local; left as it was")
+                notes.append(f"{name}: no {_DATASET_OF_FILE.get(name, 'AIME2025')} file among --from-local; left as it was")
     else:
         train = [_hub_source(DAPO_REPO, None, "train", "DAPO-Math-17k")]
         evals = [_hub_source(AIME_REPO, config, "test", "AIME2025") for config in AIME_CONFIGS]
 
     prepared = []
     try:
-        for name, group in ((TRAIN_FILE, train), (EVAL_FILE, evals)):
+        for name, group in ((TRAIN_FILE, train), (eval_file, evals)):
             if group:
                 prepared.append(_prepare_file(data_dir, name, group, manifest, progress))
         model_dir, model_skipped = _prepare_model(data_dir, model, manifest) if model else (None, False)

@@ -18,7 +18,10 @@ from pathlib import Path
 from beam_hpc.data.prepare import atomic_target
 
 TRAIN_NAME = "dapo-math-17k-tiny.parquet"
-EVAL_NAME = "aime2025-tiny.jsonl"
+EVAL_NAME = "aime2025-tiny.jsonl"  # the AIME2025-shaped source file
+# What `prepare` names the prepared eval file of this set: named for what it holds (the recipes'
+# data.eval). Run directories from before name "aime-2025.jsonl" in their plan; they still read.
+PREPARED_EVAL_NAME = "tiny-add.jsonl"
 _LOW, _HIGH = 10, 99
 _PAIRS = (_HIGH - _LOW + 1) * (_HIGH - _LOW + 2) // 2  # unordered {a, b}: 4,095
 

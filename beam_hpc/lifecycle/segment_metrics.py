@@ -1,20 +1,39 @@
-"""What a segment did, read from the backend's dumps/metrics.jsonl: rollouts run and their timings.
+"""What a segment did, read from what the backend itself writes: rollouts run and their timings.
 
-Why here and from the file: the decision (:mod:`beam_hpc.lifecycle.decide`) needs to know whether a
-failed segment got as far as its first rollout, and the ledger records rollout and save seconds for
-the next segment's lead (:func:`beam_hpc.run.ledger.measured_timings`). Only this segment's own
-lines count (those after :func:`metrics_offset`), so rollouts re-done after a kill are counted where
-they were run.
+Why here and from those files: the decision (:mod:`beam_hpc.lifecycle.decide`) needs to know whether
+a failed segment got as far as its first rollout, and the ledger records rollout and save seconds
+for the next segment's walltime lead (:func:`beam_hpc.run.ledger.measured_timings`) and the GPU-hour
+accounting. Miles writes no file for beam-hpc; what it does write is its TensorBoard scalars
+(``TENSORBOARD_DIR``, names in :mod:`beam_hpc.run.metric_names`) and Megatron's checkpoint tracker.
+So, for every backend alike:
+
+- rollouts run: the rollout steps whose ``perf/step_time`` this segment wrote (Miles logs it at the
+  end of each step's training, ``miles/utils/train_metric_utils.py``);
+- seconds per rollout step: their mean;
+- seconds of the last save: the last ``perf/save_model_time`` this segment wrote (Miles logs the
+  save's timer with the *next* step); when the tracker was published after the last logged step
+  (a final or walltime save, after which no step follows to log it), the seconds from that step's
+  last scalar to the tracker's mtime instead: an upper bound, as it also holds any eval between.
+
+"This segment's" is by wall time: scalars written at or after :func:`metrics_offset`'s mark, taken
+before the driver starts, so rollouts re-done after a kill are counted where they were run. The
+wall times come from the node that ran the driver; the mark from the batch host (same clock on one
+host, NTP-close across hosts). Reading TensorBoard needs the ``tensorboard`` package where the
+segment runs (beam-hpc's ``reference``/``viz`` extras); without it the reason is logged.
 """
 
 from __future__ import annotations
 
-import json
+import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from beam_hpc.plan.plan import RunPaths
-from beam_hpc.run import metric_names
+from beam_hpc.plan.paths import RunPaths
+from beam_hpc.run import checkpoint_layout, metric_names
+from beam_hpc.run.scalars import read_scalars
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -24,35 +43,35 @@ class SegmentMetrics:
     save_s: float | None  # seconds of the last save
 
 
-def metrics_offset(paths: RunPaths) -> int:
-    """Where this segment's lines of dumps/metrics.jsonl will begin."""
-    try:
-        return Path(paths.dumps, metric_names.METRICS_FILE).stat().st_size
-    except FileNotFoundError:
-        return 0
+def metrics_offset(paths: RunPaths) -> float:
+    """The wall-clock mark from which scalars count as this segment's (now). ``paths`` is kept for
+    the caller's symmetry with :func:`segment_metrics`."""
+    del paths
+    return time.time()
 
 
-def segment_metrics(paths: RunPaths, offset: int) -> SegmentMetrics:
-    """Rollout and save timings from the metrics lines appended since ``offset`` (this segment's
-    own, so rollouts re-done after a kill are counted where they were run)."""
-    p = Path(paths.dumps, metric_names.METRICS_FILE)
-    times: list[float] = []
-    save: float | None = None
-    try:
-        with open(p, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read().decode(errors="replace")
-    except FileNotFoundError:
-        data = ""
-    for line in data.splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line of a killed writer
-        if not isinstance(rec, dict):
-            continue
-        if isinstance(rec.get(metric_names.ROLLOUT_TIME), (int, float)):
-            times.append(float(rec[metric_names.ROLLOUT_TIME]))
-        if isinstance(rec.get(metric_names.SAVE_TIME), (int, float)):
-            save = float(rec[metric_names.SAVE_TIME])
+def segment_metrics(paths: RunPaths, offset: float) -> SegmentMetrics:
+    """Rollout and save timings from the scalars written since ``offset`` (0: all of them)."""
+    warnings: list[str] = []
+    scalars = read_scalars(paths.root, warnings).since(offset)
+    for w in warnings:  # e.g. no `tensorboard` package where the segment runs: say why the counts are 0
+        log.warning("segment metrics: %s", w)
+    steps = scalars.series.get(metric_names.ROLLOUT_TIME, [])
+    times = [p.value for p in steps]
+    saves = scalars.series.get(metric_names.SAVE_TIME, [])
+    save = max(saves, key=lambda p: p.wall_time or 0.0).value if saves else None
+    last_wall = max((p.wall_time for pts in scalars.series.values() for p in pts if p.wall_time), default=None)
+    tracker = _tracker_time(paths, offset)
+    if steps and tracker is not None and last_wall is not None and tracker > last_wall:
+        step_end = max(p.wall_time or 0.0 for pts in scalars.series.values() for p in pts if p.step == steps[-1].step)
+        save = round(tracker - step_end, 3)
     return SegmentMetrics(len(times), sum(times) / len(times) if times else None, save)
+
+
+def _tracker_time(paths: RunPaths, offset: float) -> float | None:
+    """When the checkpoint tracker was last published, if within this segment."""
+    try:
+        at = Path(paths.checkpoints, checkpoint_layout.LATEST_FILE).stat().st_mtime
+    except OSError:
+        return None
+    return at if at >= offset else None

@@ -1,7 +1,8 @@
 """Which evaluation set a run's eval numbers come from, for `beam-hpc status` and `plot`.
 
 A number such as "accuracy 0.487" means nothing without the data behind it: the seed's AIME2025 and
-the tiny recipe's synthetic additions share a schema and a file name, so the name and label come
+the tiny recipe's synthetic additions share a schema (and, in runs from before the tiny set's file
+was named ``tiny-add.jsonl``, a file name), so the name and label come
 from the run's plan (``recipe.data.eval_name`` / ``eval_label``), and the file and its row count
 from the prepare manifest in the data directory (``beam_hpc.data.prepare``).
 

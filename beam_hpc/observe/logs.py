@@ -26,7 +26,7 @@ from pathlib import Path
 
 from beam_hpc.plan import paths as run_paths
 from beam_hpc.plan.paths import DRIVER_LOG, RunPaths  # DRIVER_LOG re-exported
-from beam_hpc.observe.status import check_run_dir
+from beam_hpc.observe.run_dir import check_run_dir
 
 GROUPS = ("trainer", "rollout")
 # A Slurm segment's directory (plan.paths.SEGMENT_DIR_RE: <jobid>-<restart>) or a local one, made by

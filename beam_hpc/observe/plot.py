@@ -4,7 +4,9 @@ evaluation set over rollouts) and the rollout reward, with segment boundaries ma
 The evaluation set is the run's own (beam_hpc.observe.eval_set: AIME2025 for the seed, the tiny
 recipe's synthetic additions for it, ...): it names the eval charts' titles and files
 (``<eval_name>_accuracy.png``), and every chart says under its title which eval file (and how
-many rows) the eval numbers come from.
+many rows) the eval numbers come from. The accuracy chart has two lines where the run recorded
+both: beam-hpc's answer checker (the eval reward) and Miles's own (``grade_answer_verl``, what the
+seed's published curve used); where Miles was not importable when the run scored, it says so.
 
 Read from TensorBoard events (what the backends write; EventAccumulator), or from
 dumps/metrics.jsonl when there are no event files or they are unreadable (with a warning), so a
@@ -20,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.run import metric_names
-from beam_hpc.plan.plan import RunPaths
+from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run.ledger import read_ledger
 from beam_hpc.observe.eval_set import EvalSet, eval_set_of
 from beam_hpc.errors import InputError, shorten
-from beam_hpc.observe.status import Point, Scalars, check_run_dir, load_plan, read_scalars
+from beam_hpc.observe.run_dir import check_run_dir, load_plan
+from beam_hpc.run.scalars import Point, Scalars, read_scalars
 
 
 @dataclass(frozen=True)
@@ -34,12 +37,13 @@ class Chart:
     title: str
     ylabel: str
     on_eval_set: bool = False  # its numbers come from the evaluation set: say which data
+    miles_checker: bool = False  # also draw the same set as Miles's own answer checking scored it
 
 
 def charts_for(ev: EvalSet) -> tuple[Chart, ...]:
     """The charts of a run whose evaluation set is ``ev``: its two eval curves, then the reward."""
     return (
-        Chart(f"{ev.name}_accuracy.png", ev.accuracy_tag, f"{ev.label} accuracy", "accuracy", True),
+        Chart(f"{ev.name}_accuracy.png", ev.accuracy_tag, f"{ev.label} accuracy", "accuracy", True, True),
         Chart(f"{ev.name}_response_length.png", ev.response_len_tag,
               f"{ev.label} mean response length", "tokens", True),
         Chart("reward.png", metric_names.ROLLOUT_REWARD, "Rollout reward", "mean reward"),
@@ -99,7 +103,7 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> PlotResul
     from matplotlib.figure import Figure
 
     run_dir = check_run_dir(run_dir)
-    out_dir = check_output(output) if output is not None else check_output(run_dir / "plots")
+    out_dir = check_output(output if output is not None else RunPaths(str(run_dir)).plots)
     plan = _read_plan(run_dir)
     warnings: list[str] = []
     scalars: Scalars = read_scalars(run_dir, warnings)
@@ -118,7 +122,18 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> PlotResul
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
         ax.plot([p.step for p in pts], [p.value for p in pts], marker="o", markersize=3,
-                linewidth=1.5, color="tab:blue", label=chart.tag)
+                linewidth=1.5, color="tab:blue", zorder=3,
+                label=f"{chart.tag} (beam-hpc checker)" if chart.miles_checker else chart.tag)
+        if chart.miles_checker:
+            miles_pts, unavailable = scalars.miles_checker_accuracy(ev.name)
+            if miles_pts:
+                ax.plot([p.step for p in miles_pts], [p.value for p in miles_pts], marker="s", markersize=3,
+                        linewidth=1.5, linestyle="--", color="tab:green", zorder=2,
+                        label="Miles checker (grade_answer_verl)")  # beneath: where both agree, both show
+            else:
+                ax.text(0.01, 0.97, "Miles checker: " + ("unavailable where the run scored (no miles)"
+                                                         if unavailable else "not recorded"),
+                        transform=ax.transAxes, fontsize=7, color="dimgray", va="top")
         for i, (x, seg) in enumerate(bounds):
             ax.axvline(x, color="tab:red", linestyle="--", linewidth=1,
                        label="segment start" if i == 0 else None)

@@ -1,17 +1,17 @@
-"""Where a run stands, from its run directory alone (plus Slurm when it answers).
+"""Where a run stands, from its run directory alone (plus Slurm when it answers): `beam-hpc status`.
+
+Owns two concerns: gathering (the ledger's segments, the live Slurm state, the checkpoint, the
+scalars) and the numbers derived from them (rollouts done, goodput, ETA, GPU-hours). Reading the
+run directory itself is :mod:`beam_hpc.observe.run_dir`, the scalar series
+:mod:`beam_hpc.run.scalars`, the text table :mod:`beam_hpc.observe.status_table`.
 
 `beam-hpc status RUN_DIR` runs on a login node, possibly while the job writes to the same
 directory, possibly long after the job is gone. So everything here reads files that their writers
 publish atomically or append to line by line (plan.json, ledger.jsonl, the checkpoint pointer,
 TensorBoard events, dumps/metrics.jsonl), tolerates a torn last line (the ledger through
 beam_hpc.run.ledger.read_ledger), and treats Slurm as an optional extra: if `scontrol` is missing
-or the controller does not answer, the status still comes out, with a note.
-
-Nothing read is trusted (issue 14): a ledger line with a wrong-typed field is skipped with a warning
-naming file and line; a damaged plan.json or checkpoint pointer, or a RUN_DIR that is no directory,
-is bad input (exit 2) named with its repair (:func:`check_run_dir`, :func:`load_plan`); the last
-checkpoint's files are checked against its manifest (:func:`checkpoint_problems`); unreadable
-TensorBoard files give way to dumps/metrics.jsonl, with a warning (:func:`read_scalars`).
+or the controller does not answer, the status still comes out, with a note. Nothing read is trusted
+(issue 14): a ledger line with a wrong-typed field is skipped with a warning naming file and line.
 
 Definitions (also in the JSON's "basis" strings, so a reader of the numbers knows them):
 - rollouts done: ``k + 1`` for the last complete checkpoint ``k`` (checkpoint_layout); rollouts
@@ -21,7 +21,9 @@ Definitions (also in the JSON's "basis" strings, so a reader of the numbers know
   (allocated time). Time lost to start-up, saves, queue-less restarts and re-done rollouts is what
   makes it fall below 1.
 - eval: the latest numbers on the run's evaluation set, with its name, label and data file (rows
-  from the prepare manifest), as beam_hpc.observe.eval_set reads them from the plan and metrics.
+  from the prepare manifest), as beam_hpc.observe.eval_set reads them from the plan and metrics;
+  ``accuracy`` is beam-hpc's answer checker, ``miles_checker`` Miles's own (what the seed reported),
+  "unavailable" where Miles could not be imported when the run scored (beam_hpc.reward.miles_check).
 - ETA: remaining rollouts times the measured allocated seconds per kept rollout (so it includes
   start-up and save overheads at the rate this run has really had; queue waits are not included).
 
@@ -30,137 +32,24 @@ The JSON layout is stable (``STATUS_SCHEMA``); fields are added, never renamed.
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError, shorten
-
-import json
-import math
 import shutil
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from beam_hpc.run import checkpoint_layout
-
-from beam_hpc.run import metric_names
-from beam_hpc.observe.eval_set import EvalData, eval_set_of
+from beam_hpc.errors import shorten
+from beam_hpc.observe.eval_set import eval_set_of
+from beam_hpc.observe.run_dir import RunDirError, check_run_dir, checkpoint_problems, load_plan
+from beam_hpc.plan.paths import RunPaths
+from beam_hpc.run import checkpoint_layout, metric_names
 from beam_hpc.run.ledger import read_ledger
+from beam_hpc.run.scalars import Scalars, read_scalars
 from beam_hpc.slurm import client as slurm_client
-from beam_hpc.plan.plan import RunPaths
-from beam_hpc.progress import duration, text_table
 
 STATUS_SCHEMA = 1
 _ACTIVE_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT", "RESIZING")
 _WAITING_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "RESV_DEL_HOLD")
-_NON_TAG_KEYS = frozenset({"kind", "rollout_id", "step", "time", "wall_time"})
-
-
-class RunDirError(InputError):
-    """The directory is not a beam-hpc run directory (the message says what is missing)."""
-
-
-# -- metrics -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Point:
-    step: int  # the rollout id
-    value: float
-    wall_time: float | None
-
-
-@dataclass
-class Scalars:
-    """Scalar series by tag, one point per step (the last one written wins: a rollout redone after
-    a kill replaces its lost first attempt), sorted by step."""
-
-    source: str | None  # "tensorboard", "metrics.jsonl" or None when neither exists
-    series: dict[str, list[Point]] = field(default_factory=dict)
-
-    def last(self, tag: str) -> Point | None:
-        pts = self.series.get(tag)
-        return pts[-1] if pts else None
-
-    def by_step(self, tag: str) -> dict[int, Point]:
-        return {p.step: p for p in self.series.get(tag, [])}
-
-
-def read_scalars(run_dir: str | Path, warnings: list[str] | None = None) -> Scalars:
-    """TensorBoard events under <run>/tensorboard if any, else <run>/dumps/metrics.jsonl. When the
-    event files cannot be read (corrupt, truncated, unreadable), the metrics file stands in and a
-    line saying so goes to ``warnings``: the numbers are the same, only the source differs."""
-    paths = RunPaths(str(run_dir))
-    event_files = sorted(Path(paths.tensorboard).rglob("events.out.tfevents.*"))
-    metrics = Path(paths.dumps) / metric_names.METRICS_FILE
-    if event_files:
-        try:
-            series = _from_tensorboard(sorted({f.parent for f in event_files}))
-        except Exception as err:  # noqa: BLE001 - tensorboard raises many types for a damaged file
-            problem = f"{paths.tensorboard}: TensorBoard events unreadable ({type(err).__name__}: {shorten(str(err), 120)})"
-        else:
-            if series or not metrics.is_file():
-                return Scalars("tensorboard", series)
-            problem = f"{paths.tensorboard}: the TensorBoard event files hold no readable scalar"
-        if warnings is not None:
-            warnings.append(problem + (f"; read {metrics} instead" if metrics.is_file() else ""))
-    if metrics.is_file():
-        return Scalars("metrics.jsonl", _from_metrics_jsonl(metrics))
-    return Scalars(None, {})
-
-
-def _merge(points: dict[tuple[str, int], Point], tag: str, pt: Point) -> None:
-    old = points.get((tag, pt.step))
-    if old is None or (pt.wall_time or 0.0) >= (old.wall_time or 0.0):
-        points[(tag, pt.step)] = pt
-
-
-def _sorted_series(points: dict[tuple[str, int], Point]) -> dict[str, list[Point]]:
-    series: dict[str, list[Point]] = {}
-    for (tag, _), pt in sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        series.setdefault(tag, []).append(pt)
-    return series
-
-
-def _from_tensorboard(dirs: list[Path]) -> dict[str, list[Point]]:
-    """Each directory through EventAccumulator (which already drops events orphaned by a restart
-    within one directory); across directories the later wall time of a (tag, step) wins."""
-    from tensorboard.backend.event_processing import event_accumulator as ea
-    from tensorboard.util import tensor_util
-
-    points: dict[tuple[str, int], Point] = {}
-    for d in dirs:
-        acc = ea.EventAccumulator(str(d), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
-        acc.Reload()
-        tags = acc.Tags()
-        for tag in tags.get(ea.SCALARS, []):
-            for ev in acc.Scalars(tag):
-                _merge(points, tag, Point(int(ev.step), float(ev.value), float(ev.wall_time)))
-        for tag in tags.get(ea.TENSORS, []):  # new-style scalar summaries arrive as tensors
-            for ev in acc.Tensors(tag):
-                arr = tensor_util.make_ndarray(ev.tensor_proto)
-                if arr.size == 1 and arr.dtype.kind in "fiu":
-                    _merge(points, tag, Point(int(ev.step), float(arr.reshape(-1)[0]), float(ev.wall_time)))
-    return _sorted_series(points)
-
-
-def _from_metrics_jsonl(path: Path) -> dict[str, list[Point]]:
-    points: dict[tuple[str, int], Point] = {}
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-            step = int(rec["rollout_id"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError, RecursionError):
-            continue  # a torn last line while the backend appends
-        wall = rec.get("time", rec.get("wall_time"))
-        if isinstance(wall, bool) or not isinstance(wall, (int, float)) or not math.isfinite(wall):
-            wall = None
-        for key, value in rec.items():
-            if key in _NON_TAG_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            if isinstance(value, int) and abs(value) > 2 ** 53:
-                continue  # not a metric a float holds: a hand edit
-            _merge(points, key, Point(step, float(value), float(wall) if wall is not None else None))
-    return _sorted_series(points)
-
 
 # -- Slurm -------------------------------------------------------------------------------------
 def slurm_job_state(job_id: str, timeout: float = 10.0) -> dict[str, Any]:
@@ -197,66 +86,6 @@ def slurm_job_state(job_id: str, timeout: float = 10.0) -> dict[str, Any]:
 
 
 # -- gather ------------------------------------------------------------------------------------
-def load_plan(run_dir: Path) -> dict[str, Any] | None:
-    """plan.json as a mapping (None when there is none). A plan that is not JSON, not a mapping or
-    cut short is bad input (exit 2), named with its repair: every submission rewrites it."""
-    p = Path(RunPaths(str(run_dir)).plan)
-    repair = ("the plan is written atomically, so beam-hpc did not write this: restore it, or move it "
-              "away (status and plot then work from the ledger and metrics alone)")
-    try:
-        plan = json.loads(p.read_bytes().decode("utf-8"))
-    except FileNotFoundError:
-        return None
-    except IsADirectoryError:
-        raise RunDirError(f"{p}: is a directory, not the run's plan; {repair}") from None
-    except UnicodeDecodeError as err:
-        raise RunDirError(f"{p}: not UTF-8 (byte {err.start}); {repair}") from None
-    except (json.JSONDecodeError, RecursionError) as err:
-        raise RunDirError(f"{p}: not valid JSON ({shorten(str(err), 120)}); {repair}") from None
-    if not isinstance(plan, dict):
-        raise RunDirError(f"{p}: holds a JSON {type(plan).__name__}, not a plan (a mapping); {repair}")
-    if not isinstance(plan.get("recipe", {}), dict):
-        raise RunDirError(f"{p}: its 'recipe' is {shorten(plan['recipe'], 60)}, not a mapping; {repair}")
-    return plan
-
-
-def check_run_dir(run_dir: str | Path) -> Path:
-    """``run_dir`` as a Path once it is an existing directory; else :class:`RunDirError` (exit 2)
-    naming it. Every reader of a run directory (status, plot, logs) starts here."""
-    root = Path(run_dir)
-    try:
-        exists, is_dir = root.exists(), root.is_dir()
-    except OSError as err:  # a name too long, a loop of links: no directory by that name
-        raise RunDirError(f"{shorten(str(run_dir))}: not a usable path ({err.strerror}); give the run's "
-                          "--output-dir") from None
-    if not exists:
-        raise RunDirError(f"{shorten(str(run_dir))}: no such run directory; give the run's --output-dir "
-                          "(the directory that `beam-hpc submit` printed)")
-    if not is_dir:
-        raise RunDirError(f"{shorten(str(run_dir))}: is a file, not a run directory; give the run's "
-                          "--output-dir (the directory holding plan.json and ledger.jsonl)")
-    return root
-
-
-def checkpoint_problems(ckpt_dir: Path, iteration: int) -> list[str]:
-    """Why the checkpoint ``iteration`` cannot be resumed from: the layout's rules, then its files
-    against their manifest (size and sha256) where the backend wrote one, so that a truncated
-    model file is reported rather than shown as fine."""
-    from beam_hpc.backends.reference.checkpoint import MANIFEST_FILE, verify
-
-    problems = checkpoint_layout.resume_problems(ckpt_dir)
-    it_dir = checkpoint_layout.iteration_dir(ckpt_dir, iteration)
-    if it_dir.is_dir() and (it_dir / MANIFEST_FILE).exists():
-        try:
-            bad = verify(it_dir)
-        except (OSError, ValueError, TypeError, AttributeError) as err:
-            bad = f"{it_dir / MANIFEST_FILE} is malformed ({type(err).__name__})"
-        if bad is not None:
-            problems.append(f"checkpoint {iteration}: {bad}; resume from an older checkpoint by writing "
-                            f"its number into {checkpoint_layout.LATEST_FILE}")
-    return problems
-
-
 def _last_activity(run_dir: Path, segment: str, scalars: Scalars, start: float,
                    until: float | None) -> float:
     """Best estimate of when a segment without an end line stopped working: the newest of its
@@ -288,6 +117,7 @@ def _segment_rows(run_dir: Path, records: list[dict[str, Any]], scalars: Scalars
             "end": None, "end_estimated": False, "duration_s": None,
             "rollouts_at_start": st.get("rollouts_at_start"),
             "rollouts_at_end": None,
+            "rollouts_run": None,  # rollout steps the segment finished, kept or not (from its scalars)
             "reason": None, "detail": None, "next_action": None, "next_job_id": None,
             "timings": {},
             "state": "ended",
@@ -297,7 +127,7 @@ def _segment_rows(run_dir: Path, records: list[dict[str, Any]], scalars: Scalars
             row.update(end=en.get("time"), rollouts_at_end=en.get("rollouts_at_end"),
                        reason=en.get("reason"), detail=en.get("detail"),
                        next_action=nx.get("action"), next_job_id=nx.get("job_id"),
-                       timings=en.get("timings") or {})
+                       timings=en.get("timings") or {}, rollouts_run=en.get("rollouts_run"))
         elif start is not None:
             running = (i == len(records) - 1 and live is not None and live.get("state") in _ACTIVE_STATES
                        and str(live.get("job_id")) == row["job_id"])
@@ -391,7 +221,8 @@ def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None)
             "problems": ckpt_problems,
         },
         "eval": _eval(scalars, plan),
-        "reward": _latest(scalars, metric_names.ROLLOUT_REWARD, names=("value",)),
+        "reward": _latest(scalars, metric_names.ROLLOUT_REWARD, metric_names.ROLLOUT_RESPONSE_LEN,
+                          names=("value", "response_len")),
         "goodput": goodput,
         "gpu_hours": _gpu_hours(records, plan, now),
         "excluded_nodes": _excluded_nodes(root, records),
@@ -411,9 +242,18 @@ def _eval(scalars: Scalars, plan: dict[str, Any] | None) -> dict[str, Any]:
     ev = eval_set_of(plan, frozenset(scalars.series))
     out = _latest(scalars, ev.accuracy_tag, ev.response_len_tag, names=("accuracy", "response_len"))
     seed = ev.name == metric_names.DEFAULT_EVAL_NAME
+    miles_pts, unavailable = scalars.miles_checker_accuracy(ev.name)
+    if miles_pts:
+        miles = {"accuracy": miles_pts[-1].value, "rollout": miles_pts[-1].step, "state": "measured"}
+    else:
+        miles = {"accuracy": None, "rollout": None,
+                 "state": "unavailable" if unavailable else "not recorded"}
+    miles["basis"] = ("Miles's own answer checking (miles.rollout.rm_hub.math_utils.grade_answer_verl), "
+                      "as the seed reported its eval; 'accuracy' is beam-hpc's checker")
     out.update(ev.to_dict(),
                aime25_accuracy=out["accuracy"] if seed else None,
-               aime25_response_len=out["response_len"] if seed else None)
+               aime25_response_len=out["response_len"] if seed else None,
+               miles_checker=miles)
     return out
 
 
@@ -512,87 +352,3 @@ def _summary_state(rows: list[dict[str, Any]], live: dict[str, Any] | None, done
     if live is None or not live.get("reachable"):
         return "unknown"  # the chain should go on, but Slurm cannot confirm it
     return "stopped"
-
-
-# -- the readable table ------------------------------------------------------------------------
-def _clock(t: float | None) -> str:
-    return time.strftime("%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
-
-
-def _num(x: float | None, fmt: str = "{:.3f}") -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
-
-
-def _format_gpu_hours(gh: dict[str, Any] | None) -> list[str]:
-    """The GPU-hours lines: held, useful with goodput, and lost by cause (0 causes left out)."""
-    if not gh or gh.get("held") is None:
-        return [] if not gh else [f"GPU-hours  - ({gh.get('basis')})"]
-    good = f", goodput {gh['goodput'] * 100:.0f}%" if gh.get("goodput") is not None else ""
-    partial = " (partial: older ledger lines lack the fields to attribute all losses)" if gh.get("partial") else ""
-    out = [f"GPU-hours  {gh['held']:,.2f} held by {gh['gpus']} GPUs, {gh['useful']:,.2f} useful{good}{partial}"]
-    lost = [f"{cause} {hours:,.2f}" for cause, hours in gh["lost"].items() if hours]
-    out.append("lost       " + ("; ".join(lost) if lost else "none"))
-    return out
-
-
-def format_status(s: dict[str, Any]) -> str:
-    """The default, human view of :func:`gather`'s dict."""
-    r, ev, gp, eta, sl = s["rollouts"], s["eval"], s["goodput"], s["eta"], s["slurm"]
-    title = ", ".join(x for x in (s.get("job_name"), f"recipe {s['recipe']}" if s.get("recipe") else None,
-                                 f"backend {s['backend']}" if s.get("backend") else None) if x)
-    lines = [f"run        {s['run_dir']}" + (f"  ({title})" if title else "")]
-    live = sl.get("state") or "-"
-    if sl.get("components"):
-        c = sl["components"][0]
-        live += f" on {c.get('NodeList')} ({c.get('RunTime')} of {c.get('TimeLimit')})"
-    if sl.get("reason") and sl.get("reason") != "None":
-        live += f", reason {sl['reason']}"
-    job = f"job {sl['job_id']} {live}" if sl.get("job_id") else "no job queued"
-    lines.append(f"state      {s['state']}; {job}" + (f" [{sl['note']}]" if sl.get("note") else ""))
-    total = r["total"] if r["total"] is not None else "?"
-    frac = f" ({r['fraction'] * 100:.0f}%)" if r["fraction"] is not None else ""
-    lines.append(f"rollouts   {r['done']} of {total} checkpointed{frac}, {r['generated']} generated")
-    ck = s["last_checkpoint"]
-    ck_txt = f"rollout {ck['iteration']} -> {ck['path']}" if ck["iteration"] is not None else "none yet"
-    if ck["problems"]:
-        ck_txt += "  PROBLEM: " + "; ".join(ck["problems"])
-    lines.append(f"checkpoint {ck_txt}")
-    lines.append(f"eval       {ev['label']}: accuracy {_num(ev['accuracy'])}, mean response length "
-                 f"{_num(ev['response_len'], '{:.1f}')} tokens"
-                 + (f" (rollout {ev['rollout']})" if ev["rollout"] is not None else "")
-                 + (f" [{ev['accuracy_tag']}]" if ev["label"] != ev["name"] else ""))
-    lines.append(f"eval data  {EvalData(**ev['data']).describe()}")
-    lines.append(f"reward     {_num(s['reward']['value'])}"
-                 + (f" (rollout {s['reward']['rollout']})" if s["reward"]["rollout"] is not None else ""))
-    gp_txt = f"{gp['value'] * 100:.0f}%" if gp["value"] is not None else "-"
-    lines.append(f"goodput    {gp_txt} ({duration(gp['kept_rollout_s'])} of kept rollouts / "
-                 f"{duration(gp['allocated_s'])} allocated)")
-    if eta["remaining_rollouts"] == 0:
-        eta_txt = "done: every rollout is generated"
-    elif eta["eta_s"] is not None:
-        rate = eta["s_per_rollout_allocated"] or eta["s_per_rollout_step"]
-        eta_txt = f"{duration(eta['eta_s'])} of allocation for {eta['remaining_rollouts']} rollouts"
-        eta_txt += f" at {rate:.1f} s each" if rate else ""
-        if eta["finish_at"]:
-            eta_txt += f", about {_clock(eta['finish_at'])} if it keeps running"
-    else:
-        eta_txt = "- (no measured rate yet)"
-    lines.append(f"ETA        {eta_txt}")
-    lines += _format_gpu_hours(s.get("gpu_hours"))
-    for e in s.get("excluded_nodes") or []:
-        lines.append(f"excluded   {e['node']} (since segment {e['segment']}: {e['why']})")
-    lines.append("")
-    headers = ["segment", "job", "restart", "host", "start", "duration", "rollouts", "reason", "next"]
-    table = []
-    for row in s["segments"]:
-        a, b = row["rollouts_at_start"], row["rollouts_at_end"]
-        roll = f"{a if a is not None else '?'}->{b if b is not None else '?'}"
-        dur = duration(row["duration_s"]) + ("~" if row["end_estimated"] else "") if row["duration_s"] is not None else "-"
-        nxt = row["next_action"] or "-"
-        if row["next_job_id"]:
-            nxt += f" {row['next_job_id']}"
-        table.append([row["segment"], row["job_id"], str(row["restart"]), row["host"] or "-",
-                      _clock(row["start"]), dur, roll, row["reason"] or row["state"], nxt])
-    lines.append(text_table(headers, table) if table else "no segment has started yet")
-    lines += [f"warning: {w}" for w in s["warnings"]]
-    return "\n".join(lines)

@@ -8,7 +8,7 @@ modules drifts; here each is a property, and everything else asks for it.
     <run>/                                RunPaths
         plan.json  ledger.jsonl  job.sbatch  smoke.json  run.lock  SAVE_NOW  CANCELLED
         checkpoints/  (run_identity.json: what the checkpoints were made with)
-        dumps/  tensorboard/
+        dumps/  tensorboard/  plots/
         logs/slurm-<jobid>.out            the batch log (Slurm's --output)
         logs/<jobid>-<restart>/           SegmentPaths: one per segment
             segment.log  driver.log  ready.json  readiness.log  outcome.json  runtime.json
@@ -142,6 +142,11 @@ class RunPaths:
     @property
     def logs(self) -> str:
         return self._p("logs")
+
+    @property
+    def plots(self) -> str:
+        """Where `beam-hpc plot` writes its PNGs unless told otherwise (-o)."""
+        return self._p("plots")
 
     @property
     def sentinel(self) -> str:

@@ -14,7 +14,18 @@ tested against this double of what beam-hpc relies on, written from Miles's docu
   (``(rollout_id + 1) % interval == 0``), whenever the sentinel file exists (it is removed after
   the checkpoint is written), and after the last rollout; a save writes the data cursor, the
   Megatron iteration directory ``iter_<7 digits>``, and the tracker file last;
-- it stops after rollout ``num_rollout - 1``.
+- it stops after rollout ``num_rollout - 1``;
+- metrics: with ``--use-tensorboard`` it writes TensorBoard scalars to ``TENSORBOARD_DIR`` under the
+  names Miles writes, step = the rollout id (facts from miles-rl 0.0.2 ``miles/ray/rollout.py``
+  ``_log_rollout_data`` / ``_log_eval_rollout_data``, ``miles/utils/train_metric_utils.py``
+  ``log_perf_data_raw``, ``miles/backends/training_utils/log_utils.py`` ``log_rollout_data``):
+  per rollout ``rollout/raw_reward``, ``rollout/response_len/{mean,median,max,min}``,
+  ``perf/rollout_time``, ``perf/train_wait_time``, ``perf/train_time``, ``perf/step_time``, and
+  ``perf/save_model_time`` with the step *after* a save (Miles's timer is logged and reset at the
+  end of each step's training, so a run's last save is never logged); every ``--eval-interval``
+  rollouts ``eval/<name>``, ``eval/<name>/response_len/{...}`` and, with ``--log-reward-category``,
+  ``eval/<name>/error_cat/<value>``. tests/test_miles_metrics.py checks these names against the tags
+  miles-rl's own logging code writes.
 
 What it does instead of training: each rollout is a short sleep (``BEAM_STANDIN_ROLLOUT_S``, default
 0.5 s, a knob of this double only). Checkpoint contents come from ``tests/megatron_ckpt.py``
@@ -68,6 +79,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--num-rollout", type=int, default=None)
     p.add_argument("--rollout-batch-size", type=int, default=1)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--use-tensorboard", action="store_true")
+    p.add_argument("--eval-interval", type=int, default=None)
+    p.add_argument("--eval-prompt-data", nargs="+", default=None)
+    p.add_argument("--log-reward-category", default=None)
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -178,6 +193,58 @@ def save_checkpoint(args: argparse.Namespace, rollout_id: int) -> None:
     _atomic_write(save / TRACKER, f"{rollout_id}\n".encode())
 
 
+# -- metrics under Miles's names -------------------------------------------------------------------
+class Metrics:
+    """Miles's TensorBoard scalars for this double's pretend rollouts (the values are the double's
+    own; the names and steps are Miles's)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.writer = None
+        if args.use_tensorboard and os.environ.get("TENSORBOARD_DIR"):
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(os.environ["TENSORBOARD_DIR"])
+        data = args.eval_prompt_data or []
+        self.eval_names = data[0::2]  # --eval-prompt-data name1 path1 name2 path2 ...
+        self.eval_interval = args.eval_interval
+        self.category = args.log_reward_category
+        self.save_s: float | None = None  # the timer Miles logs with the next step
+
+    def _log(self, values: dict[str, float], step: int) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+        self.writer.flush()
+
+    @staticmethod
+    def _lengths(prefix: str, lengths: list[int]) -> dict[str, float]:
+        lengths = sorted(lengths)
+        mid = len(lengths) // 2
+        median = lengths[mid] if len(lengths) % 2 else (lengths[mid - 1] + lengths[mid]) / 2
+        return {f"{prefix}response_len/mean": sum(lengths) / len(lengths), f"{prefix}response_len/median": median,
+                f"{prefix}response_len/max": lengths[-1], f"{prefix}response_len/min": lengths[0]}
+
+    def rollout(self, rollout_id: int, step_s: float) -> None:
+        if self.writer is None:
+            return
+        lengths = [10 + rollout_id, 20 + rollout_id]
+        self._log({**self._lengths("rollout/", lengths), "perf/rollout_time": step_s * 0.8}, rollout_id)
+        self._log({"rollout/raw_reward": -1.0 + 0.1 * rollout_id}, rollout_id)
+        perf = {"perf/train_wait_time": step_s * 0.8, "perf/train_time": step_s * 0.2}
+        perf["perf/step_time"] = perf["perf/train_wait_time"] + perf["perf/train_time"]
+        if self.save_s is not None:
+            perf["perf/save_model_time"], self.save_s = self.save_s, None
+        self._log(perf, rollout_id)
+        if self.eval_interval and (rollout_id + 1) % self.eval_interval == 0:
+            for name in self.eval_names:
+                values = {f"eval/{name}": 0.5, **self._lengths(f"eval/{name}/", lengths)}
+                if self.category:
+                    values.update({f"eval/{name}/error_cat/correct": 0.25, f"eval/{name}/error_cat/wrong": 0.75})
+                self._log(values, rollout_id)
+
+    def saved(self, seconds: float) -> None:
+        self.save_s = (self.save_s or 0.0) + seconds
+
+
 # -- the loop -------------------------------------------------------------------------------------
 def run(argv: list[str], entry: str, create_placement_groups: Callable[[Any], dict] | None = None) -> None:
     """One launch: place (under Ray), resume, roll out, save as Miles would, stop at num_rollout."""
@@ -204,8 +271,11 @@ def run(argv: list[str], entry: str, create_placement_groups: Callable[[Any], di
     pace = float(os.environ.get(ROLLOUT_S_VAR, "0.5"))
     sentinel = Path(args.save_trigger_sentinel) if args.save_trigger_sentinel else None
     num_rollout = args.num_rollout if args.num_rollout is not None else start + 1
+    metrics = Metrics(args)
     for rollout_id in range(start, num_rollout):
+        t0 = time.monotonic()
         time.sleep(pace)  # "generate + train"
+        metrics.rollout(rollout_id, time.monotonic() - t0)
         record.data["rollouts"].append(rollout_id)
         why = []
         if args.save_interval and (rollout_id + 1) % args.save_interval == 0:
@@ -220,7 +290,8 @@ def run(argv: list[str], entry: str, create_placement_groups: Callable[[Any], di
             save_checkpoint(args, rollout_id)
             if requested:
                 sentinel.unlink(missing_ok=True)  # Miles: "a checkpoint is saved and the file is removed"
-            record.data["saves"].append({"rollout_id": rollout_id, "why": why,
-                                         "seconds": round(time.monotonic() - t0, 3)})
+            seconds = time.monotonic() - t0
+            metrics.saved(seconds)
+            record.data["saves"].append({"rollout_id": rollout_id, "why": why, "seconds": round(seconds, 3)})
         record.flush()
     record.update(finished=True)

@@ -30,7 +30,8 @@ Miles's source, read for facts only):
   (``--megatron-to-hf-mode bridge``, which loads the HF checkpoint itself, so no ``--ref-load``);
 - reward: ``--custom-rm-path beam_hpc.backends.miles.reward.reward`` returns a dict; training reads
   ``--reward-key reward`` (correctness + overlong penalty), evaluation ``--eval-reward-key acc``
-  (1/0 correctness, so the logged mean is accuracy without the penalty, as the seed reports it);
+  (1/0 correctness, so the logged mean is accuracy without the penalty, as the seed reports it), and
+  ``--log-reward-category miles_math``: Miles's own checker's verdict, logged beside it;
 - tensorboard: ``--use-tensorboard`` with ``TENSORBOARD_DIR=<output>/tensorboard`` in the
   environment (Miles reads the directory only from there).
 
@@ -50,6 +51,7 @@ from beam_hpc.backends.miles import architecture
 from beam_hpc.backends.miles.checks import OPTION_EXTRA_ARGS, MilesLayout, check
 from beam_hpc.backends.miles.flags import SOURCES, managed_flags
 from beam_hpc.plan.paths import RunPaths
+from beam_hpc.run.metric_names import MILES_CHECK_KEY
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
@@ -211,6 +213,7 @@ def _reward(out: _Argv) -> None:
     out.add("--custom-rm-path", REWARD_FUNCTION)
     out.add("--reward-key", TRAIN_REWARD_KEY)
     out.add("--eval-reward-key", EVAL_REWARD_KEY)
+    out.add("--log-reward-category", MILES_CHECK_KEY)  # Miles's checker beside ours (backends.miles.reward)
 
 
 def _eval(out: _Argv, recipe: Recipe) -> None:

@@ -49,6 +49,7 @@ SOURCES: dict[str, str] = {
     "--custom-rm-path": "reward (beam_hpc.reward.scoring)",
     "--reward-key": "reward",
     "--eval-reward-key": "reward / eval",
+    "--log-reward-category": "eval (Miles's own answer checking, beside beam-hpc's)",
     # evaluation
     "--eval-interval": "eval.interval",
     "--eval-prompt-data": "data.eval_name + data.eval",

@@ -23,7 +23,10 @@ for facts only):
   (``eval_rollout_single_dataset``), and the eval metric is the mean of those values. So this
   function returns ``{"reward": correctness + overlong penalty, "acc": 1.0/0.0, "pred", "penalty"}``
   and the builder passes ``--reward-key reward --eval-reward-key acc``: evaluation reports accuracy
-  without the length penalty, as the seed does.
+  without the length penalty, as the seed does. The dict also carries Miles's own checker's verdict
+  (``miles_math``: "correct"/"wrong"), and the builder passes ``--log-reward-category miles_math``:
+  Miles's ``_compute_reward_cat_metrics`` then logs ``eval/<name>/error_cat/<verdict>`` (and
+  ``rollout/error_cat/<verdict>``), the accuracy the seed reported, beside beam-hpc's.
 
 Settings: the length limit is Miles's own ``args.rollout_max_response_len`` (the budget the
 responses were generated under); the penalty window and factor, which Miles does not know, come
@@ -32,7 +35,7 @@ for every Ray worker of the job from the recipe.
 
 Scoring runs in a worker thread (``asyncio.to_thread``) so that a slow symbolic check does not
 stall the rollout's event loop, which is also driving generation; ``beam_hpc.reward.scoring`` is safe off
-the main thread. No Miles import: Miles passes its objects in.
+the main thread. Miles passes its objects in; the one Miles import is its checker (beam_hpc.reward.miles_check).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ import os
 from typing import Any
 
 from beam_hpc.backends.miles.args import ENV_OVERLONG_BUFFER, ENV_OVERLONG_FACTOR
+from beam_hpc.reward.miles_check import miles_verdict
+from beam_hpc.run.metric_names import MILES_CHECK_KEY
 
 
 def _penalty_settings() -> tuple[int, float]:
@@ -81,6 +86,9 @@ def score_sample(args: Any, sample: Any) -> dict[str, Any]:
         "acc": 1.0 if result.correct else 0.0,
         "pred": result.pred,
         "penalty": result.penalty,
+        # Miles's own checker's verdict: metrics only (never the training reward); Miles logs its
+        # per-verdict fractions under --log-reward-category (beam_hpc.reward.miles_check).
+        MILES_CHECK_KEY: miles_verdict(sample.response, str(sample.label)),
     }
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.run import checkpoint_layout
+from beam_hpc.reward.miles_check import miles_verdict, verdict_fractions
 from beam_hpc.run import metric_names as names
 from beam_hpc.backends.reference import checkpoint
 from beam_hpc.backends.reference import metrics_log as mlog
@@ -401,8 +402,13 @@ class Loop:
         n = len(roll["correct"])
         acc = sum(roll["correct"]) / n
         length = sum(len(x) for x in roll["response_ids"]) / n
-        self.metrics.scalars("eval", step, {names.eval_accuracy_tag(r.data.eval_name): acc,
-                                            names.eval_response_len_tag(r.data.eval_name): length})
+        # Miles's own answer checking beside beam-hpc's, logged as Miles logs the reward category
+        # (eval/<name>/error_cat/<verdict>); "unavailable" where Miles is not importable here.
+        verdicts = [miles_verdict(t, str(lab)) for t, lab in zip(roll["response_text"], roll["label"], strict=True)]
+        self.metrics.scalars("eval", step, {
+            names.eval_accuracy_tag(r.data.eval_name): acc,
+            names.eval_response_len_tag(r.data.eval_name): length,
+            **{names.eval_miles_verdict_tag(r.data.eval_name, v): f for v, f in verdict_fractions(verdicts).items()}})
         self.metrics.dump_samples(
             "eval",
             step,

@@ -7,6 +7,7 @@ Tag names shared with the readers (`beam-hpc status`, plots) come from
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ class MetricsLog:
     def scalars(self, kind: str, rollout_id: int, values: dict[str, float]) -> None:
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, rollout_id)
-        self.jsonl.write(json.dumps({"kind": kind, "rollout_id": rollout_id, **values}) + "\n")
+        self.jsonl.write(json.dumps({"kind": kind, "rollout_id": rollout_id, "time": time.time(), **values}) + "\n")
         self.jsonl.flush()
         self.writer.flush()
 

@@ -1,0 +1,105 @@
+"""The text view of `beam-hpc status`: :func:`format_status` turns gather's dict into lines.
+
+Owns one concern, presentation: every number here was computed by :mod:`beam_hpc.observe.status`
+(which owns gathering and the derived numbers); this module only words and lays them out, so the
+JSON (``status --json``) and the table can never disagree.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from beam_hpc.observe.eval_set import EvalData
+from beam_hpc.progress import duration, text_table
+
+
+def _clock(t: float | None) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _num(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+def _format_gpu_hours(gh: dict[str, Any] | None) -> list[str]:
+    """The GPU-hours lines: held, useful with goodput, and lost by cause (0 causes left out)."""
+    if not gh or gh.get("held") is None:
+        return [] if not gh else [f"GPU-hours  - ({gh.get('basis')})"]
+    good = f", goodput {gh['goodput'] * 100:.0f}%" if gh.get("goodput") is not None else ""
+    partial = " (partial: older ledger lines lack the fields to attribute all losses)" if gh.get("partial") else ""
+    out = [f"GPU-hours  {gh['held']:,.2f} held by {gh['gpus']} GPUs, {gh['useful']:,.2f} useful{good}{partial}"]
+    lost = [f"{cause} {hours:,.2f}" for cause, hours in gh["lost"].items() if hours]
+    out.append("lost       " + ("; ".join(lost) if lost else "none"))
+    return out
+
+
+def format_status(s: dict[str, Any]) -> str:
+    """The default, human view of :func:`gather`'s dict."""
+    r, ev, gp, eta, sl = s["rollouts"], s["eval"], s["goodput"], s["eta"], s["slurm"]
+    title = ", ".join(x for x in (s.get("job_name"), f"recipe {s['recipe']}" if s.get("recipe") else None,
+                                 f"backend {s['backend']}" if s.get("backend") else None) if x)
+    lines = [f"run        {s['run_dir']}" + (f"  ({title})" if title else "")]
+    live = sl.get("state") or "-"
+    if sl.get("components"):
+        c = sl["components"][0]
+        live += f" on {c.get('NodeList')} ({c.get('RunTime')} of {c.get('TimeLimit')})"
+    if sl.get("reason") and sl.get("reason") != "None":
+        live += f", reason {sl['reason']}"
+    job = f"job {sl['job_id']} {live}" if sl.get("job_id") else "no job queued"
+    lines.append(f"state      {s['state']}; {job}" + (f" [{sl['note']}]" if sl.get("note") else ""))
+    total = r["total"] if r["total"] is not None else "?"
+    frac = f" ({r['fraction'] * 100:.0f}%)" if r["fraction"] is not None else ""
+    lines.append(f"rollouts   {r['done']} of {total} checkpointed{frac}, {r['generated']} generated")
+    ck = s["last_checkpoint"]
+    ck_txt = f"rollout {ck['iteration']} -> {ck['path']}" if ck["iteration"] is not None else "none yet"
+    if ck["problems"]:
+        ck_txt += "  PROBLEM: " + "; ".join(ck["problems"])
+    lines.append(f"checkpoint {ck_txt}")
+    mc = ev.get("miles_checker") or {}
+    miles_txt = _num(mc.get("accuracy")) if mc.get("accuracy") is not None else (mc.get("state") or "not recorded")
+    lines.append(f"eval       {ev['label']}: accuracy {_num(ev['accuracy'])} (beam-hpc checker), "
+                 f"{miles_txt} (Miles checker), mean response length "
+                 f"{_num(ev['response_len'], '{:.1f}')} tokens"
+                 + (f" (rollout {ev['rollout']})" if ev["rollout"] is not None else "")
+                 + (f" [{ev['accuracy_tag']}]" if ev["label"] != ev["name"] else ""))
+    lines.append(f"eval data  {EvalData(**ev['data']).describe()}")
+    rollout_len = s["reward"].get("response_len")
+    lines.append(f"reward     {_num(s['reward']['value'])}"
+                 + (f", mean response length {rollout_len:.1f} tokens" if rollout_len is not None else "")
+                 + (f" (rollout {s['reward']['rollout']})" if s["reward"]["rollout"] is not None else ""))
+    gp_txt = f"{gp['value'] * 100:.0f}%" if gp["value"] is not None else "-"
+    lines.append(f"goodput    {gp_txt} ({duration(gp['kept_rollout_s'])} of kept rollouts / "
+                 f"{duration(gp['allocated_s'])} allocated)")
+    if eta["remaining_rollouts"] == 0:
+        eta_txt = "done: every rollout is generated"
+    elif eta["eta_s"] is not None:
+        rate = eta["s_per_rollout_allocated"] or eta["s_per_rollout_step"]
+        eta_txt = f"{duration(eta['eta_s'])} of allocation for {eta['remaining_rollouts']} rollouts"
+        eta_txt += f" at {rate:.1f} s each" if rate else ""
+        if eta["finish_at"]:
+            eta_txt += f", about {_clock(eta['finish_at'])} if it keeps running"
+    else:
+        eta_txt = "- (no measured rate yet)"
+    lines.append(f"ETA        {eta_txt}")
+    lines += _format_gpu_hours(s.get("gpu_hours"))
+    for e in s.get("excluded_nodes") or []:
+        lines.append(f"excluded   {e['node']} (since segment {e['segment']}: {e['why']})")
+    lines.append("")
+    headers = ["segment", "job", "restart", "host", "start", "duration", "rollouts", "reason", "next"]
+    table = []
+    for row in s["segments"]:
+        a, b = row["rollouts_at_start"], row["rollouts_at_end"]
+        roll = f"{a if a is not None else '?'}->{b if b is not None else '?'}"
+        if row.get("rollouts_run") is not None:
+            roll += f" ({row['rollouts_run']} run)"
+        dur = duration(row["duration_s"]) + ("~" if row["end_estimated"] else "") if row["duration_s"] is not None else "-"
+        nxt = row["next_action"] or "-"
+        if row["next_job_id"]:
+            nxt += f" {row['next_job_id']}"
+        table.append([row["segment"], row["job_id"], str(row["restart"]), row["host"] or "-",
+                      _clock(row["start"]), dur, roll, row["reason"] or row["state"], nxt])
+    lines.append(text_table(headers, table) if table else "no segment has started yet")
+    lines += [f"warning: {w}" for w in s["warnings"]]
+    return "\n".join(lines)
