@@ -520,6 +520,8 @@ WHY: dict[str, str] = {
     "--rm-type": "see --custom-rm-path",
     "--reward-key": "the training reward includes the overlong penalty",
     "--eval-reward-key": "eval accuracy is correctness alone, as the seed reports it",
+    "--log-reward-category": "eval also logs Miles's own checker's verdict (reward field miles_math), beside "
+                             "beam-hpc's, so a curve compares with the seed's",
     "--advantage-estimator": "the seed is GRPO; Miles's 8-node GLM launcher runs GSPO",
     "--eps-clip": "DAPO's clip 0.2 / 0.28 (the seed) instead of GSPO's 1e-4 / 2e-4",
     "--eps-clip-high": "see --eps-clip",
@@ -573,7 +575,7 @@ PARITY = {
          "--sglang-speculative-num-draft-tokens, '2', --sglang-enable-draft-weights-cpu-backup, "
          "--moe-token-dispatcher-type, flex, --moe-enable-deepep]}"],
         {"--save", "--load", "--save-interval", "--save-trigger-sentinel", "--use-tensorboard", "--dump-details",
-         "--use-fault-tolerance", "--custom-rm-path", "--rm-type", "--reward-key", "--eval-reward-key",
+         "--use-fault-tolerance", "--custom-rm-path", "--rm-type", "--reward-key", "--eval-reward-key", "--log-reward-category",
          "--advantage-estimator", "--eps-clip", "--eps-clip-high", "--use-tis", "--over-sampling-batch-size",
          "--dynamic-sampling-filter-path", "--kl-coef", "--entropy-coef", "--kl-loss-coef", "--kl-loss-type",
          "--calculate-per-token-loss", "--seed", "--rollout-seed", "--rollout-max-prompt-len", "--eval-max-prompt-len",
@@ -589,7 +591,7 @@ PARITY = {
          "model.expert_parallel=8", f"model.miles_model_script={MILES_MAIN_MODELS / 'qwen3-30B-A3B.py'}",
          "backend_options={rollout_gpus_per_engine: 8, extra_args: [--sglang-cuda-graph-max-bs, '512']}"],
         {"--save", "--load", "--save-retain-interval", "--save-trigger-sentinel", "--use-tensorboard",
-         "--dump-details", "--custom-rm-path", "--rm-type", "--reward-key", "--eval-reward-key",
+         "--dump-details", "--custom-rm-path", "--rm-type", "--reward-key", "--eval-reward-key", "--log-reward-category",
          "--use-kl-loss", "--kl-loss-coef", "--kl-loss-type", "--entropy-coef", "--calculate-per-token-loss",
          "--seed", "--rollout-seed", "--rollout-max-prompt-len", "--eval-max-prompt-len", "--rollout-max-response-len",
          "--eval-max-response-len", "--max-tokens-per-gpu", "--num-rollout", "--eval-interval",
