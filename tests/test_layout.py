@@ -253,3 +253,23 @@ def test_the_walker_sees_imports_inside_functions(tmp_path: Path) -> None:
 def module_name_in(path: Path, root: Path) -> str:
     parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+# -- tests/ mirrors beam_hpc/ ---------------------------------------------------------------------
+
+TESTS_DIR = Path(__file__).resolve().parent
+# Test directories that are not a sub-package: the shared helpers (on pytest's pythonpath).
+NOT_A_PACKAGE = {"support"}
+
+
+def test_tests_mirror_the_package() -> None:
+    """Every test module sits in the directory of the sub-package it tests (tests/<subpkg>/..., with
+    tests/backends/<backend>/), so the tests of a stage are found where its code is; only this
+    file, which is about the whole package, stays at the top. Helpers live in tests/support/."""
+    packages = {p.parent.relative_to(PACKAGE_DIR).as_posix() for p in PACKAGE_DIR.rglob("__init__.py")} - {"."}
+    flat = sorted(p.name for p in TESTS_DIR.glob("test_*.py") if p.name != Path(__file__).name)
+    assert not flat, f"test modules outside a sub-package directory: {flat}"
+    test_dirs = {p.parent.relative_to(TESTS_DIR).as_posix() for p in TESTS_DIR.rglob("test_*.py")} - {"."}
+    strays = sorted(d for d in test_dirs if d not in packages and d.split("/")[0] not in NOT_A_PACKAGE)
+    assert not strays, f"test directories with no beam_hpc sub-package of that name: {strays}"
+    assert not list((TESTS_DIR / "support").glob("test_*.py")), "tests/support/ holds helpers, not tests"

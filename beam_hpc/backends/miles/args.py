@@ -2,7 +2,7 @@
 
 Why a pure builder: Miles cannot run outside its GPU image, so this path must be right by
 construction. Every flag here is checked by the tests against the names Miles's own argparse
-parser accepts (``tests/data/miles-megatron-flags.txt``, dumped from radixark/miles@31f1ca961 with
+parser accepts (``tests/support/fixtures/miles-megatron-flags.txt``, dumped from radixark/miles@31f1ca961 with
 its Megatron fork) and every value against the recipe. The Plan stores the result; ``beam-hpc
 submit --dry-run`` prints it.
 

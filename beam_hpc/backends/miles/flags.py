@@ -4,7 +4,7 @@ One table, owned here, read by two modules: the argument builder (``args``) refu
 missing from it, and the checks (``checks``) refuse pass-through flags that repeat one (the user
 must change the field instead). Keeping it apart from both is what lets the checks run without
 importing the builder. The tests check every name against Miles's own parser
-(``tests/data/miles-megatron-flags.txt``).
+(``tests/support/fixtures/miles-megatron-flags.txt``).
 """
 
 from __future__ import annotations

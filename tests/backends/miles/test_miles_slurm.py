@@ -1,0 +1,207 @@
+"""The Miles launch path end to end on the local Slurm cluster, with a contract double of Miles.
+
+Real parts: the user's submission (``beam_hpc.submission.submit.submit(via="sbatch")``: plan, rendered
+heterogeneous script, login-node checks, sbatch), Slurm, the segment and its lifecycle watchdog,
+Ray on both groups, beam-hpc's Miles launcher (``beam_hpc.backends.miles.launch``) with its
+placement patch, the resubmission with ``--resume``.
+
+The seam: Miles itself cannot run here (GPU image), so the site points the Miles directory at
+``tests/support/miles_standin/`` (``PYTHONPATH``/``MILES_DIR`` in the site's environment, where the image
+would have Miles). Its ``train_async.py`` is a *contract double* (see
+``tests/support/miles_standin/standin_driver.py``): it parses the Miles flags it needs, records its argv and
+environment, rolls out (short sleeps), saves in Miles's layout at the interval and when the
+``--save-trigger-sentinel`` file exists (then removes the file), resumes from ``--load`` and stops at
+``--num-rollout``. GPUs are Slurm's fake GPUs of the local cluster.
+
+The walltime path is entered the way Slurm enters it: the walltime warning (USR1) to the batch
+shell, sent with ``scancel --batch --signal=USR1`` once the driver runs, instead of waiting for a
+real time limit (slurmctld's 30 s signal granularity would cost a minute or more).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import run_watch
+from run_watch import chain_finished, diagnostics, segments
+
+from beam_hpc.run import checkpoint_layout
+from beam_hpc.backends.miles import args as miles_args
+from beam_hpc.config.recipe import load_yaml, recipe_from_dict
+from beam_hpc.config.site import site_from_dict
+from miles_facts import QWEN3_8B
+
+ROOT = Path(__file__).resolve().parents[3]
+STANDIN = ROOT / "tests" / "support" / "miles_standin"
+NUM_ROLLOUT = 10
+PROMPTS = 4
+TIMEOUT_S = 300  # a shared 2-core machine; the chain takes about a minute when it is quiet
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    """Outside pytest's numbered temp dirs (other sessions prune those), kept short for Ray."""
+    root = Path(tempfile.mkdtemp(prefix="beam-ms-", dir="/tmp"))
+    yield root / "run"
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def miles_recipe(base: Path) -> dict:
+    """The seed's dedicated configuration, shrunk to 1 trainer node + 1 rollout node of 1 fake GPU,
+    with the model, torch_dist copy and data files that the login-node checks want to see."""
+    d = load_yaml(ROOT / "recipes" / "dedicated.yaml")
+    for sub in ("model/hf", "model/torch_dist", "data"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    for name in ("dapo-math-17k.jsonl", "aime-2025.jsonl"):
+        (base / "data" / name).write_text('{"prompt": [{"role": "user", "content": "1+1"}], "label": "2"}\n')
+    # a public model's config.json: the architecture flags are derived from it at submit
+    (base / "model/hf/config.json").write_text(json.dumps(QWEN3_8B))
+    d.update(output_dir=str(base / "run"), num_rollout=NUM_ROLLOUT)
+    d["model"] = {"path": str(base / "model/hf"), "ref_load": str(base / "model/torch_dist")}
+    d["data"]["dir"] = str(base / "data")
+    d["batch"] = {"prompts": PROMPTS, "responses_per_prompt": 2, "updates_per_rollout": 1}
+    d["tokens"] = {"max_prompt": 64, "max_response": 64}
+    d["reward"]["overlong_buffer"] = 16
+    d["checkpoint"] = {"interval": 1000}  # the only save of segment 1 is the one the sentinel asks for
+    d["training"]["offload"] = {"target": "cpu"}
+    d["topology"] = {"trainer": {"nodes": 1, "gpus_per_node": 1},
+                     "rollout": {"nodes": 1, "gpus_per_node": 1, "gpus_per_engine": 1}}
+    d["lifecycle"] = {"walltime": "00:10:00", "lead_s": 60, "max_segments": 4}
+    return d
+
+
+def local_site() -> dict:
+    """env/local.yaml, with the Miles directory pointed at the contract double."""
+    s = load_yaml(ROOT / "env" / "local.yaml")
+    s["python"] = sys.executable
+    s["env"] = {"PYTHONPATH": str(STANDIN), "MILES_DIR": str(STANDIN), "BEAM_STANDIN_ROLLOUT_S": "0.3"}
+    return s
+
+
+def wait_for(what: str, predicate: Callable[[], object], run: Path, timeout: float = TIMEOUT_S) -> object:
+    return run_watch.wait_for(what, predicate, run, timeout, poll_s=0.3)
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.ray
+@pytest.mark.e2e
+def test_walltime_save_at_sentinel_then_resume_with_exact_miles_flags(slurm_cluster, run_dir: Path) -> None:
+    """Segment 1: the walltime warning -> sentinel -> the double saves at its next rollout and
+    removes the file -> the segment stops and resubmits itself with --resume. Segment 2: the
+    double loads that checkpoint from --load and finishes. Both launches got exactly the flags
+    miles_args builds for the plan, and the address variables of the job's head node."""
+    from beam_hpc.submission.submit import submit
+
+    recipe = recipe_from_dict(miles_recipe(run_dir.parent), "miles test recipe")
+    site = site_from_dict(local_site(), "local site, Miles double")
+    sub = submit(recipe, site, via="sbatch")
+    first, plan = str(sub.job_id), sub.plan
+    dumps = run_dir / "dumps"
+    # the double's first record: the driver runs (so the segment saves rather than just stops), and
+    # the sentinel will be there early in its loop, far from num_rollout
+    wait_for("the double to start in segment 1", lambda: (dumps / "standin-0.json").exists(), run_dir)
+    slurm_cluster.run("scancel", "--batch", "--signal=USR1", first)  # Slurm's walltime warning
+    wait_for("the chain to finish", lambda: chain_finished(run_dir), run_dir)
+
+    segs = segments(run_dir)
+    t0 = segs[0]["start"]["time"]
+    print("\nsegments (start, end) s after the first start, end detail:\n" + "\n".join(
+        f"  {s['segment']}: {s['start']['time'] - t0:.1f} {s.get('end', {}).get('time', t0) - t0:.1f} "
+        f"{s.get('end', {}).get('detail')}" for s in segs))
+    assert [s["end"]["reason"] for s in segs] == ["walltime", "completed"], diagnostics(run_dir)
+    second = segs[1]["start"]["job_id"]
+    assert segs[0]["start"]["job_id"] == first and not segs[0]["start"]["resume"]
+    assert segs[0]["end"]["next"] == {"action": "resubmit", "job_id": second}
+    assert "saved on request" in segs[0]["end"]["detail"] and segs[1]["start"]["resume"]
+
+    # segment 1: one save, the one the sentinel asked for, and the file is gone
+    one = _json(dumps / "standin-0.json")
+    (save,) = one["saves"]
+    k = save["rollout_id"]
+    assert save["why"] == ["sentinel"] and one["rollouts"][-1] >= k and not one.get("finished")
+    assert segs[0]["end"]["rollouts_at_end"] == k + 1 == segs[1]["start"]["rollouts_at_start"]
+    assert not (run_dir / "SAVE_NOW").exists()
+    # what each segment ran comes from the TensorBoard scalars the double writes under Miles's names
+    # (perf/step_time per rollout step): the ledger's rollouts run and step seconds, and status
+    assert segs[0]["end"]["rollouts_run"] == len(one["rollouts"]) > 0, segs[0]["end"]
+    assert segs[0]["end"]["timings"]["rollout_s"] >= 0.3 * 0.9  # BEAM_STANDIN_ROLLOUT_S
+
+    # segment 2: loaded rollout k's checkpoint and data cursor from --load, finished the run
+    two = _json(dumps / f"standin-{k + 1}.json")
+    assert two["loaded"] == {"from": "load", "path": plan.paths.checkpoints, "iteration": k,
+                             "sample_offset": (k + 1) * PROMPTS}
+    assert two["rollouts"] == list(range(k + 1, NUM_ROLLOUT)) and two["finished"]
+    assert two["saves"][-1]["rollout_id"] == NUM_ROLLOUT - 1 and "final" in two["saves"][-1]["why"]
+    assert checkpoint_layout.latest_iteration(plan.paths.checkpoints) == NUM_ROLLOUT - 1
+    assert checkpoint_layout.resume_problems(plan.paths.checkpoints) == []
+    assert segs[1]["end"]["rollouts_run"] == len(two["rollouts"])
+    from beam_hpc.observe.status import gather
+
+    status = gather(run_dir, slurm=False)
+    assert [r["rollouts_run"] for r in status["segments"]] == [len(one["rollouts"]), len(two["rollouts"])]
+    assert status["metrics_source"] == "tensorboard" and status["reward"]["rollout"] == NUM_ROLLOUT - 1
+    # the eval the double logged as Miles does, both checkers (the command has --log-reward-category)
+    assert status["eval"]["accuracy"] == 0.5 and status["eval"]["miles_checker"]["accuracy"] == 0.25
+
+    # the flags of both launches are what miles_args builds for this plan (--load on the resume too)
+    expected = miles_args.miles_args(recipe, site)
+    for record, job in ((one, first), (two, second)):
+        assert Path(record["argv"][0]) == STANDIN / miles_args.ENTRY_ASYNC
+        assert record["argv"][1:] == expected
+        assert record["argv"][record["argv"].index("--load") + 1] == plan.paths.checkpoints
+        rt = _json(run_dir / "logs" / f"{job}-0" / "runtime.json")
+        assert record["env"] == {"MASTER_ADDR": rt["head_ip"], "MILES_HOST_IP": rt["head_ip"]}
+        env = record["environ"]
+        assert env["TENSORBOARD_DIR"] == plan.paths.tensorboard and env["BEAM_JOB_ID"] == job
+        assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and env["RAY_AUTH_MODE"] == "token"
+        assert env["BEAM_REWARD_OVERLONG_BUFFER"] == "16"
+        # training bundles on the trainer group's node, as the launcher's placement proof says
+        assert {r["node"] for r in record["actor"]} != {r["node"] for r in record["rollout"]}
+        assert all(r["gpus"] == [r["expected_gpu"]] for r in record["actor"] + record["rollout"])
+    proof = _json(run_dir / "placement.json")
+    assert [b["node_group"] for b in proof["bundles"]] == ["trainer", "other"]
+    assert proof["bundles"][0]["node"] == two["actor"][0]["node"]
+    for record, job in ((one, first), (two, second)):  # last: the one known gap (see the message)
+        rt = _json(run_dir / "logs" / f"{job}-0" / "runtime.json")
+        assert record["environ"]["RAY_ADDRESS"] == f"{rt['head_ip']}:{rt['gcs_port']}", (
+            "RAY_ADDRESS reached the driver as the Plan's placeholder: beam_hpc.job.runner must fill the "
+            "placeholders of plan.driver_env as it fills those of plan.driver_argv")
+
+
+@pytest.mark.slow
+def test_the_doubles_entry_points_keep_mileses_rules(tmp_path: Path) -> None:
+    """The ``train.py`` double (in turn / colocated) takes ``--colocate``, saves at the sentinel and
+    removes it; the ``train_async.py`` double refuses ``--colocate`` as Miles's does. Run directly,
+    with no Ray cluster to place on (the launcher provides one in the test above)."""
+    env = {**os.environ, "PYTHONPATH": str(STANDIN), "BEAM_STANDIN_ROLLOUT_S": "0"}
+    ckpt, sentinel = tmp_path / "ckpt", tmp_path / "SAVE_NOW"
+    sentinel.write_text("{}")
+    flags = ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", "2", "--colocate", "--dump-details",
+             str(tmp_path / "dumps"), "--save", str(ckpt), "--load", str(ckpt), "--save-interval", "100",
+             "--save-trigger-sentinel", str(sentinel), "--num-rollout", "2", "--rollout-batch-size", "4"]
+    done = subprocess.run([sys.executable, str(STANDIN / "train.py"), *flags], env=env, capture_output=True,
+                          text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = _json(tmp_path / "dumps" / "standin-0.json")
+    assert [(s["rollout_id"], s["why"]) for s in record["saves"]] == [(0, ["sentinel"]), (1, ["final"])]
+    assert not sentinel.exists() and checkpoint_layout.latest_iteration(ckpt) == 1
+    assert {".metadata", "metadata.json"} <= {p.name for p in checkpoint_layout.iteration_dir(ckpt, 1).iterdir()}
+    refused = subprocess.run([sys.executable, str(STANDIN / "train_async.py"), *flags], env=env,
+                             capture_output=True, text=True, timeout=180, check=False)
+    assert refused.returncode != 0 and "Colocation is not supported for async training" in refused.stderr

@@ -1,0 +1,135 @@
+"""beam_hpc.job.runner.run_local: the same job code with no Slurm (what `beam-hpc execute` runs), on the
+host and through the Apptainer seam (the stand-in binary of tests/support/fake_apptainer.py, whose image
+sets RAY_AUTH_MODE=disabled: only the job's forced environment can turn token auth back on), and
+the readiness deadline with one node whose `ray start` hangs; warm JIT caches and the node-local
+image copy across two segments (through the stand-in)."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import os
+import sys
+from glob import glob
+from pathlib import Path
+
+import pytest
+from run_watch import gone
+
+from beam_hpc.job.runner import run_local, smoke_driver_argv
+from beam_hpc.node.ray_node import TEST_HANG_RAY_START_VAR, tagged_pids
+from fake_apptainer import install_fake_apptainer
+from job_plans import make_test_plan
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_run_local_brings_up_both_groups_places_work_and_cleans_up(tmp_path):
+    """On the host; the Apptainer case is test_jit_cache_and_image_copy_carry_over_to_another_node."""
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1)
+    outcome = run_local(plan, driver_argv=smoke_driver_argv(plan), ready_timeout_s=300)
+    assert outcome.status == "completed", outcome.message
+    assert outcome.ready_s and outcome.ready_s > 0 and outcome.teardown_s is not None
+    smoke = json.loads(Path(plan.output_dir, "smoke.json").read_text())
+    assert smoke["ok"]
+    by_role = {t["role"]: t["ip"] for t in smoke["tasks"]}
+    assert by_role == {"trainer": "127.0.0.10", "rollout": "127.0.0.11"}  # loopback node per group
+    assert {t["ray_auth_mode"] for t in smoke["tasks"]} == {"token"}
+    job_id = f"l{os.getpid()}"
+    assert gone(lambda: tagged_pids(f"{plan.run_id}.{job_id}.0")) == []
+    assert gone(lambda: glob(f"/tmp/beam-{job_id}.0-*")) == []
+    assert not Path(plan.output_dir, ".ray-auth").exists()
+    saved = json.loads(Path(outcome.segment_dir, "outcome.json").read_text())
+    assert saved["status"] == "completed" and saved["ready_s"] == outcome.ready_s
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_node_whose_ray_start_hangs_is_named_at_the_readiness_deadline(tmp_path, monkeypatch):
+    """The rollout node's `ray start` never starts Ray (ray_node's test-only hang hook, set for node
+    index 1 only); the trainer head comes up for real. At the short deadline the job ends not-ready,
+    naming the rollout node, its state and its log, and leaves nothing running."""
+    monkeypatch.setenv(TEST_HANG_RAY_START_VAR, "1")
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1)
+    outcome = run_local(plan, driver_argv=smoke_driver_argv(plan), ready_timeout_s=10)
+    assert outcome.status == "not-ready", outcome.message
+    seg = Path(outcome.segment_dir)
+    assert "Ray cluster not ready by its deadline" in outcome.message
+    assert "trainer: 1/1 nodes, 1/1 GPUs; rollout: 0/1 nodes, 0/1 GPUs" in outcome.message
+    assert (f"never joined: rollout node 0 (local-rollout-0, 127.0.0.11: state running; log "
+            f"{seg / 'node-rollout-0.log'})") in outcome.message
+    assert "hung ray start" in (seg / "node-rollout-0.log").read_text()
+    # the node to leave out next time (beam_hpc.lifecycle.exclusions): the one that never joined
+    assert [f["node"] for f in outcome.failed_nodes] == ["local-rollout-0"]
+    assert "did not join in time" in outcome.failed_nodes[0]["why"]
+    assert "hung ray start" not in (seg / "node-trainer-0.log").read_text()
+    hung_pid = json.loads((seg / "nodes" / "rollout-0.json").read_text())["ray_pid"]
+    assert not gone(lambda: _alive(hung_pid))
+    job_id = f"l{os.getpid()}"
+    assert gone(lambda: tagged_pids(f"{plan.run_id}.{job_id}.0")) == []
+    assert gone(lambda: glob(f"/tmp/beam-{job_id}.0-*")) == []
+    assert not Path(plan.output_dir, ".ray-auth").exists()
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a zombie has ended; only its parent's reap is late)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_jit_cache_and_image_copy_carry_over_to_another_node(tmp_path, monkeypatch):
+    """Two segments of one run, two nodes in the group, through the Apptainer stand-in with the
+    image staged to local scratch. Segment 1: a Ray task on node 0 writes a kernel into its Triton
+    cache (as Triton does on a miss). Segment 2: the task on node 1, which never compiled it, finds
+    it in its own node-local cache, seeded from the group's archive; every task ran the node-local
+    copy of the image, and segment 2 reused the copies segment 1 made. It is also the Apptainer
+    case of the bring-up test above: the image sets RAY_AUTH_MODE=disabled, and only the job's
+    forced environment turns token auth back on inside the container; nothing is left running."""
+    from beam_hpc.node.image import write_checksum
+
+    bin_dir = install_fake_apptainer(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    image = tmp_path / "shared" / "beam.sif"
+    image.parent.mkdir()
+    image.write_text("stand-in image")
+    digest = write_checksum(image)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    site = {"container": {"runtime": "apptainer", "image": str(image), "python": sys.executable,
+                          "stage_to_local": True}, "scratch": str(scratch)}
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=2, rollout_nodes=0, gpus=1, site=site)
+    driver = [sys.executable, str(Path(__file__).resolve().parents[2] / "tests" / "support" / "jit_cache_driver.py"), "--ray-address", "{ray_address}"]
+    n0, n1 = "127.0.0.10", "127.0.0.11"
+
+    first = run_local(plan, driver_argv=[*driver, "--write-on", n0, "--out", str(tmp_path / "seg1.json")],
+                      ready_timeout_s=300)
+    assert first.status == "completed", first.message
+    seg1 = json.loads((tmp_path / "seg1.json").read_text())
+    kernel = "9a1f3c/matmul_kernel.cubin"
+    assert seg1[n0]["triton_files"] == [kernel] and seg1[n1]["triton_files"] == []
+    staged = scratch / "beam-images" / f"beam-{digest[:12]}.sif"
+    for ip in (n0, n1):
+        env = seg1[ip]["env"]
+        assert env["FAKE_APPTAINER_IMAGE"] == str(staged)  # the container ran the node-local copy
+        assert all((env[v] or "").startswith(f"{scratch}/beam-jit/{plan.run_id}/trainer/") for v in env if v != "FAKE_APPTAINER_IMAGE")
+    assert seg1[n0]["env"]["TRITON_CACHE_DIR"] != seg1[n1]["env"]["TRITON_CACHE_DIR"]  # a disk per node
+    assert {seg1[ip]["ray_auth_mode"] for ip in (n0, n1)} == {"token"}
+    with tarfile.open(plan.paths.jit_cache_archive("trainer")) as tar:
+        assert [m.name for m in tar if m.isfile()] == [f"triton/{kernel}"]
+
+    second = run_local(plan, driver_argv=[*driver, "--out", str(tmp_path / "seg2.json")], ready_timeout_s=300)
+    assert second.status == "completed", second.message
+    seg2 = json.loads((tmp_path / "seg2.json").read_text())
+    assert seg2[n1]["triton_files"] == [kernel]  # node 1 never compiled it: seeded from the archive
+    assert Path(seg2[n1]["env"]["TRITON_CACHE_DIR"], kernel).read_bytes() == b"\x7fELF kernel"
+    reports = {i: json.loads(Path(second.segment_dir, "nodes", f"trainer-{i}.json").read_text()) for i in (0, 1)}
+    assert (reports[1]["jit_seeded"], reports[0]["jit_kept"]) == (1, 1)
+    assert [(r["image"], r["image_copied"]) for r in reports.values()] == [(str(staged), False)] * 2
+    job_id = f"l{os.getpid()}"
+    assert gone(lambda: tagged_pids(f"{plan.run_id}.{job_id}.0")) == []
+    assert gone(lambda: glob(f"/tmp/beam-{job_id}.0-*")) == []
+    assert not Path(plan.output_dir, ".ray-auth").exists()

@@ -1,0 +1,499 @@
+"""The lifecycle end to end: the real local Slurm cluster, the real reference backend, the tiny recipe.
+
+Every run here is submitted the way a user does it (``beam_hpc.submission.submit.submit(via="sbatch")``: plan,
+rendered script, login-node checks, sbatch), and everything after that is the product's own doing:
+the batch script execs ``beam_hpc.job.segment``, which takes the run lock, writes the ledger, brings Ray
+up through ``beam_hpc.job.runner``, runs the backend, and resubmits or requeues itself. The tests only
+wait, interfere the way Slurm or a user would (a preempting job, ``scontrol requeue``, SIGKILL,
+a second submission, ``beam-hpc cancel``) and read the run directory.
+
+Signals and time limits have a 30 s granularity in slurmctld (local-slurm-cluster.md 4 and 9), so
+the walltime test uses a 2-minute limit with a 60 s lead: USR1 or the job's own deadline comes
+30-60 s after the start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+import run_watch
+from reference_harness import (
+    SMALL,
+    TinyAssets,
+    assert_bitwise_equal,
+    load_checkpoint,
+    run_backend,
+)
+from reference_harness import make_plan as reference_plan
+from run_watch import chain_finished, diagnostics, segments
+from run_watch import read_text as _read
+
+from beam_hpc.run import checkpoint_layout
+
+from beam_hpc.run import metric_names
+from beam_hpc.plan.plan import Plan
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes" / "tiny.yaml"
+SITE = ROOT / "env" / "local.yaml"
+RUN_TIMEOUT_S = 540  # a shared 2-core machine: bring-up alone can take 30-60 s under load
+
+
+@pytest.fixture(scope="module")
+def runs() -> Iterator[Path]:
+    """Run directories outside pytest's numbered temp dirs: those are pruned by other pytest
+    sessions on the same machine, and a run directory must outlive every segment of its chain."""
+    root = Path(tempfile.mkdtemp(prefix="beam-lc-", dir="/tmp"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# -- helpers --------------------------------------------------------------------------------------------
+def submit_run(run_dir: Path, assets: TinyAssets, *, num_rollout: int, interval: int, walltime: str = "00:10:00",
+               lead_s: int = 60, resume: bool = False, extra: tuple[str, ...] = (), site: Path = SITE,
+               dependency: str | None = None) -> tuple[Plan, str]:
+    """The user's path: recipe + overrides -> plan, script, login-node checks, sbatch."""
+    from beam_hpc.submission.submit import submit
+
+    overrides = [f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *SMALL,
+                 f"checkpoint.interval={interval}", f"lifecycle.walltime={walltime}", f"lifecycle.lead_s={lead_s}",
+                 *extra]
+    sub = submit(TINY, site, overrides=overrides, output_dir=str(run_dir), num_rollout=num_rollout,
+                 resume=resume, via="sbatch", dependency=dependency)
+    return sub.plan, str(sub.job_id)
+
+
+def wait_for(what: str, predicate: Callable[[], object], run_dir: Path, timeout: float = RUN_TIMEOUT_S,
+             poll_s: float = 0.5) -> object:
+    return run_watch.wait_for(what, predicate, run_dir, timeout, poll_s)
+
+
+def timeline(run_dir: Path) -> str:
+    """One line per segment (printed with -s: the numbers behind the report)."""
+    segs = segments(run_dir)
+    t0 = segs[0]["start"]["time"] if segs else 0.0
+    rows = []
+    for s in segs:
+        st, en = s["start"], s.get("end") or {}
+        rows.append(f"{s['segment']:>8} start +{st['time'] - t0:6.1f}s end +{en.get('time', float('nan')) - t0:6.1f}s "
+                    f"rollouts {st['rollouts_at_start']}->{en.get('rollouts_at_end')} {en.get('reason')} "
+                    f"next {en.get('next')} timings {en.get('timings')}\n           {en.get('detail')}")
+    return "\n".join(rows)
+
+
+def job_state(job_id: str) -> str:
+    out = subprocess.run(["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True, check=False).stdout
+    fields = dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+    return fields.get("JobState", "GONE")
+
+
+def rollout_ids(run_dir: Path) -> list[int]:
+    """Rollout ids in the order they were trained, across segments (a re-done one appears twice)."""
+    try:
+        lines = (run_dir / "dumps" / metric_names.METRICS_FILE).read_text().splitlines(keepends=True)
+    except FileNotFoundError:
+        return []
+    whole = [json.loads(x) for x in lines if x.endswith("\n")]  # a line being written is not a rollout yet
+    return [m["rollout_id"] for m in whole if m.get("kind") == "rollout"]
+
+
+def assert_complete_and_exact(run_dir: Path, plan: Plan, num_rollout: int) -> dict[int, int]:
+    """Final rollout count exact, nothing skipped, ledger and dataset cursor agree; returns how
+    often each rollout id was trained (re-done rollouts count more than once)."""
+    import torch
+
+    ckpt = run_dir / "checkpoints"
+    assert checkpoint_layout.latest_iteration(ckpt) == num_rollout - 1
+    cursor = torch.load(checkpoint_layout.dataset_state_path(ckpt, num_rollout - 1), weights_only=True)
+    assert cursor["sample_offset"] == num_rollout * plan.recipe.batch.prompts
+    counts = Counter(rollout_ids(run_dir))
+    assert sorted(counts) == list(range(num_rollout)), f"rollouts trained: {sorted(counts)}"
+    segs = segments(run_dir)
+    assert segs[-1]["end"]["reason"] == "completed" and segs[-1]["end"]["rollouts_at_end"] == num_rollout
+    for before, after in pairwise(segs):  # each segment starts where the last complete checkpoint was
+        if "end" in before:  # (a segment killed hard has no end line)
+            assert after["start"]["rollouts_at_start"] == before["end"]["rollouts_at_end"]
+    return counts
+
+
+def redone(counts: dict[int, int]) -> int:
+    return sum(n - 1 for n in counts.values())
+
+
+def nothing_queued(plan: Plan) -> bool:
+    out = subprocess.run(["squeue", "-h", "-n", plan.job_name, "-o", "%i %T"], capture_output=True, text=True, check=False).stdout
+    return not out.strip()
+
+
+# -- walltime ---------------------------------------------------------------------------------------------
+def lower_num_rollout_for_the_next_segment(plan: Plan, run_dir: Path, more: int) -> int:
+    """What ``sbatch job.sbatch --resume --num-rollout N`` does (beam_hpc.job.segment), done while the
+    first segment saves: N = rollouts trained so far + ``more``. The running segment keeps its own
+    (huge) target and resubmits; the next one finishes the run. This makes the chain exactly two
+    segments long whatever the machine's speed, instead of a number that depends on when in its
+    30 s cycle slurmctld sends USR1."""
+    target = max(rollout_ids(run_dir), default=-1) + 1 + more
+    current = Plan.load(plan.paths.plan)
+    current.with_num_rollout(target).write()
+    return target
+
+
+def test_walltime_chain_resubmits_with_resume_until_num_rollout(slurm_cluster, tiny_assets, runs) -> None:
+    """A 2-minute limit, 60 s lead: the segment saves the rollout in flight on USR1 or its own
+    deadline, resubmits itself with --resume (same script, dependency afterany on itself), and the next
+    segment completes the run. Nothing is trained twice or skipped."""
+    run = runs / "walltime"
+    plan, first = submit_run(run, tiny_assets, num_rollout=100_000, interval=1000, walltime="00:02:00", lead_s=60)
+    seg_log = run / "logs" / f"{first}-0" / "segment.log"
+    wait_for("the first segment's walltime interrupt", lambda: "interrupt: walltime" in _read(seg_log), run, poll_s=0.1)
+    n = lower_num_rollout_for_the_next_segment(plan, run, more=20)
+    wait_for("the chain to finish", lambda: chain_finished(run), run)
+    segs = segments(run)
+    reasons = [s["end"]["reason"] for s in segs]
+    assert reasons[:-1] == ["walltime"] * (len(segs) - 1) and reasons[-1] == "completed", diagnostics(run)
+    assert len(segs) >= 2 and segs[0]["start"]["job_id"] == first and not segs[0]["start"]["resume"]
+    for before, after in pairwise(segs):  # a new job each time, started with --resume
+        assert before["end"]["next"] == {"action": "resubmit", "job_id": after["start"]["job_id"]}
+        assert after["start"]["resume"] and after["start"]["restart"] == 0
+        assert "saved on request" in before["end"]["detail"]
+    plan = Plan.load(plan.paths.plan)
+    print(f"\nwalltime chain ({n} rollouts):\n{timeline(run)}")
+    counts = assert_complete_and_exact(run, plan, n)
+    # none: the sentinel says "then stop", so the reference backend exits right after that save (the
+    # rollout generated in flight is dropped untrained; a Miles run may train on until it is stopped)
+    assert redone(counts) == 0, f"re-done rollouts: {[k for k, c in counts.items() if c > 1]}"
+    t = segs[0]["end"]["timings"]
+    assert t["save_s"] is not None and t["rollout_s"] > 0
+    assert wait_for("the queue to empty", lambda: nothing_queued(plan), run, timeout=60)
+    assert not (run / "run.lock").exists() and not (run / "SAVE_NOW").exists()
+
+
+# -- preemption -------------------------------------------------------------------------------------------
+def _nodes_of(job_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, check=False).stdout
+    return ",".join(x.strip() for x in out.split() if x.strip())
+
+
+def test_preemption_requeues_the_same_job_and_the_run_completes(slurm_cluster, tiny_assets, runs) -> None:
+    """Submitted to `debug`; an `urgent` job that needs its nodes preempts it (USR1 with a 20 s
+    GraceTime): the segment saves if the grace allows, else relies on the last checkpoint, and
+    the same job id comes back with SLURM_RESTART_COUNT 1 and completes. The first segment's target
+    is out of reach (a fast machine would otherwise finish before the urgent job is scheduled); the
+    requeued one gets a reachable target through plan.json before it is let go."""
+    run = runs / "preempt"
+    plan, job = submit_run(run, tiny_assets, num_rollout=100_000, interval=3)
+    wait_for("a first checkpoint", lambda: checkpoint_layout.latest_iteration(run / "checkpoints") is not None, run)
+    nodes = wait_for("the job's nodes", lambda: _nodes_of(job), run)
+    urgent = slurm_cluster.run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={nodes}", "--exclusive",
+                               "-t", "1", "-o", "/dev/null", "--wrap", "sleep 3").stdout.strip()
+    wait_for("the preempted segment's end line", lambda: any("end" in s for s in segments(run)), run)
+    seg0 = segments(run)[0]
+    assert seg0["end"]["reason"] == "preempted", diagnostics(run)
+    assert seg0["end"]["next"] == {"action": "requeue", "job_id": job}
+    n = lower_num_rollout_for_the_next_segment(plan, run, more=10)
+    wait_for("the urgent job to finish", lambda: job_state(urgent) in ("COMPLETED", "GONE"), run, timeout=120)
+    # a requeued job may start again after cred_expire (10 s here); let it go at once
+    wait_for("the requeued job to pend", lambda: job_state(job) in ("PENDING", "RUNNING"), run, timeout=60)
+    slurm_cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
+    wait_for("the run to complete", lambda: chain_finished(run), run)
+    segs = segments(run)
+    print(f"\npreempted run ({n} rollouts):\n{timeline(run)}")
+    assert [s["segment"] for s in segs] == [f"{job}-0", f"{job}-1"], diagnostics(run)
+    assert segs[1]["start"]["restart"] == 1 and segs[1]["start"]["resume"]
+    counts = assert_complete_and_exact(run, Plan.load(plan.paths.plan), n)
+    assert redone(counts) <= interval_after(seg0), f"re-done rollouts {counts}"
+
+
+def interval_after(seg: dict) -> int:
+    """Rollouts a preemption may cost: none when the grace allowed a save (the reference backend
+    stops right after it), else those since the last periodic checkpoint (interval 3 here)."""
+    return 0 if "saved on request" in seg["end"]["detail"] else 3
+
+
+SEED_ENV = "BEAM_LC_SEED"  # replays the interruption points of an earlier run (its seed is printed)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One interruption: ``action`` (requeue: ``scontrol requeue``; kill: SIGKILL to the driver),
+    sent once the segment has trained ``after`` new rollouts and then either ``delay_frac`` of a
+    rollout step later (``during="rollout"``: the next rollout is in flight) or as soon as a
+    checkpoint is being written (``during="save"``: its staging directory exists)."""
+
+    action: str
+    after: int
+    during: str
+    delay_frac: float
+
+    def __str__(self) -> str:
+        when = f"+{self.delay_frac:.2f} of a rollout step" if self.during == "rollout" else "the next save begins"
+        return f"{self.action} after {self.after} new rollouts, when {when}"
+
+
+def interruption_points(rng: random.Random) -> list[Hit]:
+    """Three requeues and one driver kill in a random order, each at a random point of its segment;
+    at least one lands in a rollout and one in a save (random, not only at quiet boundaries)."""
+    actions = ["requeue", "requeue", "requeue", "kill"]
+    rng.shuffle(actions)
+    during = [rng.choice(("rollout", "save")) for _ in actions]
+    if len(set(during)) == 1:
+        during[rng.randrange(len(during))] = "save" if during[0] == "rollout" else "rollout"
+    return [Hit(a, rng.randint(1, 3), d, round(rng.uniform(0.1, 0.9), 2)) for a, d in zip(actions, during)]
+
+
+def _saving(run_dir: Path, driver: int) -> bool:
+    """The running driver is writing a checkpoint: its staging directory (``.iter_N.tmp<its pid>``)
+    is beside the iteration dirs (those of killed drivers stay behind, with other pids)."""
+    return any((run_dir / "checkpoints").glob(f".iter_*.tmp{driver}"))
+
+
+def _strike(hit: Hit, run_dir: Path, plan: Plan, cluster) -> tuple[str, str]:
+    """Wait for the running segment to reach ``hit``'s point, interrupt it; returns what was going
+    on and the name of the segment struck."""
+    segs = wait_for("a running segment", lambda: _last_segment(run_dir, ended=False), run_dir, poll_s=0.1)
+    job = segs[-1]["start"]["job_id"]
+    base = len(rollout_ids(run_dir))
+    wait_for(f"{hit.after} new rollouts in segment {segs[-1]['segment']}",
+             lambda: len(rollout_ids(run_dir)) >= base + hit.after, run_dir, poll_s=0.05)
+    driver = wait_for("the driver's pid", lambda: _driver_pid(plan), run_dir, timeout=10)
+    if hit.during == "save":
+        wait_for("a save in progress", lambda: _saving(run_dir, driver), run_dir, timeout=60, poll_s=0.01)
+    else:
+        time.sleep(hit.delay_frac * _last_rollout_s(run_dir))
+    trained, saving = len(rollout_ids(run_dir)) - base, _saving(run_dir, driver)
+    if hit.action == "requeue":
+        cluster.run("scontrol", "requeue", job)
+    else:
+        os.kill(driver, signal.SIGKILL)
+    state = f"{trained} new rollouts trained, checkpoint {checkpoint_layout.latest_iteration(run_dir / 'checkpoints')}"
+    name = segs[-1]["segment"]
+    return f"{hit} -> sent to {name} with {state}{', a save in progress' if saving else ''}", name
+
+
+def _ended(run_dir: Path, name: str) -> dict | None:
+    """Segment ``name`` once it has its end line. Looked up by name, not as "the last one": the
+    segment after a killed driver is a new job that may start, and even finish, between two polls."""
+    return next((s for s in segments(run_dir) if s["segment"] == name and "end" in s), None)
+
+
+def _last_segment(run_dir: Path, *, ended: bool) -> list[dict] | None:
+    """The ledger's segments when the last one has (``ended``) or has not yet an end line."""
+    segs = segments(run_dir)
+    return segs if segs and ("end" in segs[-1]) == ended else None
+
+
+def _last_rollout_s(run_dir: Path) -> float:
+    lines = (run_dir / "dumps" / metric_names.METRICS_FILE).read_text().splitlines(keepends=True)
+    whole = [json.loads(x) for x in lines if x.endswith("\n")]
+    return float([m[metric_names.ROLLOUT_TIME] for m in whole if m.get("kind") == "rollout"][-1])
+
+
+def test_three_random_requeues_and_a_killed_driver_lose_at_most_what_was_unsaved(slurm_cluster, tiny_assets, runs,
+                                                                                 reference_ray) -> None:
+    """Three `scontrol requeue` (SIGTERM, no time to save: the segment records it, Slurm requeues
+    the same job id, which resumes from the last complete checkpoint) and one SIGKILLed driver (an
+    error: the segment resubmits with --resume), each at a random point while a rollout is in
+    flight or a checkpoint is being written. The run still ends exact, and its final checkpoint
+    (weights, optimizer, RNG, loop state) is bitwise that of an uninterrupted run. The points come
+    from a seeded generator: the seed is printed, and $BEAM_LC_SEED draws the same points again
+    (where exactly they land still depends on the machine's timing; each is printed)."""
+    seed = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(1 << 31))
+    hits = interruption_points(random.Random(seed))
+    print(f"\n{SEED_ENV}={seed}: " + "; ".join(map(str, hits)))
+    n, interval = 24, 2  # each segment trains at most ~5 before it is struck: 4 hits fit in any order
+    run = runs / "requeue"
+    plan, first = submit_run(run, tiny_assets, num_rollout=n, interval=interval)
+    sent = []
+    for hit in hits:
+        what, name = _strike(hit, run, plan, slurm_cluster)
+        sent.append(what)
+        seg = wait_for(f"the end line of segment {name}", lambda n=name: _ended(run, n), run, timeout=120)
+        job = seg["start"]["job_id"]
+        if hit.action == "requeue":
+            assert seg["end"]["reason"] == "preempted", f"{SEED_ENV}={seed}\n{diagnostics(run)}"
+            assert seg["end"]["next"] == {"action": "requeue", "job_id": job}
+            # a requeued job may start again only after cred_expire (10 s here): let it go at once
+            wait_for("the requeued job to pend", lambda j=job: job_state(j) == "PENDING", run, timeout=60, poll_s=0.2)
+            slurm_cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
+        else:
+            assert seg["end"]["reason"] == "error" and "-9" in seg["end"]["detail"], f"{SEED_ENV}={seed}\n{diagnostics(run)}"
+            assert seg["end"]["next"]["action"] == "resubmit"
+    wait_for("the run to complete", lambda: chain_finished(run), run)
+    segs = segments(run)
+    print("\n".join(sent) + f"\nrequeued x3 + killed driver ({n} rollouts):\n{timeline(run)}")
+    assert len(segs) == len(hits) + 1 and segs[0]["segment"] == f"{first}-0", diagnostics(run)
+    for hit, before, after in zip(hits, segs, segs[1:]):  # each hit's own follow-up
+        # resuming whenever a checkpoint exists (a hit during the first save leaves none: a fresh start)
+        assert after["start"]["resume"] == (after["start"]["rollouts_at_start"] > 0), diagnostics(run)
+        if hit.action == "requeue":  # the same job id, one restart later
+            assert (after["start"]["job_id"], after["start"]["restart"]) == (before["start"]["job_id"],
+                                                                            before["start"]["restart"] + 1)
+        else:  # a new job, submitted by the failed segment
+            assert after["start"]["job_id"] == before["end"]["next"]["job_id"] and after["start"]["restart"] == 0
+    counts = assert_complete_and_exact(run, plan, n)
+    assert redone(counts) <= interval * len(hits), f"re-done rollouts {counts}"  # at most an interval per hard stop
+    whole = runs / "uninterrupted"  # the same recipe and seed in one go, through the backend alone
+    run_backend(reference_plan(whole, tiny_assets, [*SMALL, f"num_rollout={n}", f"checkpoint.interval={interval}"]),
+                reference_ray)
+    last = f"iter_{n - 1:07d}"
+    compared = assert_bitwise_equal(load_checkpoint(whole / "checkpoints" / last),
+                                    load_checkpoint(run / "checkpoints" / last), last)
+    assert compared > 50
+
+
+def _driver_pid(plan: Plan) -> int | None:
+    """The reference backend's process of this run (all fake nodes share this host)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"beam_hpc.backends.reference" in argv and plan.paths.plan.encode() in argv:
+            return int(pid)
+    return None
+
+
+# -- the run lock, cancel ------------------------------------------------------------------------------------
+def test_second_submission_is_refused_and_cancel_stops_the_chain(slurm_cluster, tiny_assets, runs) -> None:
+    """While a segment runs: `submit` onto its output dir is refused on the login node, and a raw
+    `sbatch job.sbatch --resume` that gets past it is refused by the run lock in the job (no ledger
+    line). Then `beam-hpc cancel` stops the chain: the running job ends as cancelled, nothing else
+    is queued, and a later segment of the chain would not start."""
+    from beam_hpc.cli.app import main
+    from beam_hpc.run.lock import RunLockError
+
+    run = runs / "locked"
+    plan, job = submit_run(run, tiny_assets, num_rollout=100_000, interval=2)  # runs until cancelled
+    wait_for("the segment to hold the lock", lambda: (run / "run.lock").exists() and segments(run), run)
+    with pytest.raises(RunLockError, match=f"in use by job {job}"):
+        submit_run(run, tiny_assets, num_rollout=100_000, interval=2, resume=True)
+    intruder = slurm_cluster.run("sbatch", "--parsable", str(run / "job.sbatch"), "--resume").stdout.strip()
+    wait_for("the intruder to be refused", lambda: job_state(intruder) in ("FAILED", "COMPLETED", "GONE"), run,
+             timeout=180)
+    assert f"refused: {run} is in use by job {job}" in _read(run / "logs" / f"slurm-{intruder}.out")
+    assert not (run / "logs" / f"{intruder}-0").exists()
+    assert [s["segment"] for s in segments(run)] == [f"{job}-0"]  # the intruder wrote nothing
+    assert job_state(job) == "RUNNING"
+
+    assert main(["cancel", str(run)]) == 0
+    wait_for("the cancelled segment's end line", lambda: chain_finished(run), run, timeout=60)
+    end = segments(run)[0]["end"]
+    assert end["reason"] == "cancelled" and end["next"] == {"action": "none", "job_id": None}
+    assert wait_for("the queue to empty", lambda: nothing_queued(plan), run, timeout=60)
+    assert (run / "CANCELLED").exists()
+
+
+def test_a_stale_lock_of_a_killed_job_is_taken_over(slurm_cluster, tiny_assets, runs) -> None:
+    """A segment SIGKILLed with its job (no end line, lock left behind) does not block the run:
+    Slurm says the job is gone, so the next submission's segment takes the lock over and resumes.
+    The first target is out of reach, so the kill always lands mid-run, however fast the machine."""
+    run = runs / "stale"
+    plan, job = submit_run(run, tiny_assets, num_rollout=100_000, interval=2)
+    wait_for("a first checkpoint", lambda: checkpoint_layout.latest_iteration(run / "checkpoints") is not None, run)
+    holder = json.loads((run / "run.lock").read_text())
+    assert holder["job_id"] == job
+    os.kill(holder["pid"], signal.SIGKILL)  # the batch script itself, as the OOM killer would
+    wait_for("the killed job to end", lambda: job_state(job) not in ("RUNNING", "COMPLETING"), run, timeout=120)
+    assert json.loads((run / "run.lock").read_text()) == holder  # left behind
+    assert "end" not in segments(run)[0]  # killed hard: no end line
+    wait_for("the orphaned driver to go", lambda: _driver_pid(plan) is None, run, timeout=60)
+    n = max(rollout_ids(run)) + 1 + 4
+    plan, second = submit_run(run, tiny_assets, num_rollout=n, interval=2, resume=True)
+    wait_for("the run to complete", lambda: chain_finished(run), run)
+    segs = segments(run)
+    assert [s["segment"] for s in segs] == [f"{job}-0", f"{second}-0"]
+    assert f"took over the run lock of job {job}" in _read(run / "logs" / f"{second}-0" / "segment.log")
+    assert_complete_and_exact(run, plan, n)
+    assert not (run / "run.lock").exists()
+
+
+# -- failed-node exclusion --------------------------------------------------------------------------------
+def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(slurm_cluster, tiny_assets, runs,
+                                                                               monkeypatch) -> None:
+    """One node of the cluster goes bad (beam_hpc.node.step's test hook: the first node step to
+    reach it claims the node, and every node step on that node fails, as one with a broken disk
+    would): the first segment ends as a node failure naming it, the resubmission excludes it, the
+    next segment runs on other nodes and completes the run. status lists the node and counts the
+    failed segment's GPU-hours as lost.
+
+    The site names a quarantine file (beam_hpc.lifecycle.quarantine): the failure lands there with
+    the run, the reason and the time, and another run's first job (run B, submitted after the
+    chain) is excluded from the node too; B waits on a dependency that never holds, so it costs
+    no allocation, and is cancelled once Slurm shows its ExcNodeList."""
+    from beam_hpc.cli.app import main as cli
+    from beam_hpc.lifecycle.quarantine import quarantined
+    from beam_hpc.node.step import TEST_BAD_NODE_FILE_VAR
+    from beam_hpc.observe.status import gather
+    from beam_hpc.observe.status_table import format_status
+
+    run = runs / "bad-node"
+    claim = runs / "bad-node-claim"
+    bad_nodes = runs / "site-bad-nodes.json"
+    site = runs / "quarantine-site.yaml"
+    site.write_text(SITE.read_text() + f"quarantine: {bad_nodes}\nquarantine_days: 1\n")
+    monkeypatch.setenv(TEST_BAD_NODE_FILE_VAR, str(claim))  # exported to the job by sbatch
+    plan, first = submit_run(run, tiny_assets, num_rollout=2, interval=1, site=site,
+                             extra=("topology.trainer.gpus_per_node=1", "topology.rollout.gpus_per_node=1"))
+    wait_for("the chain to finish", lambda: chain_finished(run), run)
+    bad = claim.read_text().strip()
+    segs = segments(run)
+    print(f"\nbad node {bad}:\n{timeline(run)}")
+    assert len(segs) == 2, diagnostics(run)
+    end = segs[0]["end"]
+    assert end["reason"] == "node-failure" and end["next"]["action"] == "resubmit", diagnostics(run)
+    assert [f["node"] for f in end["failed_nodes"]] == [bad] and "bad node" in end["failed_nodes"][0]["why"]
+    second = segs[1]["start"]["job_id"]
+    assert end["next"]["job_id"] == second and segs[1]["end"]["reason"] == "completed", diagnostics(run)
+    started_on = [line.split("nodes: ")[1].rstrip(")") for line in _read(run / "logs" / f"{second}-0" / "segment.log")
+                  .splitlines() if "starting node steps of group" in line]
+    assert len(started_on) == 2 and all(bad not in nodes.split(",") for nodes in started_on), started_on
+    s = gather(run, slurm=False)
+    assert [(e["node"], e["segment"]) for e in s["excluded_nodes"]] == [(bad, f"{first}-0")]
+    gh = s["gpu_hours"]
+    assert gh["gpus"] == 2 and gh["lost"]["failed segments"] > 0 and gh["held"] > gh["lost"]["failed segments"]
+    text = format_status(s)
+    assert "failed segments" in text and f"excluded   {bad} (since segment {first}-0" in text
+    assert wait_for("the queue to empty", lambda: nothing_queued(plan), run, timeout=60)
+    # across runs: the site's quarantine holds the node, and run B's first job leaves it out
+    (entry,) = quarantined(bad_nodes)
+    assert (entry.node, entry.run, entry.run_dir, entry.segment) == (bad, plan.run_id, str(run), f"{first}-0")
+    assert "bad node" in entry.why and entry.time == pytest.approx(end["time"], abs=60)
+    assert entry.expires == pytest.approx(entry.time + 86400)
+    other, b_job = submit_run(runs / "bad-node-b", tiny_assets, num_rollout=2, interval=1, site=site,
+                              dependency=f"afterok:{first}")  # the failed job: never satisfied
+    try:
+        shown = subprocess.run(["scontrol", "--oneliner", "show", "job", b_job], capture_output=True, text=True,
+                               check=True).stdout
+        components = [dict(tok.split("=", 1) for tok in line.split() if "=" in tok) for line in shown.splitlines()]
+        assert len(components) == 2, shown  # the het job's trainer and rollout components
+        assert all(c.get("ExcNodeList") == bad and c.get("JobState") == "PENDING" for c in components), shown
+    finally:
+        subprocess.run(["scancel", b_job], check=False)
+    assert cli(["nodes", "--site", str(site), "release", bad]) == 0 and quarantined(bad_nodes) == []
+    # a quarantine that leaves too few nodes for the groups refuses the submission (no job pends forever)
+    from beam_hpc.errors import RuntimeFailure
+    from beam_hpc.lifecycle.quarantine import record
+    from beam_hpc.slurm.client import partition_nodes
+
+    members = partition_nodes(plan.groups[0].partition) or []
+    record(bad_nodes, [{"node": n, "why": "test"} for n in members[:-1]], run="other", run_dir="/x", segment="1-0", days=1)
+    with pytest.raises(RuntimeFailure, match=r"1 left, but the recipe's groups need 2 .* `beam-hpc nodes release NAME`"):
+        submit_run(runs / "bad-node-c", tiny_assets, num_rollout=2, interval=1, site=site)
+    assert not (runs / "bad-node-c" / "job.sbatch").exists()  # refused before anything was written

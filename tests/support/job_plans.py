@@ -1,0 +1,68 @@
+"""Plans and batch scripts for the job tests: the tiny recipe on the local site, reshaped.
+
+Real recipe validation and real make_plan; only the topology, NVMe settings and (when a test
+needs the cluster to stay up) the driver differ from recipes/tiny.yaml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from beam_hpc.plan.plan import Plan, make_plan
+from beam_hpc.config.recipe import load_yaml, recipe_from_dict
+from beam_hpc.config.site import site_from_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+HOLD_DRIVER = Path(__file__).with_name("ray_hold_driver.py")
+
+
+def make_test_plan(output_dir: Path, *, trainer_nodes: int, rollout_nodes: int, gpus: int = 2,
+                   nvme: tuple[str, float] | None = None, driver: list[str] | None = None,
+                   site: dict | None = None) -> Plan:
+    """tiny.yaml with ``trainer_nodes`` + ``rollout_nodes`` (0: colocated) nodes of ``gpus``
+    fake GPUs, NVMe staging under ``nvme = (dir, min_free_gb)``, env/local.yaml updated with
+    ``site``; the plan is written."""
+    d = load_yaml(ROOT / "recipes" / "tiny.yaml")
+    d["output_dir"] = str(output_dir)
+    d["model"]["path"] = str(output_dir / "model")
+    d["data"]["dir"] = str(output_dir / "data")
+    d["topology"] = {"trainer": {"nodes": trainer_nodes, "gpus_per_node": gpus}}
+    if rollout_nodes:
+        d["topology"]["rollout"] = {"nodes": rollout_nodes, "gpus_per_node": gpus, "gpus_per_engine": 1}
+    else:
+        d["training"]["colocated"] = True
+        d["training"]["async_training"] = False
+    if nvme is not None:
+        d["training"]["offload"] = {"target": "nvme", "nvme_dir": nvme[0], "min_free_gb": nvme[1]}
+    site_data = {**load_yaml(ROOT / "env" / "local.yaml"), **(site or {})}
+    plan = make_plan(recipe_from_dict(d, "test recipe"), site_from_dict(site_data, "test site"))
+    if driver is not None:
+        plan = dataclasses.replace(plan, driver_argv=tuple(driver))
+    plan.write()
+    Path(plan.paths.logs).mkdir(parents=True, exist_ok=True)  # Slurm opens --output before the job
+    return plan
+
+
+def hold_driver(marker: Path, release: Path) -> list[str]:
+    """A driver that connects to the job's Ray with the job's token, touches ``marker`` and
+    stays until ``release`` exists: keeps the cluster up while a test pokes at it."""
+    return [sys.executable, str(HOLD_DRIVER), "--ray-address", "{ray_address}",
+            "--marker", str(marker), "--release", str(release)]
+
+
+def batch_script(plan: Plan, *job_args: str) -> Path:
+    """The heterogeneous sbatch script: the lead's #SBATCH flags (beam_hpc.slurm.script), then the job."""
+    from beam_hpc.slurm.script import component_flags, job_flags
+
+    lines = ["#!/bin/bash"]
+    for i, g in enumerate(plan.groups):
+        if i:
+            lines.append("#SBATCH hetjob")
+        lines += [f"#SBATCH {f}" for f in (job_flags(plan) if i == 0 else []) + component_flags(plan, g)]
+    lines.append(f"cd {ROOT}")
+    lines.append(f"exec {sys.executable} -m beam_hpc.job.runner --plan {plan.paths.plan} {' '.join(job_args)}")
+    path = Path(plan.output_dir, "job.sbatch")
+    path.write_text("\n".join(lines) + "\n")
+    return path

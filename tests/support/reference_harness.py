@@ -1,0 +1,171 @@
+"""Helpers for the reference backend's tests: the tiny assets, plans, runs and bitwise comparison.
+
+The tiny model and data are built by the project's own code (``data.tiny`` + ``data.prepare`` +
+``tiny_model``), deterministically, and cached under ``$BEAM_TINY_CACHE`` (default
+``~/.cache/beam-hpc``) keyed by the source of the modules that make them, so a developer pays the
+~90 s warm start once and CI once per machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_RECIPE = REPO / "recipes" / "tiny.yaml"
+
+
+@dataclass(frozen=True)
+class TinyAssets:
+    data_dir: Path
+    model_dir: Path
+
+
+def _source_key() -> str:
+    h = hashlib.sha256()
+    for mod in ("beam_hpc/backends/reference/tiny_model.py", "beam_hpc/data/tiny.py", "beam_hpc/data/prepare.py"):
+        h.update((REPO / mod).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def build_tiny_assets() -> TinyAssets:
+    from beam_hpc.backends.reference import tiny_model
+    from beam_hpc.data.prepare import prepare
+    from beam_hpc.data.tiny import PREPARED_EVAL_NAME, write_tiny_sources
+
+    root = Path(os.environ.get("BEAM_TINY_CACHE", Path.home() / ".cache" / "beam-hpc")) / f"tiny-{_source_key()}"
+    data_dir = root / "data"
+    if not (data_dir / PREPARED_EVAL_NAME).is_file():
+        prepare(data_dir, from_local=write_tiny_sources(root / "src"), progress=False, eval_file=PREPARED_EVAL_NAME)
+    eval_texts = {json.loads(line)["prompt"][0]["content"] for line in (data_dir / PREPARED_EVAL_NAME).read_text().splitlines()}
+    model_dir = tiny_model.build(root / "model", seed=0, exclude_texts=eval_texts)
+    return TinyAssets(data_dir, model_dir)
+
+
+# Small enough for CI on 2 cores: 4 prompts x 4 responses, 16 new tokens, no evaluation.
+SMALL = [
+    "batch.prompts=4",
+    "batch.responses_per_prompt=4",
+    "tokens.max_response=20",
+    "reward.overlong_buffer=4",
+    "eval.interval=0",
+    "eval.samples_per_prompt=2",
+]
+
+
+def make_plan(run_dir: Path, assets: TinyAssets, overrides: list[str]) -> Path:
+    from beam_hpc.plan.plan import make_plan as plan_of
+    from beam_hpc.config.recipe import load_recipe
+    from beam_hpc.config.site import Site
+
+    recipe = load_recipe(
+        TINY_RECIPE,
+        [f"output_dir={run_dir}", f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *overrides],
+    )
+    return plan_of(recipe, Site(name="test", container={"runtime": "host"})).write()
+
+
+def run_backend(plan: Path, ray_address: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the backend as the runtime does: its own process, the real entry point."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "beam_hpc.backends.reference", "--plan", str(plan), "--ray-address", ray_address],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, "RAY_AUTH_MODE": "disabled", **(env or {})},
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"backend failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def metrics(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    lines = (run_dir / "dumps" / "metrics.jsonl").read_text().splitlines()
+    return [m for m in map(json.loads, lines) if m["kind"] == kind]
+
+
+def load_checkpoint(it_dir: Path) -> dict[str, Any]:
+    import torch
+
+    return {f.name: torch.load(f, weights_only=False) for f in sorted(it_dir.glob("*.pt"))}
+
+
+def assert_bitwise_equal(a: Any, b: Any, where: str = "") -> int:
+    """torch.equal on every tensor of two nested structures (and == on everything else);
+    returns how many tensors were compared, so that a test can insist it compared something."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), f"tensor differs at {where}"
+        return 1
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"keys differ at {where}: {set(a) ^ set(b)}"
+        return sum(assert_bitwise_equal(a[k], b[k], f"{where}/{k}") for k in a)
+    if isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), f"length differs at {where}"
+        return sum(assert_bitwise_equal(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
+    if type(a).__module__ == "numpy":  # numpy's RNG state holds an array
+        import numpy as np
+
+        assert np.array_equal(a, b), f"array differs at {where}"
+        return 0
+    assert a == b, f"value differs at {where}: {a!r} != {b!r}"
+    return 0
+
+
+class LocalRayHead:
+    """A real one-node Ray cluster (``ray start --head --block``) carrying both group resources and
+    the ``beam-group=local`` label, shared by the tests that run the backend against an existing
+    cluster (the runtime's way), so that each run does not pay for a new cluster. Stopped by
+    signalling the ``ray start`` process this object started, never with ``ray stop``."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="rbt", dir="/tmp"))  # short: socket paths < 107 bytes
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+
+    def __enter__(self) -> str:
+        import socket
+        import time
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.address = f"127.0.0.1:{port}"
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+        argv = [
+            sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+            "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2", "--num-gpus=0",
+            f"--resources={json.dumps({'beam_trainer': 1000, 'beam_rollout': 1000})}",
+            "--labels=beam-group=local", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
+            "--disable-usage-stats", "--object-store-memory=200000000",
+        ]
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # ready when the GCS reports our resources
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray start exited with {self.proc.returncode}")
+            st = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "status", f"--address={self.address}"],
+                                capture_output=True, text=True, env=env)
+            if "beam_trainer" in st.stdout:
+                return self.address
+            time.sleep(1)
+        self.__exit__()
+        raise RuntimeError("local Ray head did not become ready in 180 s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        import shutil
+
+        shutil.rmtree(self.temp_dir, ignore_errors=True)

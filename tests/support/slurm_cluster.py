@@ -1,0 +1,537 @@
+"""A real multi-node Slurm 22.05 cluster on this one host, for tests and developers.
+
+Why it exists: beam-hpc's job logic (heterogeneous jobs, `srun --het-group`, requeue, preemption,
+signals) must run against real Slurm daemons, not a mock. Debian's slurm-wlm package runs one
+slurmctld plus one slurmd per fake node (`slurmd -N nK`, one port each) on a single machine; each
+slurmd lives in its own UTS namespace so that `hostname` inside a job prints the node name. Fake
+GPUs are character devices (same major/minor as /dev/null) because gres/gpu drops file-less or
+regular-file GPUs. Facts and pitfalls: shared/reference/local-slurm-cluster.md.
+
+Daemons are stopped by the PIDs in their pidfiles, never by name, and every job on the cluster is
+cancelled first. Several pytest sessions may share one cluster: each session holds a lease file in
+`LAB/leases/`, and the cluster is stopped only when the last lease goes and it was started by tests
+(a cluster that a developer brought up with `up` is left running).
+
+CLI for developers (root): `python tests/support/slurm_cluster.py up|down|status [--lab DIR]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_LAB = Path(os.environ.get("BEAM_SLURM_LAB", "/tmp/beam-slurm"))
+# slurmctld's port; the nodes' slurmd ports (17001, 17002, ...) move by the same amount. Set
+# another value (and another LAB) to run a second cluster beside the default one.
+DEFAULT_CTLD_PORT = int(os.environ.get("BEAM_SLURM_CTLD_PORT", "6817"))
+REQUIRED_BINARIES = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "srun",
+                     "squeue", "scontrol", "scancel", "sinfo", "unshare", "runuser")
+# States after which a job will not run again (squeue/scontrol spelling).
+TERMINAL_JOB_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT",
+})
+_MUNGE_PIDFILE = Path("/run/munge/munged.pid")
+_ETC_SLURM = Path("/etc/slurm")
+
+
+class SlurmClusterError(RuntimeError):
+    """The local cluster could not be brought up or down; the message says what to look at."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Shape of the local cluster. The defaults are what the test suite needs; keep LAB short
+    because Slurm and Ray put unix sockets under it (path limit 107 bytes)."""
+
+    lab: Path = DEFAULT_LAB
+    nodes: int = 12
+    cpus_per_node: int = 2
+    gpus_per_node: int = 8
+    real_memory_mb: int = 4000
+    # Node-local disk as Slurm sees it (TmpDisk, MB): the last ``small_disk_nodes`` nodes have too
+    # little for the seed's 2 TB of optimizer state, so tests can show that --tmp keeps trainer
+    # work off them (declared only: SlurmdParameters=config_overrides trusts the numbers).
+    tmp_disk_mb: int = 3_000_000
+    small_disk_nodes: int = 2
+    small_tmp_disk_mb: int = 100_000
+    ctld_port: int = DEFAULT_CTLD_PORT
+    cluster_name: str = "beamlab"
+
+    @property
+    def first_slurmd_port(self) -> int:
+        return 17001 + self.ctld_port - 6817
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"n{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def node_range(self) -> str:
+        return f"n[1-{self.nodes}]" if self.nodes > 1 else "n1"
+
+
+@dataclass
+class LocalSlurmCluster:
+    """Brings the cluster of `spec` up and down and answers questions about its jobs.
+
+    `env` is what a Slurm client needs (SLURM_CONF); `partitions` lists `debug` (default,
+    PriorityTier 1, GraceTime 20) and `urgent` (PriorityTier 10, preempts `debug` with requeue).
+    """
+
+    spec: ClusterSpec = field(default_factory=ClusterSpec)
+
+    # -- layout -------------------------------------------------------------------------------
+    @property
+    def lab(self) -> Path:
+        return self.spec.lab
+
+    @property
+    def conf(self) -> Path:
+        return self.lab / "etc" / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.conf)}
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.spec.node_names
+
+    @property
+    def partitions(self) -> list[str]:
+        return ["debug", "urgent"]
+
+    def _pidfile(self, daemon: str) -> Path:
+        return self.lab / "run" / f"{daemon}.pid"
+
+    # -- prerequisites ------------------------------------------------------------------------
+    @staticmethod
+    def missing_prerequisites() -> list[str]:
+        """Reasons this machine cannot run the cluster (empty when it can)."""
+        reasons = []
+        if os.geteuid() != 0:
+            reasons.append("not root (slurmd, munged and UTS namespaces need root)")
+        missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None
+                   and not Path("/usr/sbin", b).exists()]
+        if missing:
+            reasons.append("missing binaries: " + ", ".join(missing)
+                           + " (apt-get install munge slurmctld slurmd slurm-client)")
+        return reasons
+
+    # -- client helpers -----------------------------------------------------------------------
+    def client_env(self) -> dict[str, str]:
+        """os.environ plus SLURM_CONF, and without SLURM_* job variables of an enclosing job."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(self.env)
+        return env
+
+    def run(self, *argv: str, check: bool = True,
+            timeout: float = 30) -> subprocess.CompletedProcess:
+        """Run a Slurm client command against this cluster and capture its output."""
+        return subprocess.run(list(argv), env=self.client_env(), capture_output=True, text=True,
+                              check=check, timeout=timeout)
+
+    def controller_up(self) -> bool:
+        if not self.conf.exists() or shutil.which("scontrol") is None:
+            return False
+        try:
+            out = self.run("scontrol", "ping", check=False, timeout=15).stdout
+        except subprocess.TimeoutExpired:
+            return False
+        return "UP" in out
+
+    def _controller_state_dir(self) -> str | None:
+        """StateSaveLocation of the controller that answers on our port (tells clusters apart)."""
+        out = self.run("scontrol", "show", "config", check=False).stdout
+        for line in out.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "StateSaveLocation":
+                return value.strip()
+        return None
+
+    def _controller_is_ours(self) -> bool:
+        return self._controller_state_dir() == str(self.lab / "state" / "ctld")
+
+    def _queue_empty(self) -> bool:
+        return not self.run("squeue", "--noheader", check=False).stdout.strip()
+
+    def node_states(self) -> dict[str, str]:
+        out = self.run("sinfo", "--noheader", "--Node", "--format=%N %T", check=False).stdout
+        states: dict[str, str] = {}
+        for line in out.splitlines():
+            name, _, state = line.partition(" ")
+            states[name] = state.strip()
+        return states
+
+    def job_states(self, job_id: str) -> list[str]:
+        """States of every component of job `job_id` (hetjobs have several), [] once purged."""
+        res = self.run("scontrol", "--oneliner", "show", "job", str(job_id), check=False)
+        return [tok.split("=", 1)[1] for line in res.stdout.splitlines()
+                for tok in line.split() if tok.startswith("JobState=")]
+
+    def wait_for_job(self, job_id: str, timeout: float = 120, poll_s: float = 0.5) -> str:
+        """Block until job `job_id` (all components) is finished; return the leader's state.
+
+        Raises TimeoutError naming the last seen states, so a stuck test says why.
+        """
+        deadline = time.monotonic() + timeout
+        states: list[str] = []
+        while time.monotonic() < deadline:
+            states = self.job_states(job_id)
+            if not states:
+                return "PURGED"
+            if all(s in TERMINAL_JOB_STATES for s in states):
+                return states[0]
+            time.sleep(poll_s)
+        raise TimeoutError(f"job {job_id} not finished after {timeout:.0f} s (states {states})")
+
+    def status(self) -> str:
+        """Human-readable snapshot: controller, nodes, queue."""
+        if not self.controller_up():
+            return f"local Slurm cluster in {self.lab}: controller down"
+        parts = [self.run("scontrol", "ping", check=False).stdout,
+                 self.run("sinfo", "--Node", "--format=%N %P %T %G %c %m", check=False).stdout,
+                 self.run("squeue", check=False).stdout]
+        return "".join(parts)
+
+    # -- configuration ------------------------------------------------------------------------
+    def slurm_conf_text(self) -> str:
+        s, lab, host = self.spec, self.lab, socket.gethostname().split(".")[0]
+        lines = [
+            f"ClusterName={s.cluster_name}",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            # also the delay before a requeued job may start again (default 120 s)
+            "AuthInfo=cred_expire=10",
+            f"SlurmctldPort={s.ctld_port}",
+            f"StateSaveLocation={lab}/state/ctld",
+            f"SlurmdSpoolDir={lab}/state/slurmd_%n",
+            f"SlurmctldPidFile={lab}/run/slurmctld.pid",
+            f"SlurmdPidFile={lab}/run/slurmd_%n.pid",
+            f"SlurmctldLogFile={lab}/log/slurmctld.log",
+            f"SlurmdLogFile={lab}/log/slurmd_%n.log",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            "MailProg=/bin/true",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "MpiDefault=none",
+            "SwitchType=switch/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "SchedulerType=sched/backfill",
+            "SchedulerParameters=sched_interval=2,bf_interval=1,sched_min_interval=100000",
+            # no slurmdbd: job states come from squeue (beam_hpc.slurm.submitit_het)
+            "AccountingStorageType=accounting_storage/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "JobCompType=jobcomp/none",
+            "GresTypes=gpu",
+            "ReturnToService=2",
+            "SlurmctldTimeout=10",
+            "SlurmdTimeout=30",
+            "MessageTimeout=10",
+            "InactiveLimit=0",
+            "MinJobAge=30",
+            "KillWait=5",
+            "WaitTime=0",
+            # nodes may declare more CPUs than this small machine has
+            "SlurmdParameters=config_overrides",
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
+            # with GraceTime, preempted jobs get submitit's USR2 before SIGTERM
+            "SlurmctldParameters=preempt_send_user_signal",
+        ]
+        for i, name in enumerate(s.node_names):
+            tmp = s.small_tmp_disk_mb if i >= s.nodes - s.small_disk_nodes else s.tmp_disk_mb
+            lines.append(
+                f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 "
+                f"Port={s.first_slurmd_port + i} CPUs={s.cpus_per_node} "
+                f"RealMemory={s.real_memory_mb} TmpDisk={tmp} Gres=gpu:{s.gpus_per_node} State=UNKNOWN")
+        lines += [
+            f"PartitionName=debug Nodes={s.node_range} Default=YES MaxTime=INFINITE State=UP "
+            "PriorityTier=1 GraceTime=20",
+            f"PartitionName=urgent Nodes={s.node_range} MaxTime=INFINITE State=UP PriorityTier=10",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def gres_conf_text(self) -> str:
+        last = self.spec.gpus_per_node - 1
+        files = f"{self.lab}/dev/nvidia[0-{last}]" if last > 0 else f"{self.lab}/dev/nvidia0"
+        return f"AutoDetect=off\nNodeName={self.spec.node_range} Name=gpu File={files}\n"
+
+    def _write_config(self, fresh_state: bool) -> None:
+        lab = self.lab
+        if fresh_state:
+            shutil.rmtree(lab / "state", ignore_errors=True)
+        for d in ("etc", "state/ctld", "log", "run", "dev", "leases"):
+            (lab / d).mkdir(parents=True, exist_ok=True)
+        for name in self.nodes:  # slurmd refuses to start without its spool dir
+            (lab / "state" / f"slurmd_{name}").mkdir(parents=True, exist_ok=True)
+        for g in range(self.spec.gpus_per_node):
+            dev = lab / "dev" / f"nvidia{g}"
+            if not dev.is_char_device():
+                dev.unlink(missing_ok=True)
+                os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        _write_atomic(self.conf, self.slurm_conf_text())
+        _write_atomic(lab / "etc" / "gres.conf", self.gres_conf_text())
+        # A client run without SLURM_CONF would otherwise try DNS SRV ("configless") discovery.
+        _ETC_SLURM.mkdir(exist_ok=True)
+        for name in ("slurm.conf", "gres.conf"):
+            link = _ETC_SLURM / name
+            if link.exists() and (not link.is_symlink() or Path(os.readlink(link)).parent
+                                  != lab / "etc"):
+                continue  # a site's config or another live local cluster's: SLURM_CONF is ours
+            tmp = link.with_name(f".{name}.beam-tmp")
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(lab / "etc" / name)
+            os.replace(tmp, link)
+
+    def _remove_etc_links(self) -> None:
+        for name in ("slurm.conf", "gres.conf"):
+            link = _ETC_SLURM / name
+            if link.is_symlink() and Path(os.readlink(link)) == self.lab / "etc" / name:
+                link.unlink()
+
+    # -- bring up -----------------------------------------------------------------------------
+    def up(self, started_by_tests: bool = False, timeout: float = 60) -> bool:
+        """Start whatever part of the cluster is not running; return True if slurmctld was
+        started here. A running cluster with the same LAB and configuration is reused."""
+        problems = self.missing_prerequisites()
+        if problems:
+            raise SlurmClusterError("cannot start the local Slurm cluster: " + "; ".join(problems))
+        self.lab.mkdir(parents=True, exist_ok=True)
+        with self._lock():
+            ctld_pid = _live_pid(self._pidfile("slurmctld"), "slurmctld")
+            if ctld_pid is not None and self.conf.exists():
+                if self.conf.read_text() != self.slurm_conf_text():
+                    raise SlurmClusterError(
+                        f"a Slurm cluster with a different configuration runs in {self.lab} "
+                        f"(slurmctld pid {ctld_pid}); stop it with `python tests/support/slurm_cluster.py "
+                        f"down --lab {self.lab}` or use another BEAM_SLURM_LAB")
+            self._write_config(fresh_state=ctld_pid is None)
+            self._start_munged()
+            started = False
+            if ctld_pid is None:
+                (self.lab / "run" / "started-by-tests").unlink(missing_ok=True)
+                self._spawn(["slurmctld"], "slurmctld")
+                started = True
+                if started_by_tests:
+                    (self.lab / "run" / "started-by-tests").write_text(f"{os.getpid()}\n")
+            elif not started_by_tests:
+                # a developer adopts a running test cluster: tests must no longer stop it
+                (self.lab / "run" / "started-by-tests").unlink(missing_ok=True)
+            _wait_until(self.controller_up, timeout, "slurmctld to answer `scontrol ping`",
+                        self.lab / "log" / "slurmctld.log")
+            if not self._controller_is_ours():
+                raise SlurmClusterError(
+                    f"port {self.spec.ctld_port} is answered by another Slurm controller (state in "
+                    f"{self._controller_state_dir()}); stop that cluster or set "
+                    "BEAM_SLURM_CTLD_PORT and BEAM_SLURM_LAB")
+            for name in self.nodes:
+                if _live_pid(self._pidfile(f"slurmd_{name}"), "slurmd") is None:
+                    # Own UTS namespace: `hostname` in a job on this node prints its node name.
+                    self._spawn(["unshare", "--uts", "sh", "-c",
+                                 f"hostname {name} && exec slurmd -N {name}"], f"slurmd_{name}")
+            _wait_until(self._nodes_ready, timeout, f"nodes {self.spec.node_range} to be ready",
+                        self.lab / "log" / f"slurmd_{self.nodes[0]}.log")
+            return started
+
+    def _nodes_ready(self) -> bool:
+        states = self.node_states()
+        usable = ("idle", "mixed", "allocated", "completing", "planned")  # planned: held for a pending job
+        return all(states.get(n, "").rstrip("*~#$@+^-!%") in usable for n in self.nodes)
+
+    def _spawn(self, argv: Sequence[str], log_name: str) -> None:
+        """Start a self-daemonizing Slurm daemon; its console output goes to LAB/log."""
+        with open(self.lab / "log" / f"{log_name}.console", "ab") as console:
+            res = subprocess.run(list(argv), env=self.client_env(), stdin=subprocess.DEVNULL,
+                                 stdout=console, stderr=console, start_new_session=True,
+                                 timeout=60)
+        if res.returncode != 0:
+            raise SlurmClusterError(f"`{' '.join(argv)}` exited with {res.returncode}; see "
+                                    f"{self.lab}/log/{log_name}.console and {log_name}.log")
+
+    def _start_munged(self) -> None:
+        if _munge_works():
+            return
+        key = Path("/etc/munge/munge.key")
+        if not key.exists() or key.stat().st_size == 0:
+            subprocess.run(["mungekey", "--create", "--force"], check=True, capture_output=True)
+            shutil.chown(key, "munge", "munge")
+            key.chmod(0o400)
+        subprocess.run(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0755", "/run/munge"],
+                       check=True)
+        res = subprocess.run(["runuser", "-u", "munge", "--", "munged"], capture_output=True,
+                             text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+        if res.returncode != 0:
+            raise SlurmClusterError(f"munged failed to start: {res.stderr.strip()}")
+        _wait_until(_munge_works, 10, "munged to answer `munge -n | unmunge`", None)
+        pid = _MUNGE_PIDFILE.read_text().strip()
+        (self.lab / "run" / "munged.ours").write_text(pid + "\n")
+
+    # -- shared use by several pytest sessions ------------------------------------------------
+    def join(self) -> None:
+        """Record that this process uses the cluster (see `leave`). Call it before `up`, so a
+        session that is leaving at the same moment cannot stop the cluster under us."""
+        with self._lock():
+            (self.lab / "leases").mkdir(parents=True, exist_ok=True)
+            (self.lab / "leases" / str(os.getpid())).touch()
+
+    def leave(self) -> bool:
+        """Drop this process's lease; stop the cluster if tests started it and no other live
+        process holds a lease. Return True if it was stopped."""
+        with self._lock():
+            (self.lab / "leases" / str(os.getpid())).unlink(missing_ok=True)
+            others = [p for p in (self.lab / "leases").glob("*") if _pid_alive(int(p.name))]
+            if others or not (self.lab / "run" / "started-by-tests").exists():
+                return False
+            self._down_locked()
+            return True
+
+    # -- bring down ---------------------------------------------------------------------------
+    def down(self) -> None:
+        """Cancel every job on the cluster, then stop its daemons by PID."""
+        if not self.lab.exists():
+            return
+        with self._lock():
+            self._down_locked()
+
+    def _down_locked(self) -> None:
+        # Only cancel jobs on our own controller, never on another cluster answering our port.
+        if self.controller_up() and self._controller_is_ours():
+            users = set(self.run("squeue", "--noheader", "--format=%u", check=False).stdout.split())
+            for user in users:
+                self.run("scancel", f"--user={user}", check=False)
+            with contextlib.suppress(SlurmClusterError):
+                _wait_until(self._queue_empty, 30, "the queue to drain", None)
+        slurmd_pids = [self._pidfile(f"slurmd_{n}") for n in self.nodes]
+        _stop_by_pidfiles(slurmd_pids, "slurmd")
+        _stop_by_pidfiles([self._pidfile("slurmctld")], "slurmctld")
+        ours = self.lab / "run" / "munged.ours"
+        if ours.exists():
+            pid = ours.read_text().strip()
+            if _MUNGE_PIDFILE.exists() and _MUNGE_PIDFILE.read_text().strip() == pid:
+                _stop_by_pidfiles([_MUNGE_PIDFILE], "munged")
+            ours.unlink()
+        (self.lab / "run" / "started-by-tests").unlink(missing_ok=True)
+        for lease in (self.lab / "leases").glob("*"):
+            lease.unlink(missing_ok=True)
+        self._remove_etc_links()
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        """Serialise up/down/leave between processes sharing this LAB."""
+        self.lab.mkdir(parents=True, exist_ok=True)
+        with open(self.lab / ".lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# -- process helpers ---------------------------------------------------------------------------
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Linux-only, like the cluster: a zombie (exited, not yet reaped by PID 1) counts as dead."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat_line.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _live_pid(pidfile: Path, program: str) -> int | None:
+    """PID from `pidfile` if that process is alive and is `program` (guards against PID reuse)."""
+    try:
+        pid = int(pidfile.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    except (OSError, ValueError):
+        return None
+    return pid if os.path.basename(cmdline.decode(errors="replace")) == program else None
+
+
+def _stop_by_pidfiles(pidfiles: Sequence[Path], program: str, timeout: float = 15) -> None:
+    """SIGTERM every live daemon listed, wait for all, SIGKILL stragglers; remove the pidfiles."""
+    pids = [p for p in (_live_pid(f, program) for f in pidfiles) if p is not None]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 15)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if _pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+    for f in pidfiles:
+        f.unlink(missing_ok=True)
+
+
+def _munge_works() -> bool:
+    if shutil.which("munge") is None:
+        return False
+    cred = subprocess.run(["munge", "-n"], capture_output=True)
+    if cred.returncode != 0:
+        return False
+    return subprocess.run(["unmunge"], input=cred.stdout, capture_output=True).returncode == 0
+
+
+def _wait_until(predicate: Callable[[], bool], timeout: float, what: str,
+                log: Path | None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    hint = ""
+    if log is not None and log.exists():
+        hint = "; last log lines of " + str(log) + ":\n" + "\n".join(
+            log.read_text(errors="replace").splitlines()[-15:])
+    raise SlurmClusterError(f"timed out after {timeout:.0f} s waiting for {what}{hint}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["up", "down", "status"])
+    parser.add_argument("--lab", type=Path, default=DEFAULT_LAB, help="cluster directory")
+    args = parser.parse_args(argv)
+    cluster = LocalSlurmCluster(ClusterSpec(lab=args.lab))
+    try:
+        if args.action == "up":
+            t0 = time.monotonic()
+            started = cluster.up()
+            print(f"{'started' if started else 'reused'} local Slurm cluster in {cluster.lab} "
+                  f"({time.monotonic() - t0:.2f} s); export SLURM_CONF={cluster.conf}")
+        elif args.action == "down":
+            cluster.down()
+            print(f"stopped local Slurm cluster in {cluster.lab}")
+        print(cluster.status(), end="")
+    except SlurmClusterError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
