@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.run import metric_names
-from beam_hpc.plan.plan import RunPaths
+from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run.ledger import read_ledger
 from beam_hpc.observe.eval_set import EvalSet, eval_set_of
 from beam_hpc.errors import InputError, shorten

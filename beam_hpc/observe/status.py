@@ -47,7 +47,7 @@ from beam_hpc.run import metric_names
 from beam_hpc.observe.eval_set import EvalData, eval_set_of
 from beam_hpc.run.ledger import read_ledger
 from beam_hpc.slurm import client as slurm_client
-from beam_hpc.plan.plan import RunPaths
+from beam_hpc.plan.paths import RunPaths
 from beam_hpc.progress import duration, text_table
 
 STATUS_SCHEMA = 1

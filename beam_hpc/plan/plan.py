@@ -22,8 +22,7 @@ from beam_hpc.backends.registry import driver_command
 from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime, recipe_from_dict
 from beam_hpc.config.site import Site, site_from_dict
 from beam_hpc.errors import InputError, shorten
-from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX  # noqa: F401 (re-exported)
-from beam_hpc.plan.paths import PLAN_FILE, RunPaths  # noqa: F401 (RunPaths re-exported: its old home)
+from beam_hpc.plan.paths import PLAN_FILE, RunPaths
 
 PLAN_VERSION = 1
 
