@@ -37,7 +37,7 @@ def test_async_run_writes_metrics_dumps_placement_and_checkpoint(tmp_path, tiny_
     run_dir, out = _run(tmp_path, "a", tiny_assets, "local", ["num_rollout=3", "eval.interval=2"])
     progress = [line for line in out.splitlines() if " rollout " in line and "/3 reward" in line]
     assert len(progress) == 3 and "lag 1" in progress[-1]
-    placement = json.loads((run_dir / "dumps" / "placement.json").read_text())
+    placement = json.loads((run_dir / "placement.json").read_text())
     assert placement["trainer"]["group"] == "local" and placement["trainer"]["node_id"] in placement["nodes"]
     assert [w["role"] for w in placement["rollout"]] == ["rollout"]
     node = placement["nodes"][placement["trainer"]["node_id"]]
@@ -141,7 +141,7 @@ def test_colocated_runs_in_turn_on_one_group(tmp_path, tiny_assets, reference_ra
     run_dir, out = _run(tmp_path, "colo", tiny_assets, reference_ray,
                         ["num_rollout=2", "training.colocated=true", "training.async_training=false", "topology.rollout=null",
                          "eval.interval=2", "eval.samples_per_prompt=1", "data.eval_name=aime25"])
-    placement = json.loads((run_dir / "dumps" / "placement.json").read_text())
+    placement = json.loads((run_dir / "placement.json").read_text())
     assert placement["trainer"]["node_id"] == placement["rollout"][0]["node_id"]
     assert [m[names.POLICY_LAG] for m in metrics(run_dir, "rollout")] == [0.0, 0.0]
     evals = metrics(run_dir, "eval")
