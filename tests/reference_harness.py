@@ -29,7 +29,8 @@ class TinyAssets:
 
 def _source_key() -> str:
     h = hashlib.sha256()
-    for mod in ("beam_hpc/backends/reference/tiny_model.py", "beam_hpc/data/tiny.py", "beam_hpc/data/prepare.py"):
+    for mod in ("beam_hpc/backends/reference/tiny_model.py", "beam_hpc/data/tiny.py", "beam_hpc/data/prepare.py",
+                "beam_hpc/data/convert.py", "beam_hpc/data/sources.py"):
         h.update((REPO / mod).read_bytes())
     return h.hexdigest()[:12]
 
