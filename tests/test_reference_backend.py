@@ -33,8 +33,11 @@ def _iter(run_dir: Path, k: int) -> Path:
     return run_dir / "checkpoints" / f"iter_{k:07d}"
 
 
-def test_async_run_writes_metrics_dumps_placement_and_checkpoint(tmp_path, tiny_assets) -> None:
-    run_dir, out = _run(tmp_path, "a", tiny_assets, "local", ["num_rollout=3", "eval.interval=2"])
+def test_async_run_writes_metrics_dumps_placement_and_checkpoint(tmp_path, tiny_assets, reference_ray) -> None:
+    # On the shared Ray head (its node carries both group resources and beam-group=local, as the
+    # backend's own `--ray-address local` cluster does: that path, and its placement, are the NVMe
+    # test's below, which needs a Ray of its own anyway), so that this run does not start one.
+    run_dir, out = _run(tmp_path, "a", tiny_assets, reference_ray, ["num_rollout=3", "eval.interval=2"])
     progress = [line for line in out.splitlines() if " rollout " in line and "/3 reward" in line]
     assert len(progress) == 3 and "lag 1" in progress[-1]
     placement = json.loads((run_dir / "placement.json").read_text())
@@ -165,6 +168,11 @@ def test_nvme_offload_keeps_optimizer_files_in_the_staged_dir_only_while_trainin
         time.sleep(0.05)
     out = proc.stdout.read()
     assert proc.returncode == 0, out[-3000:]
+    # `--ray-address local`: the backend's own one-node cluster carries both groups, labelled local
+    placement = json.loads((run_dir / "placement.json").read_text())
+    assert {placement["trainer"]["group"]} | {w["group"] for w in placement["rollout"]} == {"local"}
+    node = placement["nodes"][placement["trainer"]["node_id"]]
+    assert node["group"] == "local" and node["group_resources"] == {"beam_trainer": 1000.0, "beam_rollout": 1000.0}
     assert seen > 100_000  # AdamW moments of a 0.8M-parameter model: ~6.7 MB
     assert not list(staged.rglob("*.pt"))  # scratch removed at the end
     trained = [json.loads(p.read_text()) for p in sorted((run_dir / "dumps" / "train").glob("*.json"))]
