@@ -415,7 +415,7 @@ class Pair:
         import ray
 
         from beam_hpc.backends.reference.weight_sync import Rendezvous, backend_for
-        from beam_hpc.plan.plan import GROUP_RESOURCE_PREFIX
+        from beam_hpc.plan.ray_labels import GROUP_RESOURCE_PREFIX
 
         gpus = {"dedicated": 1.0, "shared": 0.5, "cpu": 0.0}[placement]
         device = "cpu" if placement == "cpu" else "cuda"
@@ -904,7 +904,7 @@ def prepare_wheels(dest: Path) -> list[Path]:
 def start_ray(args: argparse.Namespace, gpus: int) -> None:
     import ray
 
-    from beam_hpc.plan.plan import GROUP_RESOURCE_PREFIX
+    from beam_hpc.plan.ray_labels import GROUP_RESOURCE_PREFIX
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private cluster, or the caller's
     if args.ray_address:

@@ -4,7 +4,7 @@
 prepares from it, so the embedded recipe's data goes through the same code as the real data.
 ``--convert RECIPE --site SITE`` instead submits the recipe's HF -> torch_dist conversion as a
 Slurm job of its own (:mod:`beam_hpc.backends.miles.convert`), once: a later call skips it.
-Errors are :class:`beam_hpc.data.prepare.PrepareError` / ``RuntimeFailure`` / ``InputError``; cli/app.py turns
+Errors are :class:`beam_hpc.data.convert.PrepareError` / ``RuntimeFailure`` / ``InputError``; cli/app.py turns
 them into an exit code.
 """
 

@@ -1,2 +1,3 @@
-"""The recipe's data: prepare (DAPO-Math-17K, AIME2025) and the tiny synthetic set.
+"""The recipe's data: ``prepare`` (the data directory and its manifest) from ``sources`` (local
+files or the Hub) through ``convert`` (upstream rows -> Miles records), and the tiny synthetic set.
 """

@@ -15,7 +15,7 @@ import random
 import uuid
 from pathlib import Path
 
-from beam_hpc.data.prepare import atomic_target
+from beam_hpc.run.files import atomic_path
 
 TRAIN_NAME = "dapo-math-17k-tiny.parquet"
 EVAL_NAME = "aime2025-tiny.jsonl"  # the AIME2025-shaped source file
@@ -75,9 +75,9 @@ def write_tiny_sources(out_dir: Path, *, seed: int = 0, n_train: int = 2000, n_e
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     train_path, eval_path = out_dir / TRAIN_NAME, out_dir / EVAL_NAME
-    with atomic_target(train_path) as tmp:
+    with atomic_path(train_path) as tmp:
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
     lines = [json.dumps({"question": tiny_prompt(a, b), "answer": str(a + b)}) + "\n" for a, b in eval_pairs]
-    with atomic_target(eval_path) as tmp:
+    with atomic_path(eval_path) as tmp:
         tmp.write_text("".join(lines), encoding="utf-8")
     return [train_path, eval_path]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from beam_hpc.errors import InputError, shorten
-from beam_hpc.plan.plan import RunPaths
+from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import checkpoint_layout
 from beam_hpc.slurm import client
 

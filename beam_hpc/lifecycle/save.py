@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from beam_hpc.lifecycle.watchdog import fmt_clock
-from beam_hpc.plan.plan import RunPaths
+from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import checkpoint_layout
 
 log = logging.getLogger("beam_hpc.lifecycle.save")

@@ -7,8 +7,10 @@ modules drifts; here each is a property, and everything else asks for it.
 
     <run>/                                RunPaths
         plan.json  ledger.jsonl  job.sbatch  smoke.json  run.lock  SAVE_NOW  CANCELLED
+        placement.json                    which node and group each bundle / actor got
         checkpoints/  (run_identity.json: what the checkpoints were made with)
         dumps/  tensorboard/  plots/
+        convert/                          `prepare --convert`'s job (HF -> torch_dist)
         logs/slurm-<jobid>.out            the batch log (Slurm's --output)
         logs/<jobid>-<restart>/           SegmentPaths: one per segment
             segment.log  driver.log  ready.json  readiness.log  outcome.json  runtime.json
@@ -29,6 +31,7 @@ SCRIPT_FILE = "job.sbatch"  # written into the run directory by every beam-hpc s
 SMOKE_FILE = "smoke.json"
 DRIVER_LOG = "driver.log"  # in each segment directory (also globbed for: logs/*/driver.log)
 IDENTITY_FILE = "run_identity.json"  # under checkpoints/
+PLACEMENT_FILE = "placement.json"
 SEGMENT_DIR_RE = re.compile(r"^(\d+)-(\d+)$")  # logs/<jobid>-<restart>
 
 
@@ -123,6 +126,12 @@ class RunPaths:
         return self._p(SMOKE_FILE)
 
     @property
+    def placement(self) -> str:
+        """Where the driver records the placement it got (Miles's sorted bundles, or the
+        reference backend's actors), whichever backend runs: the proof that groups landed apart."""
+        return self._p(PLACEMENT_FILE)
+
+    @property
     def checkpoints(self) -> str:
         return self._p("checkpoints")
 
@@ -147,6 +156,11 @@ class RunPaths:
     def plots(self) -> str:
         """Where `beam-hpc plot` writes its PNGs unless told otherwise (-o)."""
         return self._p("plots")
+
+    @property
+    def convert(self) -> str:
+        """``prepare --convert``'s work directory (its plan, script and logs: beam_hpc.backends.miles.convert)."""
+        return self._p("convert")
 
     @property
     def sentinel(self) -> str:

@@ -22,8 +22,7 @@ from beam_hpc.config.site import Site, site_from_dict
 from beam_hpc.errors import InputError
 from beam_hpc.plan import local_disk
 from beam_hpc.plan.local_disk import DeclaredTmpDisk
-from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX  # noqa: F401 (re-exported)
-from beam_hpc.plan.paths import PLAN_FILE, RunPaths  # noqa: F401 (RunPaths re-exported: its old home)
+from beam_hpc.plan.paths import PLAN_FILE, RunPaths
 
 PLAN_VERSION = 1
 

@@ -11,6 +11,10 @@ fsync the directory); done by hand in seven places, some skipped the fsyncs.
 - :func:`atomic_path`: for writers that need a path of their own (a JSONL stream, a file copy, a
   library that saves to a path): they write the yielded temporary path, which is published on a
   clean exit and removed on an error;
+- :func:`atomic_dir` (or :func:`staging_dir` + :func:`publish_dir` when another process fills
+  it): a whole directory (a model folder, a checkpoint iteration) staged under a hidden sibling
+  name and renamed into place, replacing an older one whole; :func:`remove_stale_staging` clears
+  what killed writers left behind;
 - :func:`locked`: an exclusive ``flock`` on a lock file, blocking, with an optional timeout.
 
 No beam_hpc imports: every layer may use it.
@@ -24,6 +28,7 @@ import fcntl
 import json
 import hashlib
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,6 +122,76 @@ def atomic_path(path: str | Path, *, durable: bool = True) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _staging_name(p: Path, pid: int | str) -> Path:
+    # hidden, per-process, beside the target (same file system: the rename is atomic)
+    return p.with_name(f".{p.name}.tmp{pid}")
+
+
+def staging_dir(path: str | Path) -> Path:
+    """A fresh, empty directory beside ``path`` (``.<name>.tmp<pid>``) to fill and then hand to
+    :func:`publish_dir`. For writers whose files come from other processes (a trainer actor saving
+    a checkpoint); a writer that fills it itself uses :func:`atomic_dir`."""
+    p = Path(path)
+    tmp = _staging_name(p, os.getpid())
+    if tmp.exists():  # a leftover of a killed writer with our pid
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def publish_dir(staged: str | Path, path: str | Path, *, durable: bool = True) -> None:
+    """Rename the filled ``staged`` directory onto ``path``. A directory already at ``path`` is
+    moved aside first and removed after, so a reader sees the old directory, none, or the new one,
+    never a mix of the two (``os.replace`` cannot replace a non-empty directory in one step).
+    ``durable``: fsync every file in ``staged`` (their writers may be other processes that never
+    did) and the directories, so that what is published survives a crash once this returns."""
+    staged, p = Path(staged), Path(path)
+    if durable:
+        for f in staged.rglob("*"):
+            if f.is_file() and not f.is_symlink():
+                fsync_file(f)
+        for d in (*(d for d in staged.rglob("*") if d.is_dir()), staged):
+            fsync_dir(d)
+    old = p.with_name(f".{p.name}.old{os.getpid()}")
+    if p.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(p, old)
+    os.replace(staged, p)
+    if durable:
+        fsync_dir(p.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path, *, durable: bool = True) -> Iterator[Path]:
+    """Yield a fresh staging directory for ``path``; on a clean exit it is published whole onto
+    ``path`` (:func:`publish_dir`), on an exception it is removed and ``path`` is untouched. Two
+    writers of the same ``path`` must also hold a lock (:func:`locked`): each would publish its
+    own whole copy, but the second would replace the first."""
+    tmp = staging_dir(path)
+    try:
+        yield tmp
+        publish_dir(tmp, path, durable=durable)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def remove_stale_staging(path: str | Path) -> list[Path]:
+    """Remove the staging and set-aside directories of ``path`` that killed writers left behind
+    (any pid). Only safe while holding the lock every writer of ``path`` takes: otherwise it would
+    delete a live writer's staging directory. Returns what it removed."""
+    p = Path(path)
+    gone = [d for pattern in (f".{p.name}.tmp*", f".{p.name}.old*") for d in p.parent.glob(pattern)]
+    for d in gone:
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
+        else:
+            d.unlink(missing_ok=True)
+    return gone
 
 
 @contextlib.contextmanager

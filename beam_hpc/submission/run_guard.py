@@ -13,7 +13,7 @@ from __future__ import annotations
 
 
 from beam_hpc.run.resume import check_resume  # noqa: F401 (the seed's rules; re-exported)
-from beam_hpc.plan.plan import RunPaths
+from beam_hpc.plan.paths import RunPaths
 from beam_hpc.config.recipe import Recipe
 
 

@@ -44,7 +44,7 @@ def test_execute_tiny_end_to_end(tmp_path: Path, tiny_assets, capsys: pytest.Cap
     assert not warnings
     ends = [s["end"] for s in segments]
     assert [e["reason"] for e in ends] == ["completed"]
-    placement = json.loads((run / "dumps" / "placement.json").read_text())
+    placement = json.loads((run / "placement.json").read_text())
     assert placement["trainer"]["group"] == "trainer"
     assert placement["nodes"][placement["trainer"]["node_id"]]["group"] == "trainer"
     assert all(a["group"] == "rollout" for a in placement["rollout"])

@@ -15,15 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.data import prepare as prep
-from beam_hpc.data.prepare import (
-    EVAL_FILE,
-    MANIFEST_FILE,
-    TRAIN_FILE,
-    PrepareError,
-    clean_aime_answer,
-    prepare,
-)
+from beam_hpc.data import convert
+from beam_hpc.data.convert import PrepareError, clean_aime_answer
+from beam_hpc.data.prepare import EVAL_FILE, MANIFEST_FILE, TRAIN_FILE, prepare
 from beam_hpc.reward.scoring import score_response
 from beam_hpc.data.tiny import PREPARED_EVAL_NAME, write_tiny_sources
 
@@ -106,14 +100,14 @@ def test_changed_source_is_rewritten_and_missing_dataset_left_alone(tmp_path: Pa
 
 def test_interrupted_write_never_looks_complete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     prepare(tmp_path, from_local=ALL_FIXTURES, progress=False)
-    real_convert = prep.convert_aime_row
+    real_convert = convert.convert_aime_row
 
     def convert_then_die(row: dict, where: str, config: str, index: int) -> dict:
         if index == 2:
             raise KeyboardInterrupt  # the user's Ctrl-C, or a node going away, mid-file
         return real_convert(row, where, config, index)
 
-    monkeypatch.setattr(prep, "convert_aime_row", convert_then_die)
+    monkeypatch.setattr(convert, "convert_aime_row", convert_then_die)
     changed = tmp_path / "aime2025-I.jsonl"
     changed.write_text(AIME_FILES[0].read_text().replace('"10"', '"11"'))
     with pytest.raises(KeyboardInterrupt):
@@ -124,7 +118,7 @@ def test_interrupted_write_never_looks_complete(tmp_path: Path, monkeypatch: pyt
     assert EVAL_FILE not in manifest["files"]  # the old file is no longer vouched for
     assert manifest["files"][TRAIN_FILE]["rows"] == 5
 
-    monkeypatch.setattr(prep, "convert_aime_row", real_convert)
+    monkeypatch.setattr(convert, "convert_aime_row", real_convert)
     report = prepare(tmp_path, from_local=[DAPO_PARQUET, changed, AIME_FILES[1]], progress=False)
     assert [f.skipped for f in report.files] == [True, False]
     assert _lines(tmp_path / EVAL_FILE)[0]["label"] == "11"

@@ -34,7 +34,7 @@ from beam_hpc.lifecycle.save import save_and_wait
 from beam_hpc.lifecycle.segment_metrics import segment_metrics
 from beam_hpc.lifecycle.watchdog import InterruptKind, Watchdog
 from beam_hpc.slurm.client import JobInfo, JobState, SlurmUnavailable
-from beam_hpc.plan.plan import RunPaths
+from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run.lock import Holder, RunLockError, acquire, read_holder, release
 
 # -- ledger -------------------------------------------------------------------------------------------

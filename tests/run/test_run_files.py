@@ -125,3 +125,48 @@ def test_a_dead_holder_does_not_keep_the_lock(tmp_path: Path) -> None:
     proc.join(10)
     with files.locked(lock, timeout_s=5):
         pass
+
+
+def test_atomic_dir_publishes_whole_and_replaces_whole(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    with files.atomic_dir(out) as tmp:
+        assert tmp.parent == out.parent and tmp.name.startswith(".model.tmp")
+        (tmp / "a.bin").write_bytes(b"v1")
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "b.txt").write_text("v1")
+        assert not out.exists()  # nothing under the final name until the block ends
+    assert (out / "a.bin").read_bytes() == b"v1" and (out / "sub" / "b.txt").read_text() == "v1"
+    with files.atomic_dir(out) as tmp:  # a newer folder replaces the old one whole: no file of it stays
+        (tmp / "c.bin").write_bytes(b"v2")
+    assert sorted(p.name for p in out.iterdir()) == ["c.bin"]
+    with pytest.raises(RuntimeError):
+        with files.atomic_dir(out) as tmp:
+            (tmp / "half").write_bytes(b"x")
+            raise RuntimeError("writer died")
+    assert sorted(p.name for p in out.iterdir()) == ["c.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no staging or set-aside leftovers
+
+
+def _stage_and_die(path: str) -> None:
+    tmp = files.staging_dir(path)
+    (tmp / "half.bin").write_bytes(b"x" * 1000)
+    os._exit(3)  # killed mid-build: nothing published, nothing cleaned up
+
+
+def test_a_killed_writer_leaves_the_target_and_its_staging_is_cleared(tmp_path: Path) -> None:
+    out = tmp_path / "ckpt"
+    with files.atomic_dir(out) as tmp:
+        (tmp / "model.pt").write_bytes(b"old")
+    proc = multiprocessing.get_context("fork").Process(target=_stage_and_die, args=(str(out),))
+    proc.start()
+    proc.join(10)
+    assert proc.exitcode == 3
+    assert sorted(p.name for p in out.iterdir()) == ["model.pt"]  # untouched
+    stale = [p.name for p in tmp_path.iterdir() if p.name != "ckpt"]
+    assert stale == [f".ckpt.tmp{proc.pid}"]
+    assert [p.name for p in files.remove_stale_staging(out)] == stale
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    staged = files.staging_dir(out)  # filled by "another process", then published
+    (staged / "model.pt").write_bytes(b"new")
+    files.publish_dir(staged, out)
+    assert (out / "model.pt").read_bytes() == b"new" and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

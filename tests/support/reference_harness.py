@@ -29,7 +29,8 @@ class TinyAssets:
 
 def _source_key() -> str:
     h = hashlib.sha256()
-    for mod in ("beam_hpc/backends/reference/tiny_model.py", "beam_hpc/data/tiny.py", "beam_hpc/data/prepare.py"):
+    for mod in ("beam_hpc/backends/reference/tiny_model.py", "beam_hpc/data/tiny.py", "beam_hpc/data/prepare.py",
+                "beam_hpc/data/convert.py", "beam_hpc/data/sources.py"):
         h.update((REPO / mod).read_bytes())
     return h.hexdigest()[:12]
 
@@ -150,6 +151,13 @@ class LocalRayHead:
         while time.monotonic() < deadline:  # ready when the GCS reports our resources
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ray start exited with {self.proc.returncode}")
+            # `ray status` is a Python process that imports Ray: seconds of CPU on 2 busy cores,
+            # taken from the starting cluster. Ask it only once the GCS port accepts connections.
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                time.sleep(0.2)
+                continue
             st = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "status", f"--address={self.address}"],
                                 capture_output=True, text=True, env=env)
             if "beam_trainer" in st.stdout:

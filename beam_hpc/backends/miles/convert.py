@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import lock as run_lock
 from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
 from beam_hpc.node.container import Command, container_command
@@ -164,7 +165,7 @@ def convert_spec(recipe: Recipe, site: Site, *, walltime: str = DEFAULT_WALLTIME
         hf_checkpoint=m.path, output=os.path.normpath(m.ref_load), model_args=tuple(arch.args),
         gpus=gpus, cpus=recipe.topology.trainer.cpus_per_node or site.cpus_per_node,
         partition=site.partitions.for_group("trainer"), walltime=walltime, job_name=f"beam-convert-{name}",
-        work_dir=str(Path(recipe.output_dir, "convert")), site=site.model_dump(mode="json"),
+        work_dir=RunPaths(recipe.output_dir).convert, site=site.model_dump(mode="json"),
     )
 
 

@@ -25,7 +25,7 @@ every Ray worker of the job through ``ray.init(runtime_env=...)``; per-node valu
 node's own ``MILES_HOST_IP`` belong to the node step's ``ray start`` environment.
 
 The placement proof (Miles's sorted bundle order, with each bundle's node and group) is written
-to ``<run dir>/placement.json`` as soon as Miles has sorted its bundles.
+to ``<run dir>/placement.json`` (``RunPaths.placement``) as soon as Miles has sorted its bundles.
 
 Before anything else touches the cluster, a segment that resumes (``--load`` names a directory with
 ``latest_checkpointed_iteration.txt``) has its checkpoint checked with megatron-core
@@ -61,12 +61,12 @@ from beam_hpc.backends.miles.checkpoint import (
 )
 from beam_hpc.backends.miles.placement import DEFAULT_TIMEOUT_S, PlacementLayout, apply_placement_patch
 from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
+from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 
 logger = logging.getLogger(__name__)
 
 PLACEMENT_MODULE = "miles.ray.placement_group"
-PLACEMENT_RECORD = "placement.json"
 
 
 class LaunchError(RuntimeFailure):
@@ -167,7 +167,7 @@ def check_resume(miles_argv: list[str], *, full_read_max_bytes: int = FULL_READ_
 
 
 def record_placement(run_dir: Path, layout: PlacementLayout) -> None:
-    write_atomic(run_dir / PLACEMENT_RECORD, json.dumps(layout.as_dict(), indent=2) + "\n")
+    write_atomic(RunPaths(str(run_dir)).placement, json.dumps(layout.as_dict(), indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -54,12 +53,7 @@ def verify(it_dir: Path) -> str | None:
 
 def staging_dir(ckpt_dir: str, iteration: int) -> Path:
     """A fresh temporary directory beside the final iteration dir (same filesystem: rename is atomic)."""
-    final = layout.iteration_dir(ckpt_dir, iteration)
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    return tmp
+    return files.staging_dir(layout.iteration_dir(ckpt_dir, iteration))
 
 
 def torch_bytes(obj: Any) -> bytes:
@@ -73,14 +67,11 @@ def torch_bytes(obj: Any) -> bytes:
 def publish(ckpt_dir: str, iteration: int, staged: Path, dataset_state: dict[str, Any], keep_last: int | None) -> Path:
     """Make ``staged`` checkpoint ``iteration``: rename, dataset state, pointer (in that order)."""
     final = layout.iteration_dir(ckpt_dir, iteration)
-    for f in staged.iterdir():  # the trainer wrote these from another process: make them durable
-        files.fsync_file(f)
     manifest = {f.name: _digest(f) for f in sorted(staged.iterdir()) if f.is_file()}
     layout.write_atomic(staged / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True))
-    if final.exists():  # left by a save that died before its pointer was written: never published
-        shutil.rmtree(final)
-    os.replace(staged, final)  # a directory: staged whole and renamed (write_atomic is for files)
-    files.fsync_dir(final.parent)
+    # Renamed whole (the trainer's files fsync'ed first: it wrote them from another process); a
+    # directory already at ``final`` was left by a save that died before its pointer was written.
+    files.publish_dir(staged, final)
     layout.write_atomic(layout.dataset_state_path(ckpt_dir, iteration), torch_bytes(dataset_state))
     layout.mark_latest(ckpt_dir, iteration)
     if keep_last:

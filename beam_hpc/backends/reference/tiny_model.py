@@ -10,8 +10,8 @@ both a reward signal and room to improve.
 Facts behind the sizes and rates: packages-and-small-models.md section 2.
 
 Deterministic: every random choice is seeded, the thread count is fixed during the build, and
-the result is cached in ``model.path`` (built in a temporary directory, renamed when complete,
-under a file lock so that concurrent runs build it once).
+the result is cached in ``model.path`` (built in a staging directory and renamed whole when
+complete, ``run.files.atomic_dir``, under ``run.files.locked`` so that concurrent runs build it once).
 
 Shipped: the package carries the result of this build (``tiny_shipped/``, 3.3 MB) together with
 the key of what made it (this file's source, the seed, the excluded evaluation pairs). When the
@@ -22,16 +22,16 @@ to the inputs changes the key and the model is built from scratch. Regenerate af
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
-import os
 import random
 import shutil
 import time
 from pathlib import Path
 from typing import Any
+
+from beam_hpc.run import files
 
 BUILD_THREADS = 1  # not 2: with other work on the cores, OpenMP spin-waits make 2 threads ~10x slower
 VOCAB_SIZE = 384
@@ -180,25 +180,19 @@ def build(model_dir: str | Path, seed: int = 0, exclude_texts: set[str] | None =
     out = Path(model_dir)
     if (out / BUILD_INFO).is_file():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with files.locked(out.parent / f".{out.name}.lock"):
         if (out / BUILD_INFO).is_file():  # built by another process while we waited
             return out
-        for stale in out.parent.glob(f".{out.name}.tmp*"):  # left by a killed build; we hold the lock
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+        files.remove_stale_staging(out)  # left by a killed build; we hold the lock
         exclude = pairs_in(exclude_texts or set())
         key = build_key(seed, exclude)
-        if _shipped_matches(key):
-            shutil.copytree(SHIPPED, tmp)
-            log.info("tiny model: copied the shipped build (key %s)", key)
-        else:
-            tmp.mkdir()
-            _build_into(tmp, seed, exclude)
-            (tmp / KEY_FILE).write_text(key + "\n")
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
+        with files.atomic_dir(out) as tmp:
+            if _shipped_matches(key):
+                shutil.copytree(SHIPPED, tmp, dirs_exist_ok=True)
+                log.info("tiny model: copied the shipped build (key %s)", key)
+            else:
+                _build_into(tmp, seed, exclude)
+                (tmp / KEY_FILE).write_text(key + "\n")
     return out
 
 
@@ -265,8 +259,8 @@ def refresh_shipped(seed: int = 0) -> Path:
         prepare(data, from_local=write_tiny_sources(Path(tmp, "src")), progress=False)
         texts = {json.loads(line)["prompt"][0]["content"] for line in (data / "aime-2025.jsonl").read_text().splitlines()}
         built = build(Path(tmp, "model"), seed=seed, exclude_texts=texts)
-        shutil.rmtree(SHIPPED, ignore_errors=True)
-        shutil.copytree(built, SHIPPED)
+        with files.atomic_dir(SHIPPED) as tmp_shipped:
+            shutil.copytree(built, tmp_shipped, dirs_exist_ok=True)
     return SHIPPED
 
 

@@ -20,7 +20,8 @@ import pytest
 
 from beam_hpc.backends.miles import args as miles_args
 from beam_hpc.backends.miles.args import ENTRY_ASYNC, ENTRY_SYNC, build_driver, entry_point, managed_flags
-from beam_hpc.plan.plan import PLACEHOLDERS, RunPaths, fill, make_plan
+from beam_hpc.plan.paths import RunPaths
+from beam_hpc.plan.plan import PLACEHOLDERS, fill, make_plan
 from beam_hpc.config.recipe import Recipe, load_recipe
 from beam_hpc.config.site import Site
 

@@ -30,6 +30,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from beam_hpc.backends.miles import launch as miles_launch
+from beam_hpc.plan.paths import RunPaths
 from beam_hpc.backends.miles.placement import (
     PlacementError,
     PlacementLayout,
@@ -449,7 +450,7 @@ def test_launcher_runs_the_entry_point_with_the_patch(ray_cluster: LoopbackRay, 
     for r in report["actor"] + report["rollout"]:  # job-wide env reaches workers; per-node does not
         assert r["worker_env"] == {"TENSORBOARD_DIR": str(tmp_path / "tb"), "BEAM_REWARD_OVERLONG_BUFFER": "1024",
                                    "MILES_HOST_IP": None}
-    proof = json.loads((tmp_path / miles_launch.PLACEMENT_RECORD).read_text())
+    proof = json.loads(Path(RunPaths(str(tmp_path)).placement).read_text())
     assert proof["train_bundles"] == 4
     assert [b["node_group"] for b in proof["bundles"]] == ["trainer"] * 4 + ["other"]
     assert [b["role"] for b in proof["bundles"]] == ["train"] * 4 + ["rollout"]

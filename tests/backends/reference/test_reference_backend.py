@@ -33,11 +33,14 @@ def _iter(run_dir: Path, k: int) -> Path:
     return run_dir / "checkpoints" / f"iter_{k:07d}"
 
 
-def test_async_run_writes_metrics_dumps_placement_and_checkpoint(tmp_path, tiny_assets) -> None:
-    run_dir, out = _run(tmp_path, "a", tiny_assets, "local", ["num_rollout=3", "eval.interval=2"])
+def test_async_run_writes_metrics_dumps_placement_and_checkpoint(tmp_path, tiny_assets, reference_ray) -> None:
+    # On the shared Ray head (its node carries both group resources and beam-group=local, as the
+    # backend's own `--ray-address local` cluster does: that path, and its placement, are the NVMe
+    # test's below, which needs a Ray of its own anyway), so that this run does not start one.
+    run_dir, out = _run(tmp_path, "a", tiny_assets, reference_ray, ["num_rollout=3", "eval.interval=2"])
     progress = [line for line in out.splitlines() if " rollout " in line and "/3 reward" in line]
     assert len(progress) == 3 and "lag 1" in progress[-1]
-    placement = json.loads((run_dir / "dumps" / "placement.json").read_text())
+    placement = json.loads((run_dir / "placement.json").read_text())
     assert placement["trainer"]["group"] == "local" and placement["trainer"]["node_id"] in placement["nodes"]
     assert [w["role"] for w in placement["rollout"]] == ["rollout"]
     node = placement["nodes"][placement["trainer"]["node_id"]]
@@ -144,7 +147,7 @@ def test_colocated_runs_in_turn_on_one_group(tmp_path, tiny_assets, reference_ra
     run_dir, out = _run(tmp_path, "colo", tiny_assets, reference_ray,
                         ["num_rollout=2", "training.colocated=true", "training.async_training=false", "topology.rollout=null",
                          "eval.interval=2", "eval.samples_per_prompt=1", "data.eval_name=aime25"])
-    placement = json.loads((run_dir / "dumps" / "placement.json").read_text())
+    placement = json.loads((run_dir / "placement.json").read_text())
     assert placement["trainer"]["node_id"] == placement["rollout"][0]["node_id"]
     assert [m[names.POLICY_LAG] for m in metrics(run_dir, "rollout")] == [0.0, 0.0]
     evals = metrics(run_dir, "eval")
@@ -168,6 +171,11 @@ def test_nvme_offload_keeps_optimizer_files_in_the_staged_dir_only_while_trainin
         time.sleep(0.05)
     out = proc.stdout.read()
     assert proc.returncode == 0, out[-3000:]
+    # `--ray-address local`: the backend's own one-node cluster carries both groups, labelled local
+    placement = json.loads((run_dir / "placement.json").read_text())
+    assert {placement["trainer"]["group"]} | {w["group"] for w in placement["rollout"]} == {"local"}
+    node = placement["nodes"][placement["trainer"]["node_id"]]
+    assert node["group"] == "local" and node["group_resources"] == {"beam_trainer": 1000.0, "beam_rollout": 1000.0}
     assert seen > 100_000  # AdamW moments of a 0.8M-parameter model: ~6.7 MB
     assert not list(staged.rglob("*.pt"))  # scratch removed at the end
     trained = [json.loads(p.read_text()) for p in sorted((run_dir / "dumps" / "train").glob("*.json"))]
@@ -186,17 +194,33 @@ TRAIN_MARGIN = 0.08
 LEARNING_MODES = {
     "async": [],
     "in-turn": ["training.async_training=false"],
-    "colocated": ["training.colocated=true", "training.async_training=false", "topology.rollout=null"],
 }
+COLOCATED = ["training.colocated=true", "training.async_training=false", "topology.rollout=null"]
+COLOCATED_ROLLOUTS = 6  # five swaps between generation and training, and the eval after 5
+
+
+@pytest.fixture(scope="module")
+def learning_runs(tmp_path_factory, tiny_assets, reference_ray):  # type: ignore[no-untyped-def]
+    """The embedded default as shipped, 20 rollouts, once per mode for the whole module: the
+    learning test and the colocated comparison read the same in-turn run."""
+    done: dict[str, Path] = {}
+
+    def run(mode: str) -> Path:
+        if mode not in done:
+            run_dir = tmp_path_factory.mktemp("learn") / mode
+            plan = make_plan(run_dir, tiny_assets, ["num_rollout=20", "checkpoint.interval=20", *LEARNING_MODES[mode]])
+            run_backend(plan, reference_ray)
+            done[mode] = run_dir
+        return done[mode]
+
+    return run
 
 
 @pytest.mark.parametrize("mode", sorted(LEARNING_MODES))
-def test_tiny_recipe_learns(tmp_path, tiny_assets, reference_ray, mode) -> None:
+def test_tiny_recipe_learns(learning_runs, mode) -> None:  # type: ignore[no-untyped-def]
     """The embedded default as shipped (32 x 8 per rollout, seeded): after 20 rollouts the eval
     accuracy is above the eval before training and the training accuracy and reward rose."""
-    run_dir = tmp_path / mode
-    plan = make_plan(run_dir, tiny_assets, ["num_rollout=20", "checkpoint.interval=20", *LEARNING_MODES[mode]])
-    run_backend(plan, reference_ray)
+    run_dir = learning_runs(mode)
     evals = {m["rollout_id"]: m[names.eval_accuracy_tag("tiny-add")] for m in metrics(run_dir, "eval")}
     assert sorted(evals) == [0, 5, 10, 15, 20]
     assert evals[20] >= evals[0] + EVAL_MARGIN, evals
@@ -205,6 +229,28 @@ def test_tiny_recipe_learns(tmp_path, tiny_assets, reference_ray, mode) -> None:
     assert sum(correct[-5:]) / 5 >= sum(correct[:5]) / 5 + TRAIN_MARGIN, correct
     reward = [m[names.ROLLOUT_REWARD] for m in rollouts]
     assert sum(reward[-5:]) > sum(reward[:5]), reward
+
+
+def _learning_numbers(run_dir: Path, upto: int) -> list[dict]:
+    """Every rollout, training and eval number up to rollout ``upto`` (timings and offload sizes,
+    which depend on the machine and the placement, left out)."""
+    return [{k: v for k, v in m.items() if not k.startswith("perf/")}
+            for kind in ("rollout", "eval") for m in metrics(run_dir, kind) if m["rollout_id"] <= upto]
+
+
+def test_colocated_learns_as_in_turn_bit_for_bit(tmp_path, tiny_assets, reference_ray, learning_runs) -> None:  # type: ignore[no-untyped-def]
+    """Colocated (one group: the policy generates, is swapped out, trains, is swapped back) computes
+    exactly what in turn computes: the same seeded rollouts, rewards, losses, gradient norms and
+    evals, bit for bit. So the in-turn run's learning (test_tiny_recipe_learns) is colocated's, and
+    colocated needs no 20-rollout run of its own: six rollouts (five swaps and the eval after 5)
+    compared number for number. (Measured: over all 20 rollouts the two runs' numbers are equal.)"""
+    run_dir = tmp_path / "colocated"
+    run_backend(make_plan(run_dir, tiny_assets, [f"num_rollout={COLOCATED_ROLLOUTS}", "checkpoint.interval=20",
+                                                 *COLOCATED]), reference_ray)
+    last = COLOCATED_ROLLOUTS - 1
+    mine, in_turn = _learning_numbers(run_dir, last), _learning_numbers(learning_runs("in-turn"), last)
+    assert len(mine) == COLOCATED_ROLLOUTS + 2 and [m["rollout_id"] for m in mine if m["kind"] == "eval"] == [0, 5]
+    assert mine == in_turn
 
 
 @pytest.mark.slow

@@ -161,7 +161,7 @@ class End:
 def ends(reference_ray: str) -> Any:
     import ray
 
-    from beam_hpc.plan.plan import GROUP_RESOURCE_PREFIX
+    from beam_hpc.plan.ray_labels import GROUP_RESOURCE_PREFIX
 
     os.environ["RAY_AUTH_MODE"] = "disabled"  # the shared head runs without tokens
     if ray.is_initialized():
