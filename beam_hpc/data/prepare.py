@@ -87,7 +87,7 @@ def _write_json_atomically(path: Path, obj: Any) -> None:
 
 def _records(name: str, sources: list[Source], progress: bool, stats: dict[str, int]) -> Iterator[dict[str, Any]]:
     """The Miles records of output ``name`` from its sources, each row named in errors by source and line."""
-    rows = iter_rows(sources, _DATASET_OF_FILE[name], progress)
+    rows = iter_rows(sources, _DATASET_OF_FILE.get(name, AIME), progress)
     if name == TRAIN_FILE:
         return dapo_records(((f"{s.label}: row {n + 1}", row) for s, n, row in rows), stats)
     return aime_records(((f"{s.label}: row {n + 1}", s.aime_config, n, row) for s, n, row in rows), stats)
@@ -145,7 +145,7 @@ def _prepare_file(
         "rows": rows,
         "bytes": size,
         "sha256": sha,
-        "dataset": _DATASET_OF_FILE.get(name, "AIME2025"),  # another eval file name: the AIME2025 schema
+        "dataset": _DATASET_OF_FILE.get(name, AIME),  # another eval file name: the AIME2025 schema
         "source": signature,
         "input_rows": stats["input_rows"],
         "label_conflicts": stats["label_conflicts"],

@@ -38,7 +38,7 @@ def test_names_are_imported_from_their_home_not_through_plan_py() -> None:
     homes = {name: mod for mod in (paths, ray_labels) for name, obj in vars(mod).items()
              if not name.startswith("_") and not isinstance(obj, type(ast))
              and getattr(obj, "__module__", mod.__name__) == mod.__name__ and name != "annotations"}
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     found = []
     for path in [*root.joinpath("beam_hpc").rglob("*.py"), *root.joinpath("tests").glob("*.py"),
                  *root.joinpath("benchmarks").glob("*.py")]:
