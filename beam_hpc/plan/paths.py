@@ -10,8 +10,10 @@ modules drifts; here each is a property, and everything else asks for it.
         checkpoints/  (run_identity.json: what the checkpoints were made with)
         dumps/  tensorboard/
         logs/slurm-<jobid>.out            the batch log (Slurm's --output)
+        logs/submitit/<jobid>/            submitit's own files of a job it submitted
+        .ray-auth/<jobid>-<restart>/      the segment's Ray token (0600), removed at teardown
         logs/<jobid>-<restart>/           SegmentPaths: one per segment
-            segment.log  driver.log  ready.json  readiness.log  outcome.json  runtime.json
+            segment.log  driver.log  driver.json  ready.json  readiness.log  outcome.json  runtime.json
             node-<group>-<i>.log  srun-<group>.log  nodes/<group>-<i>.json  ray-logs/<group>-<i>/
 
 Pure names: no I/O, no imports beyond the standard library.
@@ -28,6 +30,9 @@ LEDGER_FILE = "ledger.jsonl"
 SCRIPT_FILE = "job.sbatch"  # written into the run directory by every beam-hpc submission
 SMOKE_FILE = "smoke.json"
 DRIVER_LOG = "driver.log"  # in each segment directory (also globbed for: logs/*/driver.log)
+DRIVER_RECORD = "driver.json"  # in each segment directory: the driver's argv and what it saw of the site
+RAY_AUTH_DIR = ".ray-auth"  # per-segment Ray tokens under the run directory
+SUBMITIT_DIR = "submitit"  # under logs/: submitit's folder (its %j expands per job)
 IDENTITY_FILE = "run_identity.json"  # under checkpoints/
 SEGMENT_DIR_RE = re.compile(r"^(\d+)-(\d+)$")  # logs/<jobid>-<restart>
 
@@ -62,6 +67,11 @@ class SegmentPaths:
     @property
     def driver_log(self) -> Path:
         return self._p(DRIVER_LOG)
+
+    @property
+    def driver_record(self) -> Path:
+        """What the driver was started with: argv, rollout total, the site's variables it saw."""
+        return self._p(DRIVER_RECORD)
 
     @property
     def ready(self) -> Path:
@@ -160,6 +170,15 @@ class RunPaths:
     def node_exclusions(self) -> str:
         """Excluded nodes let back in with ``submit --resume --include-node`` (beam_hpc.lifecycle.exclusions)."""
         return self._p("node-exclusions.json")
+
+    @property
+    def submitit(self) -> str:
+        """``logs/submitit/%j``: the folder handed to submitit (it expands ``%j`` per job)."""
+        return self._p("logs", SUBMITIT_DIR, "%j")
+
+    def ray_auth(self, segment: str) -> str:
+        """``.ray-auth/<jobid>-<restart>``: one segment's Ray token directory."""
+        return self._p(RAY_AUTH_DIR, segment)
 
     def batch_log(self, job_id: str) -> str:
         """``logs/slurm-<jobid>.out``; ``job_id="%j"`` gives the pattern for ``sbatch --output``."""

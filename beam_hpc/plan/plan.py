@@ -27,8 +27,10 @@ from beam_hpc.plan.paths import PLAN_FILE, RunPaths  # noqa: F401 (RunPaths re-e
 
 PLAN_VERSION = 1
 
-# Placeholders a job fills in (beam_hpc.plan.plan.fill); nothing else is templated.
-PLACEHOLDERS = ("job_id", "nvme_dir", "head_ip", "ray_address", "run_dir")
+# Placeholders a job fills in (beam_hpc.plan.plan.fill); nothing else is templated. ``num_rollout``
+# is the total the segment runs to: the plan's, or the segment's own ``--num-rollout`` (a resume may
+# change it, the seed's semantics), so the driver's command is completed in the job, never baked.
+PLACEHOLDERS = ("job_id", "nvme_dir", "head_ip", "ray_address", "run_dir", "num_rollout")
 
 
 @dataclass(frozen=True)
