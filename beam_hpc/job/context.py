@@ -151,6 +151,8 @@ def allocation_problems(plan: Plan, slurm: SlurmEnvironment, *, script: str | No
     watchdog reads the job's EndTime), but the plan's topology is what every part of the job is built
     for (Ray's groups, Miles's actor and engine counts): a job that does not match would hold its
     nodes through a bring-up that cannot succeed. Checked in the segment's first seconds."""
+    if slurm.num_nodes(0) is None:  # Slurm always describes its allocations; nothing to compare here
+        return []
     lines = _sbatch_lines(script_text) if script_text else {}
     where = script or "the job's #SBATCH options"
 

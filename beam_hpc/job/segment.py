@@ -55,7 +55,7 @@ from beam_hpc.lifecycle.segment_metrics import metrics_offset, segment_metrics
 from beam_hpc.lifecycle.watchdog import Interrupt, Watchdog
 from beam_hpc.slurm.client import JobInfo, SlurmUnavailable, show_job
 from beam_hpc.slurm.environment import SlurmEnvironment
-from beam_hpc.plan.plan import Plan, compute_lead_s
+from beam_hpc.plan.plan import Plan, compute_lead_s, load_plan
 from beam_hpc.plan.segment_args import SegmentArgs
 from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.run.identity import IdentityError, record_identity
@@ -545,18 +545,6 @@ def _log_to(path: Path | None) -> logging.Handler | None:
     fh.setFormatter(fmt)
     root.addHandler(fh)
     return fh
-
-
-def load_plan(path: str | Path) -> Plan:
-    """plan.json, or a bad-input error naming the file (missing, torn, or edited into nonsense)."""
-    try:
-        return Plan.load(path)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such plan; submit the run (beam-hpc submit) or render its script") from None
-    except (OSError, ValueError, TypeError, KeyError) as err:
-        raise InputError(f"{path}: not a readable plan ({type(err).__name__}: {err}); the run directory is "
-                         "damaged: restore plan.json from the run's job.sbatch (beam-hpc submit --resume "
-                         "writes it again) or use another --output-dir") from None
 
 
 def plan_from_text(text: str, source: str) -> Plan:

@@ -154,6 +154,22 @@ class Plan:
         return out
 
 
+def load_plan(path: str | Path) -> Plan:
+    """A run's plan.json, or InputError naming the file (missing, torn, or edited into something
+    invalid): every launch way (submit, execute, the segment itself) answers a damaged run
+    directory the same way, exit 2, before it writes anything."""
+    try:
+        return Plan.load(path)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such plan; submit the run (beam-hpc submit) or render its script") from None
+    except InputError as err:
+        raise InputError(f"{path}: {err}") from None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        raise InputError(f"{path}: not a readable plan ({type(err).__name__}: {shorten(str(err))}); the run "
+                         "directory is damaged: move plan.json aside and submit the run again with --resume "
+                         "(it writes the plan anew), or use another --output-dir") from None
+
+
 def identity_sha(recipe: Recipe) -> str:
     blob = json.dumps(recipe.identity(), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
