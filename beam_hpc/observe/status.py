@@ -51,8 +51,9 @@ from beam_hpc.plan.plan import RunPaths
 from beam_hpc.progress import duration, text_table
 
 STATUS_SCHEMA = 1
-_ACTIVE_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT", "RESIZING")
-_WAITING_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "RESV_DEL_HOLD")
+_JS = slurm_client.JobState  # Slurm's states are spelled once, there
+_ACTIVE_STATES = (_JS.RUNNING, _JS.COMPLETING, _JS.CONFIGURING, _JS.SIGNALING, _JS.STAGE_OUT, _JS.RESIZING)
+_WAITING_STATES = (_JS.PENDING, _JS.REQUEUED, _JS.REQUEUE_HOLD, _JS.REQUEUE_FED, _JS.SUSPENDED, _JS.RESV_DEL_HOLD)
 _NON_TAG_KEYS = frozenset({"kind", "rollout_id", "step", "time", "wall_time"})
 
 
