@@ -1,0 +1,217 @@
+"""Launching is one thing (issue 20): five ways in, then a walltime resubmission and a preemption
+requeue, all run the same plan, site and segment arguments.
+
+On the real local Slurm cluster, with a site that has everything a site can give the job: a
+``module`` shell function defined by its ``setup`` (as ``source /etc/profile.d/modules.sh`` would),
+``module_loads``, ``env``, and an extra ``#SBATCH`` line (``--comment``). The tiny recipe is
+launched by
+
+1. ``beam-hpc submit --via sbatch --num-rollout 100000`` with a 3-minute walltime: this run is also
+   the chain: its first segment resubmits itself at the walltime lead (passing the total on), the
+   resubmitted job is preempted by an ``urgent`` job and requeued, and the requeued segment is
+   cancelled once its driver runs;
+2. a hand ``sbatch x.sbatch --num-rollout 1`` of a ``beam-hpc render -o`` script (the run directory
+   does not exist yet; the plan's own total is 3),
+3. ``beam-hpc submit --num-rollout 1`` (submitit),
+4. ``beam_hpc.submit(..., num_rollout=1)`` from Python (submitit),
+5. ``beam-hpc execute --num-rollout 1`` (no Slurm: no batch script, so only the driver's argv and
+   total count; the laptop site, which has no GPUs).
+
+Each launch waits for the previous one's Ray to be ready, then they run side by side: bring-ups at
+once time out on a 2-core machine, the rest overlaps. Every segment writes ``driver.json`` in its segment directory (beam_hpc.job.runner): the
+driver's argv, the total it runs to, the site's variables and ``LOADEDMODULES`` as the driver got
+them. All of them must agree (run directory and Ray address aside), the totals must be the segment
+arguments' (1, and 100000 passed on through the resubmission and the requeue), plan.json stays as
+submitted, the ledger's start lines say the same totals, and every Slurm job carries the extra line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from run_watch import chain_finished, diagnostics, poll_until, segments, wait_for
+
+import beam_hpc
+from beam_hpc.cli.app import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e]
+
+MODULE = "beamtest/1.0"
+SITE_ENV = {"BEAM_PARITY_SITE": "from-the-site", "NCCL_NVLS_ENABLE": "0"}
+COMMENT = "beam-parity"
+PLAN_TOTAL, SEGMENT_TOTAL, CHAIN_TOTAL = 3, 1, 100_000
+TIMEOUT_S = 900.0
+
+
+def parity_site(path: Path) -> Path:
+    """env/local.yaml plus a module function, a module load, environment and an extra #SBATCH line."""
+    text = (REPO / "env" / "local.yaml").read_text().replace("name: local", "name: parity")
+    text += (
+        "setup:\n"
+        "  - 'module() { if [ \"$1\" = load ]; then export LOADEDMODULES=\"${LOADEDMODULES:+$LOADEDMODULES:}$2\"; fi; }'\n"
+        f"module_loads: [{MODULE}]\n"
+        f"env: {json.dumps(SITE_ENV)}\n"
+        f"sbatch_extra: [--comment={COMMENT}]\n"
+    )
+    path.write_text(text)
+    return path
+
+
+def recipe_args(assets, run: Path, *, gpus: bool = True) -> list[str]:  # type: ignore[no-untyped-def]
+    from reference_harness import SMALL
+
+    out = ["--output-dir", str(run), "--set", f"num_rollout={PLAN_TOTAL}"]
+    gpu_items = ["topology.trainer.gpus_per_node=2", "topology.rollout.gpus_per_node=1"] if gpus else []
+    for item in [f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *gpu_items, *SMALL]:
+        out += ["--set", item]
+    return out
+
+
+def ready(run: Path) -> bool:
+    """Ray is up for a segment of ``run`` (or the segment already ended)."""
+    return any((run / "logs").glob("*/ready.json")) or any("end" in s for s in segments(run))
+
+
+def submitted_id(capsys) -> str:  # type: ignore[no-untyped-def]
+    return capsys.readouterr().out.split("submitted job ")[1].split()[0]
+
+
+def records(run: Path) -> dict[str, dict]:
+    """Each segment's driver.json, by segment name."""
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted((run / "logs").glob("*/driver.json"))}
+
+
+def normalized(record: dict, run: Path) -> list[str]:
+    """The driver's argv with what differs by run and job taken out: the run directory, the Ray
+    address (after --ray-address) and the total (compared on its own)."""
+    argv = [a.replace(str(run), "<run>") for a in record["argv"]]
+    for flag, stand_in in (("--ray-address", "<ray>"), ("--num-rollout", "<total>")):
+        argv[argv.index(flag) + 1] = stand_in
+    return argv
+
+
+def comment_of(job_id: str) -> str | None:
+    out = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True,
+                         check=False).stdout
+    fields = dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+    return fields.get("Comment")
+
+
+def nodes_of(job_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, check=False).stdout
+    return ",".join(x.strip() for x in out.split() if x.strip())
+
+
+def test_five_launch_ways_a_resubmission_and_a_requeue_run_the_same_job(
+        slurm_cluster, tiny_assets, tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    site = parity_site(tmp_path / "parity.yaml")
+    tiny = str(REPO / "recipes" / "tiny.yaml")
+    runs = {name: tmp_path / name for name in ("chain", "hand", "via-submitit", "python", "execute")}
+    monkeypatch.chdir(tmp_path)  # the hand-submitted job's output lands in the submit directory
+
+    # 1. the CLI through sbatch; this run is also the chain (walltime 3 min, lead 60 s)
+    assert cli_main(["submit", tiny, "--site", str(site), "--via", "sbatch", *recipe_args(tiny_assets, runs["chain"]),
+                     "--set", "lifecycle.walltime=00:03:00", "--set", "lifecycle.lead_s=60",
+                     "--set", "checkpoint.interval=1000", "--num-rollout", str(CHAIN_TOTAL)]) == 0
+    chain_job = submitted_id(capsys)
+    wait_for("the chain's Ray", lambda: ready(runs["chain"]), runs["chain"], timeout=TIMEOUT_S)
+
+    # 2. render, then a plain sbatch with the script's own arguments: nothing else prepared
+    script = tmp_path / "hand.sbatch"
+    assert cli_main(["render", tiny, "--site", str(site), *recipe_args(tiny_assets, runs["hand"]), "-o", str(script)]) == 0
+    assert not runs["hand"].exists()
+    hand = subprocess.run(["sbatch", "--parsable", str(script), "--num-rollout", str(SEGMENT_TOTAL)], capture_output=True,
+                          text=True, check=True, cwd=tmp_path).stdout.strip().split(";")[0]
+    wait_for("the hand-submitted job's Ray", lambda: ready(runs["hand"]), runs["hand"], timeout=TIMEOUT_S)
+    # 3. the CLI through submitit
+    assert cli_main(["submit", tiny, "--site", str(site), *recipe_args(tiny_assets, runs["via-submitit"]),
+                     "--num-rollout", str(SEGMENT_TOTAL)]) == 0
+    via_submitit = submitted_id(capsys)
+    wait_for("the submitit job's Ray", lambda: ready(runs["via-submitit"]), runs["via-submitit"], timeout=TIMEOUT_S)
+    # 4. Python
+    args = recipe_args(tiny_assets, runs["python"])
+    sub = beam_hpc.submit(tiny, str(site), output_dir=str(runs["python"]), num_rollout=SEGMENT_TOTAL,
+                          overrides=[args[i + 1] for i, a in enumerate(args) if a == "--set"])
+    wait_for("the Python-submitted job's Ray", lambda: ready(runs["python"]), runs["python"], timeout=TIMEOUT_S)
+    # 5. execute, on this machine (the laptop site: no GPUs, so none asked for)
+    execute = subprocess.Popen([sys.executable, "-m", "beam_hpc.cli.app", "execute", tiny, "--quiet",
+                                *recipe_args(tiny_assets, runs["execute"], gpus=False),
+                                "--num-rollout", str(SEGMENT_TOTAL)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    jobs = {"hand": hand, "via-submitit": via_submitit, "python": sub.job_id}
+    for name, job in {**jobs, "chain": chain_job}.items():
+        assert comment_of(job) == COMMENT, f"{name}: the site's extra #SBATCH line did not reach job {job}"
+
+    # the chain: walltime resubmission, then preemption of the resubmitted job, then its requeue
+    chain = runs["chain"]
+    first = wait_for("the chain's walltime resubmission",
+                     lambda: (s := segments(chain)) and "end" in s[0] and s[0]["end"]["next"].get("job_id"),
+                     chain, timeout=TIMEOUT_S)
+    seg0 = segments(chain)[0]
+    assert seg0["end"]["reason"] == "walltime" and seg0["end"]["next"]["action"] == "resubmit", diagnostics(chain)
+    second = str(first)
+    assert comment_of(second) == COMMENT
+    wait_for("the resubmitted segment's driver", lambda: f"{second}-0" in records(chain), chain, timeout=TIMEOUT_S)
+    assert segments(chain)[1]["start"]["resume"]  # a checkpoint exists: --resume, with the total passed on
+    nodes = wait_for("the resubmitted job's nodes", lambda: nodes_of(second), chain, timeout=60)
+    urgent = slurm_cluster.run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={nodes}", "--exclusive",
+                               "-t", "1", "-o", "/dev/null", "--wrap", "sleep 3").stdout.strip()
+    wait_for("the preempted segment's end line",
+             lambda: any(s["segment"] == f"{second}-0" and "end" in s for s in segments(chain)), chain, timeout=TIMEOUT_S)
+    wait_for("the urgent job to finish", lambda: not slurm_cluster.job_states(urgent) or
+             set(slurm_cluster.job_states(urgent)) <= {"COMPLETED"}, chain, timeout=120)
+    wait_for("the requeued job to pend", lambda: set(slurm_cluster.job_states(second)) & {"PENDING", "RUNNING"},
+             chain, timeout=60)
+    slurm_cluster.run("scontrol", "update", f"jobid={second}", "StartTime=now", check=False)
+
+    # meanwhile the five launches finish
+    for name in ("hand", "via-submitit"):
+        slurm_cluster.wait_for_job(jobs[name], timeout=TIMEOUT_S)
+    deadline = time.time() + TIMEOUT_S
+    while not sub.job.done() and time.time() < deadline:
+        time.sleep(1)
+    assert sub.job.done() and sub.job.task(0).result() == 0, diagnostics(runs["python"])
+    out, _ = execute.communicate(timeout=TIMEOUT_S)
+    assert execute.returncode == 0, out
+
+    wait_for("the requeued segment's driver", lambda: f"{second}-1" in records(chain), chain, timeout=TIMEOUT_S)
+    assert cli_main(["cancel", str(chain)]) == 0
+    wait_for("the chain to stop", lambda: chain_finished(chain), chain, timeout=300)
+
+    # what every segment saw
+    seen = {name: records(run) for name, run in runs.items()}
+    for name, recs in seen.items():
+        assert recs, f"{name}: no driver.json\n{diagnostics(runs[name])}"
+    reference = normalized(next(iter(seen["hand"].values())), runs["hand"])
+    for name, recs in seen.items():
+        for seg, rec in recs.items():
+            assert normalized(rec, runs[name]) == reference, (name, seg)
+            total = CHAIN_TOTAL if name == "chain" else SEGMENT_TOTAL
+            assert rec["num_rollout"] == total and rec["argv"][rec["argv"].index("--num-rollout") + 1] == str(total)
+            if name != "execute":  # no batch script there
+                assert rec["site_env"] == SITE_ENV, (name, seg, rec["site_env"])
+                assert rec["loaded_modules"] == MODULE, (name, seg, rec["loaded_modules"])
+    assert sorted(seen["chain"]) == sorted([f"{chain_job}-0", f"{second}-0", f"{second}-1"]), diagnostics(chain)
+    for name, run in runs.items():
+        plan = json.loads((run / "plan.json").read_text())  # as submitted: a segment argument never rewrites it
+        assert plan["recipe"]["num_rollout"] == (CHAIN_TOTAL if name == "chain" else
+                                                 PLAN_TOTAL if name == "hand" else SEGMENT_TOTAL), name
+        starts = [s["start"]["num_rollout"] for s in segments(run)]
+        assert starts and set(starts) == {CHAIN_TOTAL if name == "chain" else SEGMENT_TOTAL}, (name, starts)
+        if name != "chain":
+            assert [s["end"]["reason"] for s in segments(run)] == ["completed"], diagnostics(run)
+    # the hand-submitted job: its output in the submit directory, linked from the run's logs/
+    hand_out = tmp_path / f"{json.loads((runs['hand'] / 'plan.json').read_text())['job_name']}-{hand}.out"
+    assert hand_out.is_file() and "segment ended: completed" in hand_out.read_text()
+    assert (runs["hand"] / "logs" / f"slurm-{hand}.out").resolve() == hand_out.resolve()
+    assert (runs["hand"] / "job.sbatch").read_text() == script.read_text()
+    assert os.environ.get("LOADEDMODULES") != MODULE  # the job's, not inherited from this shell
+    assert poll_until(lambda: not slurm_cluster.job_states(second) or
+                      set(slurm_cluster.job_states(second)) <= {"COMPLETED", "CANCELLED"}, 60, 1)
