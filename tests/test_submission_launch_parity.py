@@ -31,11 +31,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from run_watch import chain_finished, diagnostics, poll_until, segments, wait_for
+from run_watch import chain_finished, diagnostics, segments, wait_for
 
 import beam_hpc
 from beam_hpc.cli.app import main as cli_main
@@ -109,6 +108,44 @@ def nodes_of(job_id: str) -> str:
     return ",".join(x.strip() for x in out.split() if x.strip())
 
 
+class Chain:
+    """The chain's interferences, done as soon as each is due: :meth:`step` is called from every
+    wait of the test, so the launches can go on meanwhile (a fixed order of waits would let the
+    resubmitted segment reach its own walltime before it is preempted)."""
+
+    def __init__(self, cluster, run: Path) -> None:  # type: ignore[no-untyped-def]
+        self.cluster, self.run = cluster, run
+        self.second: str | None = None
+        self.urgent: str | None = None
+        self.state = "walltime"
+
+    def step(self) -> bool:
+        """Advance when the next event is there; True once the chain is over."""
+        segs, recs = segments(self.run), records(self.run)
+        if self.state == "walltime" and segs and "end" in segs[0]:
+            assert segs[0]["end"]["reason"] == "walltime", diagnostics(self.run)
+            assert segs[0]["end"]["next"]["action"] == "resubmit", diagnostics(self.run)
+            self.second, self.state = str(segs[0]["end"]["next"]["job_id"]), "resubmitted"
+        elif self.state == "resubmitted" and f"{self.second}-0" in recs and nodes_of(self.second or ""):
+            self.urgent = self.cluster.run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={nodes_of(self.second or '')}",
+                                           "--exclusive", "-t", "1", "-o", "/dev/null", "--wrap", "sleep 3").stdout.strip()
+            self.state = "preempting"
+        elif self.state == "preempting" and any(s["segment"] == f"{self.second}-0" and "end" in s for s in segs):
+            self.state = "preempted"
+        elif self.state == "preempted":
+            urgent_done = not set(self.cluster.job_states(self.urgent or "")) - {"COMPLETED"}
+            if urgent_done and set(self.cluster.job_states(self.second or "")) & {"PENDING", "RUNNING"}:
+                # a requeued job may start again after cred_expire (10 s here); let it go at once
+                self.cluster.run("scontrol", "update", f"jobid={self.second}", "StartTime=now", check=False)
+                self.state = "requeued"
+        elif self.state == "requeued" and f"{self.second}-1" in recs:
+            assert cli_main(["cancel", str(self.run)]) == 0
+            self.state = "cancelled"
+        elif self.state == "cancelled" and chain_finished(self.run):
+            self.state = "over"
+        return self.state == "over"
+
+
 def test_five_launch_ways_a_resubmission_and_a_requeue_run_the_same_job(
         slurm_cluster, tiny_assets, tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     site = parity_site(tmp_path / "parity.yaml")
@@ -121,7 +158,12 @@ def test_five_launch_ways_a_resubmission_and_a_requeue_run_the_same_job(
                      "--set", "lifecycle.walltime=00:03:00", "--set", "lifecycle.lead_s=60",
                      "--set", "checkpoint.interval=1000", "--num-rollout", str(CHAIN_TOTAL)]) == 0
     chain_job = submitted_id(capsys)
-    wait_for("the chain's Ray", lambda: ready(runs["chain"]), runs["chain"], timeout=TIMEOUT_S)
+    chain = Chain(slurm_cluster, runs["chain"])
+
+    def wait(what: str, predicate, run: Path) -> None:  # type: ignore[no-untyped-def]
+        wait_for(what, lambda: chain.step() is not None and predicate(), run, timeout=TIMEOUT_S)
+
+    wait("the chain's Ray", lambda: ready(runs["chain"]), runs["chain"])
 
     # 2. render, then a plain sbatch with the script's own arguments: nothing else prepared
     script = tmp_path / "hand.sbatch"
@@ -129,61 +171,41 @@ def test_five_launch_ways_a_resubmission_and_a_requeue_run_the_same_job(
     assert not runs["hand"].exists()
     hand = subprocess.run(["sbatch", "--parsable", str(script), "--num-rollout", str(SEGMENT_TOTAL)], capture_output=True,
                           text=True, check=True, cwd=tmp_path).stdout.strip().split(";")[0]
-    wait_for("the hand-submitted job's Ray", lambda: ready(runs["hand"]), runs["hand"], timeout=TIMEOUT_S)
+    wait("the hand-submitted job's Ray", lambda: ready(runs["hand"]), runs["hand"])
     # 3. the CLI through submitit
     assert cli_main(["submit", tiny, "--site", str(site), *recipe_args(tiny_assets, runs["via-submitit"]),
                      "--num-rollout", str(SEGMENT_TOTAL)]) == 0
     via_submitit = submitted_id(capsys)
-    wait_for("the submitit job's Ray", lambda: ready(runs["via-submitit"]), runs["via-submitit"], timeout=TIMEOUT_S)
+    wait("the submitit job's Ray", lambda: ready(runs["via-submitit"]), runs["via-submitit"])
     # 4. Python
     args = recipe_args(tiny_assets, runs["python"])
     sub = beam_hpc.submit(tiny, str(site), output_dir=str(runs["python"]), num_rollout=SEGMENT_TOTAL,
                           overrides=[args[i + 1] for i, a in enumerate(args) if a == "--set"])
-    wait_for("the Python-submitted job's Ray", lambda: ready(runs["python"]), runs["python"], timeout=TIMEOUT_S)
+    wait("the Python-submitted job's Ray", lambda: ready(runs["python"]), runs["python"])
     # 5. execute, on this machine (the laptop site: no GPUs, so none asked for)
     execute = subprocess.Popen([sys.executable, "-m", "beam_hpc.cli.app", "execute", tiny, "--quiet",
                                 *recipe_args(tiny_assets, runs["execute"], gpus=False),
                                 "--num-rollout", str(SEGMENT_TOTAL)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=(tmp_path / "execute.out").open("w"), stderr=subprocess.STDOUT)
     jobs = {"hand": hand, "via-submitit": via_submitit, "python": sub.job_id}
     for name, job in {**jobs, "chain": chain_job}.items():
         assert comment_of(job) == COMMENT, f"{name}: the site's extra #SBATCH line did not reach job {job}"
 
-    # the chain: walltime resubmission, then preemption of the resubmitted job, then its requeue
-    chain = runs["chain"]
-    first = wait_for("the chain's walltime resubmission",
-                     lambda: (s := segments(chain)) and "end" in s[0] and s[0]["end"]["next"].get("job_id"),
-                     chain, timeout=TIMEOUT_S)
-    seg0 = segments(chain)[0]
-    assert seg0["end"]["reason"] == "walltime" and seg0["end"]["next"]["action"] == "resubmit", diagnostics(chain)
-    second = str(first)
-    assert comment_of(second) == COMMENT
-    wait_for("the resubmitted segment's driver", lambda: f"{second}-0" in records(chain), chain, timeout=TIMEOUT_S)
-    assert segments(chain)[1]["start"]["resume"]  # a checkpoint exists: --resume, with the total passed on
-    nodes = wait_for("the resubmitted job's nodes", lambda: nodes_of(second), chain, timeout=60)
-    urgent = slurm_cluster.run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={nodes}", "--exclusive",
-                               "-t", "1", "-o", "/dev/null", "--wrap", "sleep 3").stdout.strip()
-    wait_for("the preempted segment's end line",
-             lambda: any(s["segment"] == f"{second}-0" and "end" in s for s in segments(chain)), chain, timeout=TIMEOUT_S)
-    wait_for("the urgent job to finish", lambda: not slurm_cluster.job_states(urgent) or
-             set(slurm_cluster.job_states(urgent)) <= {"COMPLETED"}, chain, timeout=120)
-    wait_for("the requeued job to pend", lambda: set(slurm_cluster.job_states(second)) & {"PENDING", "RUNNING"},
-             chain, timeout=60)
-    slurm_cluster.run("scontrol", "update", f"jobid={second}", "StartTime=now", check=False)
+    # everything ends: the launches by themselves, the chain once the requeued segment runs
+    def done(name: str) -> bool:
+        segs = segments(runs[name])
+        return bool(segs) and all("end" in x for x in segs)
 
-    # meanwhile the five launches finish
-    for name in ("hand", "via-submitit"):
-        slurm_cluster.wait_for_job(jobs[name], timeout=TIMEOUT_S)
-    deadline = time.time() + TIMEOUT_S
-    while not sub.job.done() and time.time() < deadline:
-        time.sleep(1)
-    assert sub.job.done() and sub.job.task(0).result() == 0, diagnostics(runs["python"])
-    out, _ = execute.communicate(timeout=TIMEOUT_S)
-    assert execute.returncode == 0, out
-
-    wait_for("the requeued segment's driver", lambda: f"{second}-1" in records(chain), chain, timeout=TIMEOUT_S)
-    assert cli_main(["cancel", str(chain)]) == 0
-    wait_for("the chain to stop", lambda: chain_finished(chain), chain, timeout=300)
+    for name in ("hand", "via-submitit", "python"):
+        wait(f"the {name} run to end", lambda name=name: done(name), runs[name])
+    wait("the python job's handle to say done", lambda: sub.job.done(), runs["python"])
+    assert sub.job.task(0).result() == 0, diagnostics(runs["python"])
+    wait("execute to end", lambda: execute.poll() is not None, runs["execute"])
+    assert execute.returncode == 0, (tmp_path / "execute.out").read_text()[-3000:]
+    wait("the chain to be over", lambda: chain.state == "over", runs["chain"])
+    second = chain.second or ""
+    assert comment_of(second) in (COMMENT, None)  # (purged once it ended)
+    assert segments(runs["chain"])[1]["start"]["resume"]  # a checkpoint exists: --resume, total passed on
 
     # what every segment saw
     seen = {name: records(run) for name, run in runs.items()}
@@ -198,7 +220,9 @@ def test_five_launch_ways_a_resubmission_and_a_requeue_run_the_same_job(
             if name != "execute":  # no batch script there
                 assert rec["site_env"] == SITE_ENV, (name, seg, rec["site_env"])
                 assert rec["loaded_modules"] == MODULE, (name, seg, rec["loaded_modules"])
-    assert sorted(seen["chain"]) == sorted([f"{chain_job}-0", f"{second}-0", f"{second}-1"]), diagnostics(chain)
+    assert sorted(seen["chain"]) == sorted([f"{chain_job}-0", f"{second}-0", f"{second}-1"]), diagnostics(runs["chain"])
+    reasons = [(x["segment"], x["end"]["reason"]) for x in segments(runs["chain"])]
+    assert reasons == [(f"{chain_job}-0", "walltime"), (f"{second}-0", "preempted"), (f"{second}-1", "cancelled")]
     for name, run in runs.items():
         plan = json.loads((run / "plan.json").read_text())  # as submitted: a segment argument never rewrites it
         assert plan["recipe"]["num_rollout"] == (CHAIN_TOTAL if name == "chain" else
@@ -213,5 +237,3 @@ def test_five_launch_ways_a_resubmission_and_a_requeue_run_the_same_job(
     assert (runs["hand"] / "logs" / f"slurm-{hand}.out").resolve() == hand_out.resolve()
     assert (runs["hand"] / "job.sbatch").read_text() == script.read_text()
     assert os.environ.get("LOADEDMODULES") != MODULE  # the job's, not inherited from this shell
-    assert poll_until(lambda: not slurm_cluster.job_states(second) or
-                      set(slurm_cluster.job_states(second)) <= {"COMPLETED", "CANCELLED"}, 60, 1)

@@ -234,3 +234,17 @@ def test_slurm_environment_reads_het_groups_from_their_own_variables() -> None:
     assert (env.job_id, env.het_size, env.restart_count) == ("21", 2, 2)
     assert (env.component_id(0), env.component_id(1), env.nodelist(1)) == ("21", "22", "n[4-5]")
     assert env.node_id == 3 and SlurmEnvironment({}).job_id is None and SlurmEnvironment({}).restart_count == 0
+
+
+def test_a_segment_refuses_a_damaged_run_directory_before_writing(tmp_path: Path) -> None:
+    """A torn plan.json: the segment of a rendered script (its own plan in hand) and one given the
+    path both exit 2 naming the file, and write nothing (no lock, no log directory, no ledger)."""
+    from beam_hpc.job.segment import run_segment
+
+    plan = _submit(tmp_path, dry_run=True).plan
+    run = Path(plan.output_dir)
+    run.mkdir(parents=True)
+    (run / "plan.json").write_text('{"version": 1, "recip')
+    assert run_segment(plan, SegmentArgs(), script=str(tmp_path / "x.sbatch")) == 2
+    assert segment_main(["--plan", str(run / "plan.json")]) == 2
+    assert sorted(p.name for p in run.iterdir()) == ["plan.json"]
