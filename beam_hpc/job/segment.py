@@ -569,8 +569,11 @@ def run_segment(plan: str | Plan, args: SegmentArgs, *, script: str | None = Non
         if args.smoke:
             from beam_hpc.job import runner
 
-            if not isinstance(plan, str):
-                plan.write()
+            if not isinstance(plan, str):  # a rendered script's plan: the smoke job reads plan.json
+                if Path(plan.paths.plan).exists():  # (no lock here: a live run's plan is left as it is)
+                    load_plan(plan.paths.plan)
+                else:
+                    plan.write()
                 Path(plan.paths.logs).mkdir(parents=True, exist_ok=True)
             return runner.run_plan(name, smoke=True)
         return Segment(plan, resume=args.resume, num_rollout=args.num_rollout, script=script).run()
