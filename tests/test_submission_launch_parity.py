@@ -119,17 +119,34 @@ class Chain:
         self.urgent: str | None = None
         self.state = "walltime"
 
+    def _follow(self, segs: list[dict]) -> None:
+        """A segment that the lifecycle retried (a node failure in a bring-up on a loaded machine)
+        hands the chain on to its resubmission: follow it. A chain that stopped fails the test."""
+        for seg in segs:
+            if seg["segment"] == f"{self.second}-0" and "end" in seg and seg["end"]["reason"] != "preempted":
+                nxt = seg["end"]["next"]
+                assert nxt["action"] == "resubmit", diagnostics(self.run)
+                self.second = str(nxt["job_id"])
+
     def step(self) -> bool:
         """Advance when the next event is there; True once the chain is over."""
         segs, recs = segments(self.run), records(self.run)
-        if self.state == "walltime" and segs and "end" in segs[0]:
-            assert segs[0]["end"]["reason"] == "walltime", diagnostics(self.run)
-            assert segs[0]["end"]["next"]["action"] == "resubmit", diagnostics(self.run)
-            self.second, self.state = str(segs[0]["end"]["next"]["job_id"]), "resubmitted"
-        elif self.state == "resubmitted" and f"{self.second}-0" in recs and nodes_of(self.second or ""):
-            self.urgent = self.cluster.run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={nodes_of(self.second or '')}",
-                                           "--exclusive", "-t", "1", "-o", "/dev/null", "--wrap", "sleep 3").stdout.strip()
-            self.state = "preempting"
+        if self.state == "walltime":
+            for seg in segs:
+                if "end" in seg and seg["end"]["reason"] == "walltime":
+                    assert seg["end"]["next"]["action"] == "resubmit", diagnostics(self.run)
+                    self.second, self.state = str(seg["end"]["next"]["job_id"]), "resubmitted"
+                    break
+                elif "end" in seg:  # a retried bring-up before the walltime segment: the chain goes on
+                    assert seg["end"]["next"]["action"] == "resubmit", diagnostics(self.run)
+        elif self.state == "resubmitted":
+            self._follow(segs)
+            nodes = nodes_of(self.second or "")
+            if f"{self.second}-0" in recs and nodes:
+                self.urgent = self.cluster.run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={nodes}",
+                                               "--exclusive", "-t", "1", "-o", "/dev/null", "--wrap",
+                                               "sleep 3").stdout.strip()
+                self.state = "preempting"
         elif self.state == "preempting" and any(s["segment"] == f"{self.second}-0" and "end" in s for s in segs):
             self.state = "preempted"
         elif self.state == "preempted":
@@ -199,7 +216,9 @@ def test_five_launch_ways_a_resubmission_and_a_requeue_run_the_same_job(
     for name in ("hand", "via-submitit", "python"):
         wait(f"the {name} run to end", lambda name=name: done(name), runs[name])
     wait("the python job's handle to say done", lambda: sub.job.done(), runs["python"])
-    assert sub.job.task(0).result() == 0, diagnostics(runs["python"])
+    # the handle follows the first segment (its exit status); a bring-up the lifecycle retried is 1
+    first_end = segments(runs["python"])[0]["end"]
+    assert sub.job.task(0).result() == (0 if first_end["reason"] == "completed" else 1), diagnostics(runs["python"])
     wait("execute to end", lambda: execute.poll() is not None, runs["execute"])
     assert execute.returncode == 0, (tmp_path / "execute.out").read_text()[-3000:]
     wait("the chain to be over", lambda: chain.state == "over", runs["chain"])
@@ -220,17 +239,19 @@ def test_five_launch_ways_a_resubmission_and_a_requeue_run_the_same_job(
             if name != "execute":  # no batch script there
                 assert rec["site_env"] == SITE_ENV, (name, seg, rec["site_env"])
                 assert rec["loaded_modules"] == MODULE, (name, seg, rec["loaded_modules"])
-    assert sorted(seen["chain"]) == sorted([f"{chain_job}-0", f"{second}-0", f"{second}-1"]), diagnostics(runs["chain"])
     reasons = [(x["segment"], x["end"]["reason"]) for x in segments(runs["chain"])]
-    assert reasons == [(f"{chain_job}-0", "walltime"), (f"{second}-0", "preempted"), (f"{second}-1", "cancelled")]
+    assert reasons[0][0] == f"{chain_job}-0" and "walltime" in [r for _, r in reasons], diagnostics(runs["chain"])
+    assert reasons[-2:] == [(f"{second}-0", "preempted"), (f"{second}-1", "cancelled")], reasons
+    assert {f"{second}-0", f"{second}-1"} <= set(seen["chain"]), diagnostics(runs["chain"])
     for name, run in runs.items():
         plan = json.loads((run / "plan.json").read_text())  # as submitted: a segment argument never rewrites it
         assert plan["recipe"]["num_rollout"] == (CHAIN_TOTAL if name == "chain" else
                                                  PLAN_TOTAL if name == "hand" else SEGMENT_TOTAL), name
         starts = [s["start"]["num_rollout"] for s in segments(run)]
         assert starts and set(starts) == {CHAIN_TOTAL if name == "chain" else SEGMENT_TOTAL}, (name, starts)
-        if name != "chain":
-            assert [s["end"]["reason"] for s in segments(run)] == ["completed"], diagnostics(run)
+        if name != "chain":  # (a bring-up that failed on a loaded machine is retried by the lifecycle)
+            reasons = [s["end"]["reason"] for s in segments(run)]
+            assert reasons[-1] == "completed" and set(reasons[:-1]) <= {"node-failure"}, diagnostics(run)
     # the hand-submitted job: its output in the submit directory, linked from the run's logs/
     hand_out = tmp_path / f"{json.loads((runs['hand'] / 'plan.json').read_text())['job_name']}-{hand}.out"
     assert hand_out.is_file() and "segment ended: completed" in hand_out.read_text()
