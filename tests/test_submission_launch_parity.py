@@ -43,7 +43,11 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e]
 
 MODULE = "beamtest/1.0"
-SITE_ENV = {"BEAM_PARITY_SITE": "from-the-site", "NCCL_NVLS_ENABLE": "0"}
+SITE_ENV = {"BEAM_PARITY_SITE": "from-the-site", "NCCL_NVLS_ENABLE": "0", "BEAM_MODULE_RAN": "no"}
+# what the driver must see: the site's env, with BEAM_MODULE_RAN turned to "yes" by the module function
+# in this very batch shell (the site's env resets it first, so a value inherited from an earlier
+# segment's environment does not count)
+SEEN_ENV = {**SITE_ENV, "BEAM_MODULE_RAN": "yes"}
 COMMENT = "beam-parity"
 PLAN_TOTAL, SEGMENT_TOTAL, CHAIN_TOTAL = 3, 1, 100_000
 TIMEOUT_S = 900.0
@@ -54,7 +58,9 @@ def parity_site(path: Path) -> Path:
     text = (REPO / "env" / "local.yaml").read_text().replace("name: local", "name: parity")
     text += (
         "setup:\n"
-        "  - 'module() { if [ \"$1\" = load ]; then export LOADEDMODULES=\"${LOADEDMODULES:+$LOADEDMODULES:}$2\"; fi; }'\n"
+        # like Environment Modules / Lmod: LOADEDMODULES lists each module once, loading twice is a no-op
+        "  - 'module() { if [ \"$1\" = load ]; then export BEAM_MODULE_RAN=yes; case \":$LOADEDMODULES:\" in "
+        "*\":$2:\"*) ;; *) export LOADEDMODULES=\"${LOADEDMODULES:+$LOADEDMODULES:}$2\";; esac; fi; }'\n"
         f"module_loads: [{MODULE}]\n"
         f"env: {json.dumps(SITE_ENV)}\n"
         f"sbatch_extra: [--comment={COMMENT}]\n"
@@ -237,7 +243,7 @@ def test_five_launch_ways_a_resubmission_and_a_requeue_run_the_same_job(
             total = CHAIN_TOTAL if name == "chain" else SEGMENT_TOTAL
             assert rec["num_rollout"] == total and rec["argv"][rec["argv"].index("--num-rollout") + 1] == str(total)
             if name != "execute":  # no batch script there
-                assert rec["site_env"] == SITE_ENV, (name, seg, rec["site_env"])
+                assert rec["site_env"] == SEEN_ENV, (name, seg, rec["site_env"])
                 assert rec["loaded_modules"] == MODULE, (name, seg, rec["loaded_modules"])
     reasons = [(x["segment"], x["end"]["reason"]) for x in segments(runs["chain"])]
     assert reasons[0][0] == f"{chain_job}-0" and "walltime" in [r for _, r in reasons], diagnostics(runs["chain"])
