@@ -21,9 +21,10 @@ Where the site already runs a Ray cluster (site ``ray_address`` + ``ray_token_fi
 readiness checks that cluster (every group's nodes and GPUs present, more is fine), and teardown
 stops only this job's own processes: the cluster and its token file stay as they were.
 
-How node steps are started is a strategy (:class:`SrunLauncher` inside Slurm, :class:`LocalLauncher`
-for ``beam-hpc execute`` with no Slurm at all: subprocesses on this machine with loopback
-addresses); everything else is the same code. Lifecycle code (ledger, lock, walltime, requeue)
+How node steps are started is a strategy (:mod:`beam_hpc.job.launchers`: ``SrunLauncher`` inside
+Slurm, ``LocalLauncher`` for ``beam-hpc execute`` with no Slurm at all: subprocesses on this machine
+with loopback addresses); where the job runs is :mod:`beam_hpc.job.context`; everything else is the
+same code, here. The smoke driver's command is :func:`beam_hpc.job.smoke.smoke_driver_argv`. Lifecycle code (ledger, lock, walltime, requeue)
 wraps :class:`JobRunner`: ``start()``, ``run_driver(on_tick=...)``, ``request_stop(reason)``,
 ``stop()``, or :func:`run_job`, which returns a :class:`JobOutcome` and never raises for job
 failures.
