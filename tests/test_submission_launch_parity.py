@@ -125,6 +125,12 @@ class Chain:
         self.urgent: str | None = None
         self.state = "walltime"
 
+    def _more_time(self) -> None:
+        """The user gives the resubmitted job a longer limit (``scontrol update``: an edited --time is
+        fine, the watchdog reads the job's EndTime), so that it is preempted while it trains rather
+        than reaching its own walltime during a slow bring-up on a loaded machine."""
+        self.cluster.run("scontrol", "update", f"jobid={self.second}", "TimeLimit=00:20:00", check=False)
+
     def _follow(self, segs: list[dict]) -> None:
         """A segment that the lifecycle retried (a node failure in a bring-up on a loaded machine)
         hands the chain on to its resubmission: follow it. A chain that stopped fails the test."""
@@ -133,6 +139,7 @@ class Chain:
                 nxt = seg["end"]["next"]
                 assert nxt["action"] == "resubmit", diagnostics(self.run)
                 self.second = str(nxt["job_id"])
+                self._more_time()
 
     def step(self) -> bool:
         """Advance when the next event is there; True once the chain is over."""
@@ -142,6 +149,7 @@ class Chain:
                 if "end" in seg and seg["end"]["reason"] == "walltime":
                     assert seg["end"]["next"]["action"] == "resubmit", diagnostics(self.run)
                     self.second, self.state = str(seg["end"]["next"]["job_id"]), "resubmitted"
+                    self._more_time()
                     break
                 elif "end" in seg:  # a retried bring-up before the walltime segment: the chain goes on
                     assert seg["end"]["next"]["action"] == "resubmit", diagnostics(self.run)
