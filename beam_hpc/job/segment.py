@@ -188,7 +188,7 @@ class Segment:
             text = Path(self.script).read_text()
             target = Path(self.paths.script)
             if Path(self.script).resolve() != target.resolve() and (
-                    not target.exists() or target.read_text() != text):
+                    not target.exists() or _lines(target.read_text()) != _lines(text)):
                 write_atomic(target, text)
                 target.chmod(0o755)
         if self.job_id is not None:
@@ -527,6 +527,12 @@ class Segment:
         if self.reason in ("completed", "walltime", "preempted", "cancelled"):
             return EXIT_OK
         return EXIT_ERROR
+
+
+def _lines(script: str) -> list[str]:
+    """A script's lines without blank ones: Slurm keeps a het job's script without its blank lines,
+    so the copy a segment runs from differs from the file submitted in those alone."""
+    return [line for line in script.splitlines() if line.strip()]
 
 
 def _log_to(path: Path | None) -> logging.Handler | None:
