@@ -140,6 +140,11 @@ def nothing_queued(plan: Plan) -> bool:
 
 
 # -- walltime ---------------------------------------------------------------------------------------------
+def finished_by(run_dir: Path, job: str) -> bool:
+    """The chain is over and its last segment is ``job``'s (a cancelled segment also ends a chain)."""
+    return chain_finished(run_dir) and segments(run_dir)[-1]["start"]["job_id"] == job
+
+
 def change_the_total(run_dir: Path, assets: TinyAssets, *, more: int, **submit_kw) -> tuple[int, str]:
     """What a user does to give a running chain another total: ``beam-hpc cancel`` (no later segment
     of the chain starts; a segment still in its bring-up ends there), then ``submit --resume
@@ -176,9 +181,9 @@ def test_walltime_chain_resubmits_with_resume_until_num_rollout(slurm_cluster, t
                       lambda: (s := segments(run)) and "end" in s[0] and s[0]["end"]["next"].get("job_id"), run,
                       poll_s=0.1)
     n, last = change_the_total(run, tiny_assets, more=5, interval=1000, walltime="00:10:00", lead_s=60)
-    wait_for("the chain to finish", lambda: chain_finished(run), run)
+    wait_for("the new segment to finish the run", lambda: finished_by(run, last), run)
     segs = segments(run)
-    print(f"\nwalltime chain ({n} rollouts):\n{timeline(run)}")
+    print(f"\nwalltime chain ({n} rollouts):\n{timeline(run)}\n{diagnostics(run)}")
     assert segs[0]["start"]["job_id"] == first and not segs[0]["start"]["resume"], diagnostics(run)
     assert segs[0]["end"]["reason"] == "walltime" and "saved on request" in segs[0]["end"]["detail"]
     assert segs[0]["end"]["next"] == {"action": "resubmit", "job_id": second}
@@ -224,7 +229,7 @@ def test_preemption_requeues_the_same_job_and_the_run_completes(slurm_cluster, t
     slurm_cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
     wait_for("the requeued segment to start", lambda: len(segments(run)) > 1, run)
     n, last = change_the_total(run, tiny_assets, more=5, interval=3)
-    wait_for("the run to complete", lambda: chain_finished(run), run)
+    wait_for("the new segment to finish the run", lambda: finished_by(run, last), run)
     segs = segments(run)
     print(f"\npreempted run ({n} rollouts):\n{timeline(run)}")
     assert [s["segment"] for s in segs] == [f"{job}-0", f"{job}-1", f"{last}-0"], diagnostics(run)

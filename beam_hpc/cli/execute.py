@@ -84,7 +84,7 @@ def cmd_execute(args: argparse.Namespace) -> int:
     from beam_hpc.plan.segment_args import SegmentArgs
     from beam_hpc.submission.request import SubmitRequest, Via
     from beam_hpc.submission.run_guard import check_before_submit
-    from beam_hpc.submission.submit import build_recipe, build_site
+    from beam_hpc.submission.submit import build_recipe, build_site, lift_cancel
 
     recipe = build_recipe(
         args.recipe, overrides=args.overrides, output_dir=args.output_dir, num_rollout=args.num_rollout,
@@ -104,6 +104,7 @@ def cmd_execute(args: argparse.Namespace) -> int:
 
         print(f"SmolLM2-135M-Instruct: {materialise(recipe.model.path)}")
     plan.write()
+    lift_cancel(plan)  # running it again is the user's intent (a local segment has no SubmitTime to compare)
     print(f"run {plan.run_id}: {recipe.name} on this machine -> {plan.output_dir}")
     if recipe.eval.interval > 0:
         print(f"eval every {recipe.eval.interval} rollouts on {recipe.data.eval_title()} "

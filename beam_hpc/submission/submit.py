@@ -210,9 +210,19 @@ def submit(
     if not smoke:  # a smoke run touches no checkpoint, lock or ledger
         check_before_submit(rec, resume=resume)
     exclude = exclusions.for_submission(request.plan.output_dir, include_nodes or []) if resume else []
+    if not smoke:
+        lift_cancel(request.plan)
     sub = schedule(request, exclude=exclude)
     sub.estimate = cost
     return sub
+
+
+def lift_cancel(plan: Plan) -> None:
+    """A submission the login node accepted is the user's own intent to run: it lifts an earlier
+    ``beam-hpc cancel`` (whose jobs are gone: no live segment holds the run, check_before_submit).
+    The segment also compares the flag with its job's SubmitTime, but Slurm's has one-second
+    resolution, so a resubmission right after a cancel would otherwise still read as cancelled."""
+    Path(plan.paths.cancel_flag).unlink(missing_ok=True)
 
 
 def gpu_hours_estimate(plan: Plan, *, resume: bool) -> Estimate:
