@@ -147,8 +147,8 @@ def finished_by(run_dir: Path, job: str) -> bool:
 
 def change_the_total(run_dir: Path, assets: TinyAssets, *, more: int, **submit_kw) -> tuple[int, str]:
     """What a user does to give a running chain another total: ``beam-hpc cancel`` (no later segment
-    of the chain starts; a segment still in its bring-up ends there), then ``submit --resume
-    --num-rollout N`` once the run is free (the login node refuses while a segment holds it: retry),
+    of the chain starts; a segment still in its bring-up ends there), waits for its jobs to go, then
+    ``submit --resume --num-rollout N`` (the login node refuses while a segment holds the run: retry),
     with N = the rollouts checkpointed so far + ``more``. Called while the chain's next segment is
     queued or bringing Ray up, so nothing trained is thrown away; the chain's length does not depend
     on the machine's speed. Returns (N, the new job)."""
@@ -156,6 +156,12 @@ def change_the_total(run_dir: Path, assets: TinyAssets, *, more: int, **submit_k
     from beam_hpc.run.lock import RunLockError
 
     assert main(["cancel", str(run_dir)]) == 0
+    job_name = Plan.load(run_dir / "plan.json").job_name
+    wait_for("the cancelled chain's jobs to go", lambda: not subprocess.run(
+        ["squeue", "-h", "-n", job_name], capture_output=True, text=True, check=False).stdout.strip(), run_dir)
+    # a segment tells a later submission from the cancelled chain by its job's SubmitTime, which has
+    # one-second resolution: a user's resubmission comes seconds later; make sure this one does too
+    time.sleep(max(0.0, (run_dir / "CANCELLED").stat().st_mtime + 1.5 - time.time()))
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while True:
         target = checkpoint_layout.rollouts_done(run_dir / "checkpoints") + more

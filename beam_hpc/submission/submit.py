@@ -210,18 +210,17 @@ def submit(
     if not smoke:  # a smoke run touches no checkpoint, lock or ledger
         check_before_submit(rec, resume=resume)
     exclude = exclusions.for_submission(request.plan.output_dir, include_nodes or []) if resume else []
-    if not smoke:
-        lift_cancel(request.plan)
     sub = schedule(request, exclude=exclude)
     sub.estimate = cost
     return sub
 
 
 def lift_cancel(plan: Plan) -> None:
-    """A submission the login node accepted is the user's own intent to run: it lifts an earlier
-    ``beam-hpc cancel`` (whose jobs are gone: no live segment holds the run, check_before_submit).
-    The segment also compares the flag with its job's SubmitTime, but Slurm's has one-second
-    resolution, so a resubmission right after a cancel would otherwise still read as cancelled."""
+    """``beam-hpc execute``: running a run again on this machine is the user's own intent, and lifts
+    an earlier ``beam-hpc cancel`` (a local segment has no Slurm SubmitTime to compare the flag with).
+    Not for Slurm submissions: a cancelled segment still in Slurm's KillWait reads the flag to end as
+    cancelled; removing it under that segment would let it resubmit itself. There the segment lifts
+    the flag itself when its job was submitted after it (beam_hpc.job.segment)."""
     Path(plan.paths.cancel_flag).unlink(missing_ok=True)
 
 
