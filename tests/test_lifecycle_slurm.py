@@ -160,8 +160,8 @@ def change_the_total(run_dir: Path, assets: TinyAssets, *, more: int, **submit_k
     wait_for("the cancelled chain's jobs to go", lambda: not subprocess.run(
         ["squeue", "-h", "-n", job_name], capture_output=True, text=True, check=False).stdout.strip(), run_dir)
     # a segment tells a later submission from the cancelled chain by its job's SubmitTime, which has
-    # one-second resolution: a user's resubmission comes seconds later; make sure this one does too
-    time.sleep(max(0.0, (run_dir / "CANCELLED").stat().st_mtime + 1.5 - time.time()))
+    # one-second resolution (it must read a whole second past the flag): a user comes seconds later; so does this
+    time.sleep(max(0.0, (run_dir / "CANCELLED").stat().st_mtime + 2.1 - time.time()))
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while True:
         target = checkpoint_layout.rollouts_done(run_dir / "checkpoints") + more
