@@ -56,8 +56,8 @@ def test_rendered_hetjob_lands_each_group_on_its_nodes(tmp_path: Path, slurm_clu
     script = tmp_path / "probe.sbatch"
     script.write_text("\n".join(lines[:hand_over] + [probe]) + "\n")
     Path(plan.paths.logs).mkdir(parents=True)
-    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
-                            check=True).stdout.strip().split(";")[0]
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True,
+                            cwd=tmp_path).stdout.strip().split(";")[0]  # a hand-submitted job writes its output here
     slurm_cluster.wait_for_job(job_id, timeout=120)
     rows = [line.split() for line in out.read_text().splitlines()]
     trainer = [r for r in rows if r[0] == "trainer"]
