@@ -17,7 +17,8 @@ def driver_command(recipe: Recipe, site: Site, plan_path: str) -> tuple[list[str
     """The backend's driver argv (with Plan placeholders such as ``{ray_address}``) and the
     environment it needs."""
     if recipe.backend == "reference":
-        return [site.node_python, "-m", REFERENCE_MODULE, "--plan", plan_path, "--ray-address", "{ray_address}"], {}
+        return [site.node_python, "-m", REFERENCE_MODULE, "--plan", plan_path, "--ray-address", "{ray_address}",
+                "--num-rollout", "{num_rollout}"], {}
     from beam_hpc.backends.miles import args  # pure argv builder, no Miles import
 
     return args.build_driver(recipe, site, plan_path)

@@ -71,10 +71,15 @@ def _recipe_from_args(args: argparse.Namespace):
 
 def cmd_render(args: argparse.Namespace) -> int:
     from beam_hpc.plan.plan import make_plan
-    from beam_hpc.slurm.script import render_script
+    from beam_hpc.plan.segment_args import SegmentArgs
+    from beam_hpc.submission.request import SubmitRequest, Via
 
     plan = make_plan(_recipe_from_args(args), _site_from_args(args))
-    text = render_script(plan, source=f"{args.recipe} + site {plan.site.name}")
+    # the same request `submit --via sbatch` materializes: the script carries its plan, so a plain
+    # `sbatch FILE` runs it with no other step
+    request = SubmitRequest(plan=plan, segment=SegmentArgs(), via=Via.SBATCH,
+                            source=f"{Path(args.recipe).name} + site {plan.site.name}")
+    text = request.script_text()
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text)
@@ -117,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="write the heterogeneous sbatch script of a recipe")
     _common_recipe_args(p)
     p.add_argument("--output", "-o", default=None, help="write the script here (default: stdout)")
-    p.add_argument("--plan-json", default=None, help="also write the plan as JSON here")
+    p.add_argument("--plan-json", default=None,
+                   help="also write the plan as JSON here (the script carries it already; the job writes plan.json)")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("submit", help="submit a recipe to Slurm (submitit or sbatch)")

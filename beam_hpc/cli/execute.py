@@ -81,10 +81,10 @@ def _follow_driver_log(logs_dir: Path, since: float, stop: threading.Event) -> N
 def cmd_execute(args: argparse.Namespace) -> int:
     from beam_hpc.job import segment
     from beam_hpc.plan.plan import make_plan
-    from beam_hpc.job.segment import SegmentArgs
+    from beam_hpc.plan.segment_args import SegmentArgs
     from beam_hpc.submission.request import SubmitRequest, Via
     from beam_hpc.submission.run_guard import check_before_submit
-    from beam_hpc.submission.submit import build_recipe, build_site
+    from beam_hpc.submission.submit import build_recipe, build_site, lift_cancel
 
     recipe = build_recipe(
         args.recipe, overrides=args.overrides, output_dir=args.output_dir, num_rollout=args.num_rollout,
@@ -93,9 +93,10 @@ def cmd_execute(args: argparse.Namespace) -> int:
     from beam_hpc.config.site import with_existing_ray
 
     site = with_existing_ray(build_site(args.site) if args.site else laptop_site(), args.ray_address, args.ray_token_file)
-    request = SubmitRequest(plan=make_plan(recipe, site), segment=SegmentArgs(resume=args.resume), via=Via.LOCAL)
+    request = SubmitRequest(plan=make_plan(recipe, site), via=Via.LOCAL,
+                            segment=SegmentArgs(resume=args.resume, num_rollout=args.num_rollout))
     plan = request.plan
-    check_before_submit(recipe, resume=args.resume)
+    check_before_submit(recipe, resume=args.resume)  # a damaged run directory: exit 2, nothing written
     if ensure_tiny_data(recipe):
         print(f"prepared the tiny data set in {recipe.data.dir}")
     if recipe.backend_options.get("smollm2_model"):  # here, once, so a missing wheel is one line, not an actor's traceback
@@ -103,6 +104,7 @@ def cmd_execute(args: argparse.Namespace) -> int:
 
         print(f"SmolLM2-135M-Instruct: {materialise(recipe.model.path)}")
     plan.write()
+    lift_cancel(plan)  # running it again is the user's intent (a local segment has no SubmitTime to compare)
     print(f"run {plan.run_id}: {recipe.name} on this machine -> {plan.output_dir}")
     if recipe.eval.interval > 0:
         print(f"eval every {recipe.eval.interval} rollouts on {recipe.data.eval_title()} "

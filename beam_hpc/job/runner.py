@@ -21,9 +21,10 @@ Where the site already runs a Ray cluster (site ``ray_address`` + ``ray_token_fi
 readiness checks that cluster (every group's nodes and GPUs present, more is fine), and teardown
 stops only this job's own processes: the cluster and its token file stay as they were.
 
-How node steps are started is a strategy (:class:`SrunLauncher` inside Slurm, :class:`LocalLauncher`
-for ``beam-hpc execute`` with no Slurm at all: subprocesses on this machine with loopback
-addresses); everything else is the same code. Lifecycle code (ledger, lock, walltime, requeue)
+How node steps are started is a strategy (:mod:`beam_hpc.job.launchers`: ``SrunLauncher`` inside
+Slurm, ``LocalLauncher`` for ``beam-hpc execute`` with no Slurm at all: subprocesses on this machine
+with loopback addresses); where the job runs is :mod:`beam_hpc.job.context`; everything else is the
+same code, here. The smoke driver's command is :func:`beam_hpc.job.smoke.smoke_driver_argv`. Lifecycle code (ledger, lock, walltime, requeue)
 wraps :class:`JobRunner`: ``start()``, ``run_driver(on_tick=...)``, ``request_stop(reason)``,
 ``stop()``, or :func:`run_job`, which returns a :class:`JobOutcome` and never raises for job
 failures.
@@ -31,31 +32,37 @@ failures.
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
-
 import argparse
 import contextlib
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from glob import glob
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO
 
+from beam_hpc.job.context import (  # noqa: F401 (re-exported: the runner's public names)
+    STATUSES,
+    JobContext,
+    JobError,
+    JobStatus,
+    NodeStepFailed,
+    NotReady,
+    StopRequested,
+    expand_nodelist,
+)
+from beam_hpc.job.launchers import Launcher, LocalLauncher, SrunLauncher, StepHandle, reports  # noqa: F401
+from beam_hpc.job.readiness import EXIT_READY
+from beam_hpc.job.smoke import smoke_driver_argv
 from beam_hpc.node.container import container_command
-from beam_hpc.plan.paths import SegmentPaths
-from beam_hpc.slurm import client as slurm_client
-from beam_hpc.plan.plan import GroupPlan, Plan, fill
 from beam_hpc.node.ray_node import (
     LOOPBACK_MAX_NODES,
     ClusterRuntime,
@@ -70,7 +77,9 @@ from beam_hpc.node.ray_node import (
     write_json_atomic,
     write_token,
 )
-from beam_hpc.job.readiness import EXIT_READY
+from beam_hpc.plan.paths import SegmentPaths
+from beam_hpc.plan.plan import Plan, fill
+from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = logging.getLogger("beam_hpc.job.runner")
 
@@ -79,231 +88,6 @@ DEFAULT_STOP_GRACE_S = 20.0
 POLL_S = 0.2
 NODE_FAILURE_GRACE_S = 1.5  # after a driver failure, look this long for the dead node behind it
 
-
-
-class JobStatus(StrEnum):
-    """How the job ended (``outcome.json``'s ``status``; the values are the strings it always had)."""
-
-    COMPLETED = "completed"
-    DRIVER_FAILED = "driver-failed"
-    NODE_FAILURE = "node-failure"
-    NOT_READY = "not-ready"
-    STOPPED = "stopped"
-    ERROR = "error"
-
-
-STATUSES = tuple(s.value for s in JobStatus)
-
-
-class JobError(RuntimeFailure):
-    """The job cannot go on; ``status`` says how (a JobStatus), ``node``/``log`` name the culprit.
-    ``failed_nodes`` ({"node", "why"} each) are the Slurm nodes to blame, so that the next segment
-    can leave them out (beam_hpc.lifecycle.exclusions); empty when no single node is to blame."""
-
-    status = JobStatus.ERROR
-
-    def __init__(self, message: str, *, node: str | None = None, log_path: str | None = None,
-                 failed_nodes: list[dict[str, str]] | None = None) -> None:
-        super().__init__(message)
-        self.node, self.log_path = node, log_path
-        self.failed_nodes = list(failed_nodes or ([{"node": node, "why": message}] if node else []))
-
-
-class NodeStepFailed(JobError):
-    status = JobStatus.NODE_FAILURE
-
-
-class NotReady(JobError):
-    status = JobStatus.NOT_READY
-
-
-class StopRequested(JobError):
-    status = JobStatus.STOPPED
-
-
-# -- where we are ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class JobContext:
-    """The Slurm facts of this segment (or stand-ins for a local run)."""
-
-    job_id: str  # het group 0's job id (the leader), or "l<pid>" for a local run
-    job_num: int  # an integer that picks this job's ports
-    restart: int  # SLURM_RESTART_COUNT
-    component_ids: dict[str, str]  # group -> job id of its het component (steps are addressed by it)
-    nodelists: dict[str, list[str]]  # group -> node names
-
-    @property
-    def segment(self) -> str:
-        return f"{self.job_id}-{self.restart}"
-
-    @classmethod
-    def from_slurm(cls, plan: Plan, env: Mapping[str, str] | None = None) -> "JobContext":
-        env = os.environ if env is None else env
-        job_id = env.get("SLURM_JOB_ID")
-        if not job_id:
-            raise JobError("SLURM_JOB_ID is not set: run this inside a Slurm allocation "
-                           "(or use `beam-hpc execute` for a local run)")
-        het_size = int(env.get("SLURM_HET_SIZE", "1"))
-        if het_size != len(plan.groups):
-            raise JobError(f"the allocation has {het_size} het component(s) but the plan has "
-                           f"{len(plan.groups)} group(s); submit the script rendered for this plan")
-        comps, lists = {}, {}
-        for g in plan.groups:
-            suffix = f"_HET_GROUP_{g.het_index}" if het_size > 1 else ""
-            comps[g.name] = env.get(f"SLURM_JOB_ID{suffix}", job_id)
-            names = expand_nodelist(env.get(f"SLURM_JOB_NODELIST{suffix}", ""))
-            if len(names) != g.nodes:
-                raise JobError(f"het group {g.het_index} ({g.name}) has nodes {names}, but the plan "
-                               f"expects {g.nodes}; submit the script rendered for this plan")
-            lists[g.name] = names
-        return cls(job_id, int(job_id), int(env.get("SLURM_RESTART_COUNT", "0") or 0), comps, lists)
-
-    @classmethod
-    def local(cls, plan: Plan) -> "JobContext":
-        pid = os.getpid()
-        return cls(f"l{pid}", pid, 0, {g.name: "" for g in plan.groups},
-                   {g.name: [f"local-{g.name}-{i}" for i in range(g.nodes)] for g in plan.groups})
-
-
-def expand_nodelist(text: str) -> list[str]:
-    """``n[1-2],n4`` -> [n1, n2, n4], through Slurm's own parser (:mod:`beam_hpc.slurm.client`)."""
-    try:
-        return slurm_client.expand_hostnames(text)
-    except slurm_client.SlurmError as err:
-        raise JobError(f"scontrol show hostnames {text!r} failed: {err.detail}") from err
-
-
-# -- launchers --------------------------------------------------------------------------------------
-@dataclass
-class StepHandle:
-    """One launched process: a whole group's srun, or one local node."""
-
-    group: GroupPlan
-    proc: subprocess.Popen
-    local_index: int | None  # None: one srun process covers every node of the group
-    output: Path
-
-
-class Launcher(Protocol):
-    """How node steps are started and stopped; the rest of the job does not care."""
-
-    loopback: bool  # nodes share this host (distinct loopback addresses, per-node ports)
-
-    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime) -> list[StepHandle]: ...
-
-    def ask_to_stop(self, handles: list[StepHandle], rt: ClusterRuntime) -> None: ...
-
-    def force_stop(self, handles: list[StepHandle]) -> None: ...
-
-    def launcher_errors(self, handle: StepHandle) -> list[tuple[str, int, str]]:
-        """(node, task index, what) for each task the launcher itself saw fail."""
-        ...
-
-
-_SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)[^:]*: (.+)")
-
-
-class SrunLauncher:
-    """Inside a Slurm allocation: ``srun --het-group=i`` per group, one task per node.
-
-    ``--kill-on-bad-exit`` turns one dead node step into the end of its group's srun, which the job
-    sees at once. Stopping goes through ``scancel --signal=TERM <component>.<step>``: that delivers
-    SIGTERM to the tasks (graceful), whereas SIGTERM to srun itself makes Slurm SIGKILL the step
-    (measured on the local cluster), which would skip the node steps' cleanup.
-    """
-
-    def __init__(self, ctx: JobContext, *, loopback: bool) -> None:
-        self.ctx, self.loopback = ctx, loopback
-
-    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime) -> list[StepHandle]:
-        cmd = ["srun"]
-        if len(self.ctx.nodelists) > 1:
-            cmd.append(f"--het-group={group.het_index}")
-        cmd += [
-            f"--nodes={group.nodes}", f"--ntasks={group.nodes}", "--ntasks-per-node=1",
-            "--kill-on-bad-exit=1", "--overlap", "--mpi=none", f"--job-name=beam-{group.name}",
-            f"--output={SegmentPaths(rt.segment_dir).node_log(group.name, '%t')}",
-        ]
-        out = SegmentPaths(rt.segment_dir).srun_log(group.name)
-        with open(out, "ab") as fh:
-            proc = subprocess.Popen(cmd + argv, env=env, stdin=subprocess.DEVNULL, stdout=fh,
-                                    stderr=subprocess.STDOUT)
-        return [StepHandle(group, proc, None, out)]
-
-    def ask_to_stop(self, handles: list[StepHandle], rt: ClusterRuntime) -> None:
-        for h in handles:
-            if h.proc.poll() is not None:
-                continue
-            steps = {r["slurm_step_id"] for r in _reports(rt, h.group) if r.get("slurm_step_id")}
-            comp = self.ctx.component_ids[h.group.name]
-            if not steps:  # no task reported yet: only srun knows the step; it kills it
-                h.proc.terminate()
-            for step in steps:
-                try:
-                    slurm_client.cancel([f"{comp}.{step}"], signal="TERM", timeout=30)
-                except slurm_client.SlurmError as err:  # the step may be gone; force_stop follows
-                    log.warning("%s", err)
-
-    def force_stop(self, handles: list[StepHandle]) -> None:
-        for h in handles:
-            if h.proc.poll() is None:
-                h.proc.terminate()  # srun then has Slurm SIGKILL the step
-
-    def launcher_errors(self, handle: StepHandle) -> list[tuple[str, int, str]]:
-        try:
-            text = handle.output.read_text(errors="replace")
-        except OSError:
-            return []
-        return [(m[1], int(m[2]), m[3].strip()) for m in _SRUN_TASK_ERROR.finditer(text)]
-
-
-class LocalLauncher:
-    """No Slurm: every node step is a subprocess of this machine with its own loopback address
-    (127.0.0.10+i), GPU count from the plan (fake GPUs for Ray), CPUs from the plan or this host."""
-
-    loopback = True
-
-    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime) -> list[StepHandle]:
-        handles = []
-        first = rt_first_index(rt, group)
-        for i in range(group.nodes):
-            out = rt.node_log(group.name, i)
-            extra = ["--node-index", str(i), "--node-ip", loopback_ip(first + i),
-                     "--gpus", str(group.gpus_per_node),
-                     "--cpus", str(group.cpus_per_node or os.cpu_count() or 1)]
-            with open(out, "ab") as fh:
-                proc = subprocess.Popen(argv + extra, env=env, stdin=subprocess.DEVNULL, stdout=fh,
-                                        stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=set_parent_death_signal)
-            handles.append(StepHandle(group, proc, i, out))
-        return handles
-
-    def ask_to_stop(self, handles: list[StepHandle], rt: ClusterRuntime) -> None:
-        for h in handles:
-            if h.proc.poll() is None:
-                h.proc.terminate()
-
-    def force_stop(self, handles: list[StepHandle]) -> None:
-        for h in handles:
-            if h.proc.poll() is None:
-                h.proc.kill()
-
-    def launcher_errors(self, handle: StepHandle) -> list[tuple[str, int, str]]:
-        return []
-
-
-def rt_first_index(rt: ClusterRuntime, group: GroupPlan) -> int:
-    """Global index of the group's first node (groups in het order): from the node lists."""
-    order = list(rt.nodelists)
-    return sum(len(rt.nodelists[g]) for g in order[: order.index(group.name)])
-
-
-def _reports(rt: ClusterRuntime, group: GroupPlan) -> list[dict]:
-    out = []
-    for i in range(group.nodes):
-        with contextlib.suppress(OSError, ValueError):
-            out.append(json.loads(rt.node_report(group.name, i).read_text()))
-    return out
 
 
 # -- the outcome ------------------------------------------------------------------------------------
@@ -402,7 +186,7 @@ class JobRunner:
             host, _, port = site.ray_address.rpartition(":")
             token, head_ip, gcs_port, stride = existing_token(site.ray_token_file or ""), host, int(port), 1
         else:
-            token = write_token(Path(plan.output_dir, ".ray-auth", ctx.segment))
+            token = write_token(Path(plan.paths.ray_auth(ctx.segment)))
             loopback = self.launcher.loopback
             head_ip = loopback_ip(0) if loopback else node_ip(site.network, 0)
             stride = LOOPBACK_MAX_NODES if loopback else 1
@@ -488,7 +272,7 @@ class JobRunner:
     def _node_failure(self, h: StepHandle) -> NodeStepFailed:
         assert self.rt is not None
         rt, g, rc = self.rt, h.group, h.proc.returncode
-        failed = [r for r in _reports(rt, g) if r.get("state") == "failed"]
+        failed = [r for r in reports(rt, g) if r.get("state") == "failed"]
         if h.local_index is not None:
             failed = [r for r in failed if r.get("local_index") == h.local_index] or failed
         errors = self.launcher.launcher_errors(h)
@@ -512,7 +296,10 @@ class JobRunner:
         """What the plan's placeholders stand for in this job (see plan.PLACEHOLDERS)."""
         assert self.rt is not None
         return dict(ray_address=self.rt.address, head_ip=self.rt.head_ip, job_id=self.ctx.job_id,
-                    run_dir=self.plan.output_dir, nvme_dir=fill(self.plan.nvme.job_dir, job_id=self.ctx.job_id))
+                    run_dir=self.plan.output_dir, nvme_dir=fill(self.plan.nvme.job_dir, job_id=self.ctx.job_id),
+                    # the total this segment runs to: the plan's, or the segment's --num-rollout
+                    # (the segment hands the runner a plan with it applied; plan.json keeps its own)
+                    num_rollout=str(self.plan.recipe.num_rollout))
 
     def driver_argv(self) -> list[str]:
         values = self._placeholder_values()
@@ -522,6 +309,7 @@ class JobRunner:
         """Run the driver to its end; fail fast if a node step dies or a stop is requested."""
         argv, env = self._ray_process(self.driver_argv())
         log.info("driver: %s", " ".join(argv))
+        self._record_driver(argv, env)
         self.driver = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=self.driver_stdout,
                                        start_new_session=True, preexec_fn=set_parent_death_signal)
         while True:
@@ -537,6 +325,16 @@ class JobRunner:
             if on_tick is not None:
                 on_tick(self)
             time.sleep(POLL_S)
+
+    def _record_driver(self, argv: list[str], env: dict[str, str]) -> None:
+        """``driver.json`` in the segment directory: the command the driver ran with, the total it
+        runs to, and the site's variables as the driver got them (its ``env`` section, and
+        ``LOADEDMODULES``, which Lmod and Environment Modules keep). Whether a site's settings reached
+        the job is then a file to read, whichever way the job was launched."""
+        record = {"argv": argv, "num_rollout": self.plan.recipe.num_rollout,
+                  "site_env": {k: env.get(k) for k in sorted(self.site.env)},
+                  "loaded_modules": env.get("LOADEDMODULES")}
+        write_json_atomic(self.seg.driver_record, record)
 
     def stop(self) -> float:
         """Stop everything of this segment; returns the seconds it took (0 when already done)."""
@@ -645,11 +443,6 @@ def run_job(runner: JobRunner, on_tick: Callable[[JobRunner], None] | None = Non
     return outcome
 
 
-def smoke_driver_argv(plan: Plan) -> list[str]:
-    """The ``--smoke`` driver: one task per GPU bundle of each group, then smoke.json."""
-    return [plan.node_python, "-m", "beam_hpc.job.smoke", "--plan", plan.paths.plan, "--ray-address", "{ray_address}"]
-
-
 def run_local(plan: Plan, *, driver_argv: Sequence[str] | None = None,
               ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
               on_tick: Callable[[JobRunner], None] | None = None) -> JobOutcome:
@@ -706,16 +499,16 @@ def run_plan(plan_path: str, *, smoke: bool = False, launcher: str = "auto",
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     t0 = _process_start_time()
     plan = Plan.load(plan_path)
-    use_srun = launcher == "srun" or (launcher == "auto" and "SLURM_JOB_ID" in os.environ)
+    use_srun = launcher == "srun" or (launcher == "auto" and SlurmEnvironment.current().in_job)
     try:
         if use_srun:
             ctx = JobContext.from_slurm(plan)
             starter: Launcher = SrunLauncher(ctx, loopback=plan.site.network.ip_source == "loopback")
         else:
             ctx, starter = JobContext.local(plan), LocalLauncher()
-    except JobError as err:
+    except JobError as err:  # the allocation does not fit the plan: a runtime failure (exit 1)
         log.error("%s", err)
-        return 2
+        return 1
     runner = JobRunner(plan, starter, ctx, driver_argv=smoke_driver_argv(plan) if smoke else None,
                        ready_timeout_s=ready_timeout_s, stop_grace_s=stop_grace_s, t0=t0)
     install_signal_handlers(runner)

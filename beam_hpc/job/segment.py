@@ -1,8 +1,14 @@
-"""``python -m beam_hpc.job.segment --plan RUN/plan.json [--resume] [--num-rollout N]``: one segment.
+"""``python -m beam_hpc.job.segment --plan RUN/plan.json|- [--script PATH] [--resume] [--num-rollout N]``: one segment.
 
 The batch script execs into this (beam_hpc.slurm.script), so this process is the batch shell: it receives the
-walltime warning (``--signal=B:USR1@lead``) and Slurm's SIGTERM. What it does, in order:
+walltime warning (``--signal=B:USR1@lead``) and Slurm's SIGTERM. A rendered script carries its plan
+(``--plan -``: the plan's JSON on stdin, from the script's own here-document) and names itself
+(``--script "$0"``), so a plain ``sbatch x.sbatch`` needs nothing else. What it does, in order:
 
+0. checks the allocation against the plan's groups (a hand-edited ``#SBATCH --nodes``/``--gres`` is
+   named with its line; exit 2 before anything is written), and a run directory's damaged plan.json
+   (exit 2, nothing written); a script's plan is written to plan.json, and the script to job.sbatch,
+   once the lock is held;
 1. takes the run lock (a second segment on the same output directory is refused; a lock of a
    killed job is taken over, see :mod:`beam_hpc.run.lock`), and sets up ``logs/<job>-<restart>/``;
 2. writes the ledger's start line, then checks that the run may go on: the cancel flag,
@@ -22,20 +28,21 @@ walltime warning (``--signal=B:USR1@lead``) and Slurm's SIGTERM. What it does, i
    releases the lock.
 
 Messages go to the segment's log and to stderr (the batch log); the exit status is 0 when the
-segment ended as planned (completed, walltime, preempted, cancelled), 1 on an error, 2 when the
-run may not continue (bad resume, refused lock).
+segment ended as planned (completed, walltime, preempted, cancelled), 1 on a runtime failure
+(including a lock another live segment holds), 2 on bad input (a damaged plan, an allocation that
+does not match the plan, a resume the run's checkpoints refuse), as the CLI maps them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from beam_hpc.run import checkpoint_layout
@@ -47,14 +54,16 @@ from beam_hpc.lifecycle.decide import Action, Decision, Outcome, decide
 from beam_hpc.lifecycle.segment_metrics import metrics_offset, segment_metrics
 from beam_hpc.lifecycle.watchdog import Interrupt, Watchdog
 from beam_hpc.slurm.client import JobInfo, SlurmUnavailable, show_job
-from beam_hpc.plan.plan import Plan, compute_lead_s
-from beam_hpc.errors import InputError
+from beam_hpc.slurm.environment import SlurmEnvironment
+from beam_hpc.plan.plan import Plan, compute_lead_s, load_plan
+from beam_hpc.plan.segment_args import SegmentArgs
+from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.run.identity import IdentityError, record_identity
 from beam_hpc.run.lock import Holder, RunLockError, acquire, release
 
 log = logging.getLogger("beam_hpc.job.segment")
 
-EXIT_OK, EXIT_ERROR, EXIT_REFUSED = 0, 1, 2
+EXIT_OK, EXIT_ERROR, EXIT_REFUSED = 0, 1, 2  # EXIT_REFUSED: bad input (the CLI's exit 2)
 # The runtime's outcome statuses (beam_hpc.job.runner.STATUSES) as ledger reasons, when no interrupt explains them.
 _STATUS_REASON = {"node-failure": "node-failure", "not-ready": "node-failure", "driver-failed": "error", "error": "error"}
 _INTERRUPT_REASON = {"walltime": "walltime", "timelimit": "walltime", "preempted": "preempted",
@@ -66,21 +75,24 @@ class Segment:
 
     def __init__(
         self,
-        plan_path: str,
+        plan: str | Plan,
         *,
         resume: bool = False,
         num_rollout: int | None = None,
         env: Mapping[str, str] | None = None,
         query: Callable[[str], JobInfo | None] = show_job,
+        script: str | None = None,
     ) -> None:
         self.env = dict(os.environ if env is None else env)
-        self.plan = Plan.load(plan_path)
+        self.plan = plan if isinstance(plan, Plan) else load_plan(plan)
         self.paths = self.plan.paths
         self.want_resume = resume
         self.num_rollout_arg = num_rollout
         self.query = query
-        self.job_id: str | None = self.env.get("SLURM_JOB_ID") or None
-        self.restart = int(self.env.get("SLURM_RESTART_COUNT", "0") or 0)
+        self.script = script  # the batch script this segment runs from (a rendered script's "$0")
+        self.slurm = SlurmEnvironment(self.env)
+        self.job_id: str | None = self.slurm.job_id
+        self.restart = self.slurm.restart_count
         self.ledger_job_id = self.job_id or f"l{os.getpid()}"
         self.me = Holder.me(self.job_id, self.restart)
         self.watchdog = Watchdog(self.job_id, self.restart, self.plan.lead_s, query=query,
@@ -106,10 +118,22 @@ class Segment:
         handler: logging.Handler | None = None
         try:
             try:
-                previous = acquire(self.paths.lock, self.me, query=self.query)
-            except RunLockError as err:  # not a segment of this run: no log dir, no ledger line
-                log.error("refused: %s", err)
+                self._check_before_writing()
+            except InputError as err:  # nothing written: no lock, no log dir, no ledger line
+                log.error("cannot run a segment of %s: %s", self.plan.output_dir, err)
                 return EXIT_REFUSED
+            Path(self.plan.output_dir).mkdir(parents=True, exist_ok=True)
+            try:
+                previous = acquire(self.paths.lock, self.me, query=self.query)
+            except RunLockError as err:  # another live segment holds the run: a runtime failure (exit 1)
+                log.error("refused: %s", err)
+                return EXIT_ERROR
+            try:
+                self._materialize()
+            except (OSError, RuntimeFailure) as err:
+                release(self.paths.lock, self.me)
+                log.error("cannot write the run directory %s: %s", self.plan.output_dir, err)
+                return EXIT_ERROR
             seg = self.paths.segment(self.ledger_job_id, self.restart)
             Path(seg.root).mkdir(parents=True, exist_ok=True)
             handler = _log_to(seg.segment_log)
@@ -127,6 +151,52 @@ class Segment:
             if handler is not None:
                 logging.getLogger().removeHandler(handler)
                 handler.close()
+
+    def _check_before_writing(self) -> None:
+        """Bad input that must stop the segment before it writes anything: an allocation that does not
+        match the plan (a hand-edited ``#SBATCH`` line, named), a run directory whose plan.json is
+        damaged (named), a bad ``--num-rollout``."""
+        if self.num_rollout_arg is not None:
+            SegmentArgs(num_rollout=self.num_rollout_arg)  # validates
+        if self.job_id is not None:
+            from beam_hpc.job.context import allocation_problems
+
+            text = None
+            if self.script:
+                with contextlib.suppress(OSError):
+                    text = Path(self.script).read_text(errors="replace")
+            problems = allocation_problems(self.plan, self.slurm, script=self.script, script_text=text)
+            if problems:
+                raise InputError("; ".join(problems))
+        if Path(self.paths.plan).exists():
+            load_plan(self.paths.plan)  # a torn or hand-broken plan.json: exit 2 naming it, nothing written
+
+    def _materialize(self) -> None:
+        """With the lock held: the run directory as a submission leaves it. A rendered script's plan
+        becomes plan.json (as ``submit`` writes it: replaced when the script's differs, and the
+        resume checks below still judge the checkpoints against it), the script becomes job.sbatch
+        (what the lifecycle resubmits, hand edits included), logs/ exists, and the batch log is
+        linked where ``beam-hpc logs`` looks when Slurm wrote it elsewhere (the submit directory)."""
+        Path(self.paths.logs).mkdir(parents=True, exist_ok=True)
+        if self.script is None:
+            return
+        from beam_hpc.run.files import write_atomic
+
+        if not Path(self.paths.plan).exists() or load_plan(self.paths.plan) != self.plan:
+            write_atomic(Path(self.paths.plan), self.plan.to_json())
+        with contextlib.suppress(OSError):
+            text = Path(self.script).read_text()
+            target = Path(self.paths.script)
+            if Path(self.script).resolve() != target.resolve() and (
+                    not target.exists() or _lines(target.read_text()) != _lines(text)):
+                write_atomic(target, text)
+                target.chmod(0o755)
+        if self.job_id is not None:
+            with contextlib.suppress(OSError):
+                out = Path(os.readlink("/proc/self/fd/2"))
+                link = Path(self.paths.batch_log(self.job_id))
+                if out.is_absolute() and out.exists() and out != link and not link.exists():
+                    link.symlink_to(out)
 
     def _run_locked(self) -> int:
         try:
@@ -432,9 +502,9 @@ class Segment:
                 return Decision(Action.NONE, f"{decision.detail}, but {script} is missing; resubmit by hand"), None
             has_ckpt = checkpoint_layout.latest_iteration(self.paths.checkpoints) is not None
             try:
-                job = actions.resubmit(str(script), lead_s=self.lead_s, resume=has_ckpt,
-                                       dependency=f"afterany:{self.job_id}", num_rollout=self.num_rollout_arg,
-                                       exclude=self.excluded)
+                job = actions.resubmit(str(script), SegmentArgs(resume=has_ckpt, num_rollout=self.num_rollout_arg),
+                                       lead_s=self.lead_s, dependency=f"afterany:{self.job_id}",
+                                       output=self.paths.batch_log("%j"), exclude=self.excluded)
             except (RuntimeError, OSError) as err:
                 log.error("%s", err)
                 return Decision(Action.NONE, f"{decision.detail}, but the resubmission failed: {err}"), None
@@ -462,6 +532,12 @@ class Segment:
         return EXIT_ERROR
 
 
+def _lines(script: str) -> list[str]:
+    """A script's lines without blank ones: Slurm keeps a het job's script without its blank lines,
+    so the copy a segment runs from differs from the file submitted in those alone."""
+    return [line for line in script.splitlines() if line.strip()]
+
+
 def _log_to(path: Path | None) -> logging.Handler | None:
     """Log to stderr (the batch log) and, once the segment owns the run, to its segment.log
     (returned, so that it can be removed again)."""
@@ -480,44 +556,48 @@ def _log_to(path: Path | None) -> logging.Handler | None:
     return fh
 
 
-@dataclass(frozen=True)
-class SegmentArgs:
-    """What a segment is asked to do beyond its plan: the batch script's own arguments
-    (``sbatch job.sbatch [--resume] [--num-rollout N] [--smoke]``). Submission builds one (and
-    turns it into those arguments for sbatch); submitit and ``beam-hpc execute`` hand it to
-    :func:`run_segment` as it is, so nothing is formatted only to be parsed again."""
+def plan_from_text(text: str, source: str) -> Plan:
+    """The plan a rendered script carries (its here-document), or a bad-input error naming it."""
+    import json
 
-    resume: bool = False
-    num_rollout: int | None = None
-    smoke: bool = False
-
-    def argv(self) -> list[str]:
-        """The batch script's arguments (what :func:`main` parses back in the job)."""
-        out = ["--resume"] if self.resume else []
-        if self.num_rollout is not None:
-            out += ["--num-rollout", str(self.num_rollout)]
-        return out + (["--smoke"] if self.smoke else [])
-
-
-def run_segment(plan_path: str, args: SegmentArgs) -> int:
-    """One segment of the run whose plan is ``plan_path``; returns the segment's exit status.
-    ``smoke``: bring the cluster up, run one task per GPU bundle of each group, write smoke.json,
-    tear down (no lock, ledger or checkpoint is touched)."""
-    if args.smoke:
-        from beam_hpc.job import runner
-
-        return runner.run_plan(plan_path, smoke=True)
     try:
-        return Segment(plan_path, resume=args.resume, num_rollout=args.num_rollout).run()
-    except (InputError, OSError, ValueError) as err:  # no plan, a damaged plan, a bad --num-rollout
-        logging.basicConfig(level=logging.INFO)
-        log.error("cannot run a segment of %s: %s", plan_path, err)
+        return Plan.from_dict(json.loads(text))
+    except InputError as err:
+        raise InputError(f"{source}: {err}") from None
+    except (ValueError, TypeError, KeyError) as err:
+        raise InputError(f"{source}: the plan embedded in the script is damaged ({type(err).__name__}: {err}); "
+                         "render the script again (beam-hpc render -o FILE)") from None
+
+
+def run_segment(plan: str | Plan, args: SegmentArgs, *, script: str | None = None) -> int:
+    """One segment of the run whose plan is ``plan`` (a plan.json path, or a script's embedded
+    Plan); returns the segment's exit status. ``smoke``: bring the cluster up, run one task per GPU
+    bundle of each group, write smoke.json, tear down (no lock, ledger or checkpoint is touched)."""
+    name = plan if isinstance(plan, str) else plan.paths.plan
+    try:
+        if args.smoke:
+            from beam_hpc.job import runner
+
+            if not isinstance(plan, str):  # a rendered script's plan: the smoke job reads plan.json
+                if Path(plan.paths.plan).exists():  # (no lock here: a live run's plan is left as it is)
+                    load_plan(plan.paths.plan)
+                else:
+                    plan.write()
+                Path(plan.paths.logs).mkdir(parents=True, exist_ok=True)
+            return runner.run_plan(name, smoke=True)
+        return Segment(plan, resume=args.resume, num_rollout=args.num_rollout, script=script).run()
+    except InputError as err:  # no plan, a damaged plan, a bad --num-rollout
+        _log_to(None)
+        log.error("cannot run a segment of %s: %s", name, err)
         return EXIT_REFUSED
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m beam_hpc.job.segment", description=__doc__.splitlines()[0])
-    parser.add_argument("--plan", required=True, help="RUN_DIR/plan.json")
+    parser.add_argument("--plan", required=True,
+                        help="RUN_DIR/plan.json, or - for the plan's JSON on stdin (a rendered script's here-document)")
+    parser.add_argument("--script", default=None,
+                        help="the batch script this segment runs from (a rendered script passes \"$0\")")
     parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
     parser.add_argument("--smoke", action="store_true",
                         help="bring the cluster up, run one task per GPU bundle of each group, write "
@@ -525,7 +605,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-rollout", type=int, default=None,
                         help="total rollouts, including those already done (the seed's semantics)")
     args = parser.parse_args(argv)
-    return run_segment(args.plan, SegmentArgs(resume=args.resume, num_rollout=args.num_rollout, smoke=args.smoke))
+    try:
+        seg_args = SegmentArgs(resume=args.resume, num_rollout=args.num_rollout, smoke=args.smoke)
+        plan: str | Plan = args.plan
+        if args.plan == "-":
+            plan = plan_from_text(sys.stdin.read(), args.script or "the batch script")
+    except InputError as err:
+        _log_to(None)
+        log.error("%s", err)
+        return EXIT_REFUSED
+    return run_segment(plan, seg_args, script=args.script)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,11 @@ log = logging.getLogger("beam_hpc.job.smoke")
 PG_TIMEOUT_S = 120.0
 
 
+def smoke_driver_argv(plan: Plan) -> list[str]:
+    """The ``--smoke`` driver: one task per GPU bundle of each group, then smoke.json."""
+    return [plan.node_python, "-m", "beam_hpc.job.smoke", "--plan", plan.paths.plan, "--ray-address", "{ray_address}"]
+
+
 def _where() -> dict:
     """Runs inside a Ray task: where am I?"""
     import ray

@@ -9,33 +9,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from beam_hpc.plan.segment_args import SegmentArgs
 from beam_hpc.slurm import client
 
 
-def resubmit_command(script: str, *, lead_s: int, resume: bool, dependency: str,
-                     num_rollout: int | None = None, exclude: Sequence[str] = ()) -> list[str]:
-    """sbatch line for the next segment: the same script, after this job (``afterany:<this job>``),
-    with the walltime warning at the current lead (options on the command line override the
-    script's #SBATCH lines). Not ``singleton``: on a heterogeneous job (Slurm 22.05) each
-    component waits for the other, which has the same name, and the job pends forever.
-    ``num_rollout``: a total this segment was given with ``--num-rollout`` (plan.json is never
-    rewritten in the job, so the next segment is told again). ``exclude``: the run's failed nodes
-    (beam_hpc.lifecycle.exclusions), as ``--exclude``, which applies to every het component."""
-    excl = [f"--exclude={','.join(exclude)}"] if exclude else []
-    cmd = client.sbatch_argv([f"--dependency={dependency}", f"--signal=B:USR1@{int(lead_s)}", *excl, script])
-    if resume:
-        cmd.append("--resume")
-    if num_rollout is not None:
-        cmd += ["--num-rollout", str(int(num_rollout))]
-    return cmd
+def resubmit_command(script: str, args: SegmentArgs, *, lead_s: int, dependency: str,
+                     output: str | None = None, exclude: Sequence[str] = ()) -> list[str]:
+    """sbatch line for the next segment: the same script with the next segment's arguments
+    (:class:`beam_hpc.plan.segment_args.SegmentArgs`, the type every submission uses), after this
+    job (``afterany:<this job>``), with the walltime warning at the current lead (options on the
+    command line override the script's #SBATCH lines). Not ``singleton``: on a heterogeneous job
+    (Slurm 22.05) each component waits for the other, which has the same name, and the job pends
+    forever. A ``--num-rollout`` total this segment was given is in ``args`` (plan.json is never
+    rewritten in the job, so the next segment is told again). ``output``: the run's batch log
+    pattern (its logs/ exists by now; the script's own default is the submit directory).
+    ``exclude``: the run's failed nodes (beam_hpc.lifecycle.exclusions), as ``--exclude``, which
+    applies to every het component."""
+    opts = [f"--dependency={dependency}", f"--signal=B:USR1@{int(lead_s)}"]
+    if output:
+        opts.append(f"--output={output}")
+    if exclude:
+        opts.append(f"--exclude={','.join(exclude)}")
+    return client.sbatch_argv([*opts, script, *args.argv()])
 
 
-def resubmit(script: str, *, lead_s: int, resume: bool, dependency: str, num_rollout: int | None = None,
+def resubmit(script: str, args: SegmentArgs, *, lead_s: int, dependency: str, output: str | None = None,
              exclude: Sequence[str] = ()) -> str:
     """Submit the next segment; returns its job id. Raises SlurmError (a RuntimeError) with
     sbatch's words."""
-    cmd = resubmit_command(script, lead_s=lead_s, resume=resume, dependency=dependency, num_rollout=num_rollout,
-                           exclude=exclude)
+    cmd = resubmit_command(script, args, lead_s=lead_s, dependency=dependency, output=output, exclude=exclude)
     return client.sbatch(cmd[1:], env=client.slurm_env_free(), timeout=60)
 
 

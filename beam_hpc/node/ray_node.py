@@ -161,9 +161,11 @@ def _interface_ipv4(name: str) -> str:
 
 def gpus_from_slurm(env: Mapping[str, str]) -> int | None:
     """GPUs Slurm gave this task: SLURM_GPUS_ON_NODE, else the length of CUDA_VISIBLE_DEVICES."""
-    value = env.get("SLURM_GPUS_ON_NODE", "").strip()
-    if value.isdigit():
-        return int(value)
+    from beam_hpc.slurm.environment import SlurmEnvironment
+
+    gpus = SlurmEnvironment(env).gpus_on_node
+    if gpus is not None:
+        return gpus
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     if cvd is None:
         return None
@@ -171,8 +173,9 @@ def gpus_from_slurm(env: Mapping[str, str]) -> int | None:
 
 
 def cpus_from_slurm(env: Mapping[str, str]) -> int | None:
-    value = env.get("SLURM_CPUS_ON_NODE", "").strip()
-    return int(value) if value.isdigit() else None
+    from beam_hpc.slurm.environment import SlurmEnvironment
+
+    return SlurmEnvironment(env).cpus_on_node
 
 
 def temp_dir_for(job_id: str, restart: int, index: int, root: str = TEMP_ROOT) -> str:

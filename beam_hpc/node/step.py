@@ -23,6 +23,7 @@ signal), and the next segment's staging purges what was left on disk.
 
 from __future__ import annotations
 
+from beam_hpc.slurm.environment import SlurmEnvironment
 from beam_hpc.errors import RuntimeFailure
 
 import argparse
@@ -123,7 +124,7 @@ class NodeStep:
         self.report: dict = {
             "group": group.name, "local_index": local_index, "index": self.index,
             "hostname": self.hostname, "pid": os.getpid(),
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "slurm_step_id": os.environ.get("SLURM_STEP_ID"),
+            "slurm_job_id": SlurmEnvironment.current().job_id, "slurm_step_id": SlurmEnvironment.current().step_id,
         }
 
     # -- signals -------------------------------------------------------------------------------
@@ -348,10 +349,9 @@ def _relay(stream: IO[bytes] | None, started: threading.Event) -> None:
 def _local_index(arg: int | None) -> int:
     if arg is not None:
         return arg
-    for name in ("SLURM_NODEID", "SLURM_PROCID"):  # one task per node: either is the node's index
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
+    index = SlurmEnvironment.current().node_id  # one task per node: the node's index in its group
+    if index is not None:
+        return index
     raise NodeStepError("no --node-index and no SLURM_NODEID: run me through srun or give --node-index")
 
 

@@ -48,8 +48,9 @@ from beam_hpc.run.scalars import Scalars, read_scalars
 from beam_hpc.slurm import client as slurm_client
 
 STATUS_SCHEMA = 1
-_ACTIVE_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT", "RESIZING")
-_WAITING_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "RESV_DEL_HOLD")
+_JS = slurm_client.JobState  # Slurm's states are spelled once, there
+_ACTIVE_STATES = (_JS.RUNNING, _JS.COMPLETING, _JS.CONFIGURING, _JS.SIGNALING, _JS.STAGE_OUT, _JS.RESIZING)
+_WAITING_STATES = (_JS.PENDING, _JS.REQUEUED, _JS.REQUEUE_HOLD, _JS.REQUEUE_FED, _JS.SUSPENDED, _JS.RESV_DEL_HOLD)
 
 # -- Slurm -------------------------------------------------------------------------------------
 def slurm_job_state(job_id: str, timeout: float = 10.0) -> dict[str, Any]:

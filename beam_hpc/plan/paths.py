@@ -12,8 +12,10 @@ modules drifts; here each is a property, and everything else asks for it.
         dumps/  tensorboard/  plots/
         convert/                          `prepare --convert`'s job (HF -> torch_dist)
         logs/slurm-<jobid>.out            the batch log (Slurm's --output)
+        logs/submitit/<jobid>/            submitit's own files of a job it submitted
+        .ray-auth/<jobid>-<restart>/      the segment's Ray token (0600), removed at teardown
         logs/<jobid>-<restart>/           SegmentPaths: one per segment
-            segment.log  driver.log  ready.json  readiness.log  outcome.json  runtime.json
+            segment.log  driver.log  driver.json  ready.json  readiness.log  outcome.json  runtime.json
             node-<group>-<i>.log  srun-<group>.log  nodes/<group>-<i>.json  ray-logs/<group>-<i>/
 
 Pure names: no I/O, no imports beyond the standard library.
@@ -30,6 +32,9 @@ LEDGER_FILE = "ledger.jsonl"
 SCRIPT_FILE = "job.sbatch"  # written into the run directory by every beam-hpc submission
 SMOKE_FILE = "smoke.json"
 DRIVER_LOG = "driver.log"  # in each segment directory (also globbed for: logs/*/driver.log)
+DRIVER_RECORD = "driver.json"  # in each segment directory: the driver's argv and what it saw of the site
+RAY_AUTH_DIR = ".ray-auth"  # per-segment Ray tokens under the run directory
+SUBMITIT_DIR = "submitit"  # under logs/: submitit's folder (its %j expands per job)
 IDENTITY_FILE = "run_identity.json"  # under checkpoints/
 PLACEMENT_FILE = "placement.json"
 SEGMENT_DIR_RE = re.compile(r"^(\d+)-(\d+)$")  # logs/<jobid>-<restart>
@@ -65,6 +70,11 @@ class SegmentPaths:
     @property
     def driver_log(self) -> Path:
         return self._p(DRIVER_LOG)
+
+    @property
+    def driver_record(self) -> Path:
+        """What the driver was started with: argv, rollout total, the site's variables it saw."""
+        return self._p(DRIVER_RECORD)
 
     @property
     def ready(self) -> Path:
@@ -183,6 +193,15 @@ class RunPaths:
     def jit_cache_archive(self, group: str) -> str:
         """The group's shared JIT-cache archive: seeds every node's local caches (beam_hpc.node.jit_cache)."""
         return self._p("jit-cache", f"{group}.tar")
+
+    @property
+    def submitit(self) -> str:
+        """``logs/submitit/%j``: the folder handed to submitit (it expands ``%j`` per job)."""
+        return self._p("logs", SUBMITIT_DIR, "%j")
+
+    def ray_auth(self, segment: str) -> str:
+        """``.ray-auth/<jobid>-<restart>``: one segment's Ray token directory."""
+        return self._p(RAY_AUTH_DIR, segment)
 
     def batch_log(self, job_id: str) -> str:
         """``logs/slurm-<jobid>.out``; ``job_id="%j"`` gives the pattern for ``sbatch --output``."""

@@ -26,8 +26,10 @@ from beam_hpc.plan.paths import PLAN_FILE, RunPaths
 
 PLAN_VERSION = 1
 
-# Placeholders a job fills in (beam_hpc.plan.plan.fill); nothing else is templated.
-PLACEHOLDERS = ("job_id", "nvme_dir", "head_ip", "ray_address", "run_dir")
+# Placeholders a job fills in (beam_hpc.plan.plan.fill); nothing else is templated. ``num_rollout``
+# is the total the segment runs to: the plan's, or the segment's own ``--num-rollout`` (a resume may
+# change it, the seed's semantics), so the driver's command is completed in the job, never baked.
+PLACEHOLDERS = ("job_id", "nvme_dir", "head_ip", "ray_address", "run_dir", "num_rollout")
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,22 @@ class Plan:
         out = Path(self.paths.plan)
         write_atomic(out, self.to_json())
         return out
+
+
+def load_plan(path: str | Path) -> Plan:
+    """A run's plan.json, or InputError naming the file (missing, torn, or edited into something
+    invalid): every launch way (submit, execute, the segment itself) answers a damaged run
+    directory the same way, exit 2, before it writes anything."""
+    try:
+        return Plan.load(path)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such plan; submit the run (beam-hpc submit) or render its script") from None
+    except InputError as err:
+        raise InputError(f"{path}: {err}") from None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        raise InputError(f"{path}: not a readable plan ({type(err).__name__}: {shorten(str(err))}); the run "
+                         "directory is damaged: move plan.json aside and submit the run again with --resume "
+                         "(it writes the plan anew), or use another --output-dir") from None
 
 
 def identity_sha(recipe: Recipe) -> str:

@@ -37,6 +37,9 @@ from pathlib import Path
 from submitit.core import core, utils
 from submitit.slurm import slurm
 
+from beam_hpc.slurm.client import JobState
+from beam_hpc.slurm.environment import SlurmEnvironment
+
 CLUSTER_NAME = "beamhet"
 """The name to pass to `submitit.AutoExecutor(cluster=...)` and the prefix of its parameters."""
 
@@ -50,12 +53,14 @@ flags for that component (e.g. {"exclusive": True, "tmp": "2T"})."""
 _COUNT_KEYS = ("nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task")
 
 # Job states, most significant first: a hetjob's state is the first one any component has.
-_STATE_PRECEDENCE = (
+# (JobState members: beam-hpc spells Slurm's states once, in beam_hpc.slurm.client; being str,
+# they compare equal to squeue's text)
+_STATE_PRECEDENCE = tuple(JobState[name] for name in (
     "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "TIMEOUT", "CANCELLED",
     "PREEMPTED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "SUSPENDED",
     "STOPPED", "RESIZING", "SIGNALING", "STAGE_OUT", "RUNNING", "CONFIGURING", "COMPLETING",
     "PENDING", "COMPLETED",
-)
+))
 VANISHED = "VANISHED"
 """State of a job that left the queue without a result pickle (killed, purged, lost)."""
 
@@ -186,8 +191,8 @@ def aggregate_state(states: tp.Iterable[str]) -> str:
     seen = [s.split()[0].rstrip("+") for s in states if s]
     for state in _STATE_PRECEDENCE:
         if state in seen:
-            return state
-    return seen[0] if seen else "UNKNOWN"
+            return state.value
+    return seen[0] if seen else JobState.UNKNOWN.value
 
 
 class HetSlurmInfoWatcher(core.InfoWatcher):
@@ -223,7 +228,7 @@ class HetSlurmInfoWatcher(core.InfoWatcher):
                 "--format=%i|%T|%N"]
 
     def get_state(self, job_id: str, mode: str = "standard") -> str:
-        return self.get_info(job_id, mode=mode).get("State") or "UNKNOWN"
+        return self.get_info(job_id, mode=mode).get("State") or JobState.UNKNOWN.value
 
     def read_info(self, string: tp.Union[bytes, str]) -> dict[str, dict[str, str]]:
         if isinstance(string, bytes):
@@ -245,8 +250,8 @@ class HetSlurmInfoWatcher(core.InfoWatcher):
             pickle = self._result_pickles.get(job_id)
             outcome = _result_outcome(pickle) if pickle is not None else None
             if outcome is not None:
-                info[job_id] = {"JobID": job_id, "State": "COMPLETED" if outcome == "success"
-                                else "FAILED", "NodeList": ""}
+                info[job_id] = {"JobID": job_id, "State": (JobState.COMPLETED if outcome == "success"
+                                                           else JobState.FAILED).value, "NodeList": ""}
             elif job_id in self._seen or now - self._registered_at.get(job_id, now) > \
                     self.vanish_grace_s:
                 info[job_id] = {"JobID": job_id, "State": VANISHED, "NodeList": ""}
@@ -280,12 +285,16 @@ class HetSlurmJobEnvironment(slurm.SlurmJobEnvironment):
     @property
     def het_size(self) -> int:
         """Number of het groups (1 for an ordinary job)."""
-        return int(os.environ.get("SLURM_HET_SIZE", "1"))
+        return SlurmEnvironment.current().het_size
 
     def _group_task_counts(self) -> list[int]:
         if self.het_size == 1:
             return [self.num_tasks]
-        return [int(os.environ[f"SLURM_NTASKS_HET_GROUP_{g}"]) for g in range(self.het_size)]
+        env = SlurmEnvironment.current()
+        counts = [env.ntasks(g) for g in range(self.het_size)]
+        if any(c is None for c in counts):
+            raise RuntimeError(f"Slurm gave no task count for some het group ({counts}); run inside the het job")
+        return [int(c) for c in counts if c is not None]
 
     @property
     def het_group(self) -> int:
@@ -308,8 +317,7 @@ class HetSlurmJobEnvironment(slurm.SlurmJobEnvironment):
         """Slurm node names of this task's het group, in allocation order."""
         if self.het_size == 1:
             return list(self.hostnames)
-        nodelist = os.environ[f"SLURM_JOB_NODELIST_HET_GROUP_{self.het_group}"]
-        return slurm._parse_node_list(nodelist)
+        return slurm._parse_node_list(SlurmEnvironment.current().nodelist(self.het_group))
 
     @property
     def het_group_node(self) -> int:

@@ -1,9 +1,12 @@
 """One submission request: a Plan plus what this submission asks of it, scheduled one of three ways.
 
-``beam-hpc submit --dry-run`` prints it; ``--via sbatch`` hands its script and arguments to
-sbatch (exactly what a user would type); ``--via submitit`` gives the same plan and segment
-arguments to beam-hpc's submitit executor; ``beam-hpc execute`` runs the same segment on this
-machine. All three read the one request, so they cannot drift apart.
+The request is materialized once: the batch script (which carries the plan), the plan, and the
+segment's arguments (:class:`beam_hpc.plan.segment_args.SegmentArgs`). ``beam-hpc submit
+--dry-run`` prints it, with the exact batch script its scheduler will get; ``--via sbatch`` hands
+the script and arguments to sbatch (exactly what a user would type); ``--via submitit`` gives the
+same plan and segment arguments to beam-hpc's submitit executor, whose script carries the same
+site lines; ``beam-hpc execute`` runs the same segment on this machine; a resubmission inside the
+job runs the same script with the next segment's SegmentArgs (beam_hpc.lifecycle.actions).
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from beam_hpc.job.segment import SegmentArgs
 from beam_hpc.plan.plan import Plan
+from beam_hpc.plan.segment_args import SegmentArgs
+from beam_hpc.slurm.script import render_script
 
 
 
@@ -34,22 +38,33 @@ class SubmitRequest:
     segment: SegmentArgs
     via: Via = Via.SUBMITIT
     dependency: str | None = None
+    source: str = ""  # what the plan was made from, for the script's header
 
     @property
     def script(self) -> Path:
         """The run directory's batch script (written by every submission, used by resubmissions)."""
         return Path(self.plan.paths.script)
 
+    def script_text(self) -> str:
+        """The rendered batch script (with the plan in it) that sbatch runs and resubmissions reuse."""
+        return render_script(self.plan, source=self.source)
+
+    @property
+    def uses_sbatch(self) -> bool:
+        return self.via is Via.SBATCH or self.segment.smoke
+
     def sbatch_argv(self) -> list[str]:
-        """The sbatch command line of this request (``--via sbatch``, and ``--smoke``)."""
+        """The sbatch command line of this request (``--via sbatch``, and ``--smoke``); the job's
+        output goes under the run's logs/ (which the submission creates)."""
         cmd = ["sbatch", "--parsable"]
         if self.dependency:
             cmd.append(f"--dependency={self.dependency}")
+        cmd.append(f"--output={self.plan.paths.batch_log('%j')}")
         return [*cmd, str(self.script), *self.segment.argv()]
 
     def command(self) -> list[str]:
         """What scheduling this request runs, for people to read."""
-        if self.via is Via.SBATCH or self.segment.smoke:
+        if self.uses_sbatch:
             return self.sbatch_argv()
         if self.via is Via.LOCAL:
             return ["python", "-m", "beam_hpc.job.segment", "--plan", self.plan.paths.plan, *self.segment.argv()]
@@ -65,6 +80,8 @@ class SubmitRequest:
             f"groups: {groups}\n"
             f"walltime {p.walltime_s} s, final save starts {p.lead_s} s before it\n"
             f"driver: {shlex.join(p.driver_argv)}\n"
+            f"segment: {shlex.join(self.segment.argv()) or '(no arguments)'}; runs to "
+            f"{self.segment.num_rollout or p.recipe.num_rollout} rollouts in total ({{num_rollout}} above)\n"
             + (f"Ray: the site's running cluster at {p.site.ray_address} (the job starts none)\n"
                if p.site.ray_address else "")
             + f"would run: {shlex.join(self.command())}"

@@ -17,7 +17,21 @@ from beam_hpc.plan.paths import RunPaths
 from beam_hpc.config.recipe import Recipe
 
 
+def check_run_dir(output_dir: str) -> None:
+    """A run directory whose plan.json is damaged (torn, or edited into something invalid) is bad
+    input: InputError naming the file, before anything is written (submit, execute and the
+    segment answer it alike; beam_hpc.plan.plan.load_plan)."""
+    from pathlib import Path
+
+    from beam_hpc.plan.plan import load_plan
+
+    plan = RunPaths(output_dir).plan
+    if Path(plan).exists():
+        load_plan(plan)
+
+
 def check_before_submit(recipe: Recipe, *, resume: bool) -> None:
+    check_run_dir(recipe.output_dir)
     check_not_in_use(recipe.output_dir)
     check_resume(recipe, resume=resume)
 

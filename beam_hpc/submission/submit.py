@@ -18,17 +18,17 @@ from typing import Any
 from beam_hpc.config.recipe import Recipe, apply_overrides, load_yaml, recipe_from_dict
 from beam_hpc.config.site import Site, find_site, site_from_dict
 from beam_hpc.errors import InputError, RuntimeFailure
-from beam_hpc.job.segment import SegmentArgs
 from beam_hpc.lifecycle import exclusions, quarantine
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.plan import Plan, make_plan
+from beam_hpc.plan.segment_args import SegmentArgs
 from beam_hpc.run import accounting, checkpoint_layout, ledger
 from beam_hpc.run.accounting import Estimate
 from beam_hpc.slurm import client as slurm_client
-from beam_hpc.slurm.script import write_script
+from beam_hpc.slurm.script import extra_parameters
 from beam_hpc.submission.request import SubmitRequest, Via
-from beam_hpc.submission.run_guard import check_before_submit, check_resume
 from beam_hpc.submission import tmp_disk
+from beam_hpc.submission.run_guard import check_before_submit, check_resume, check_run_dir
 
 
 class SubmitError(RuntimeFailure):
@@ -107,13 +107,19 @@ def build_site(site: str | Path | None, *, search_dir: Path | None = None) -> Si
     return site_from_dict(load_yaml(path, kind="site profile"), str(path))
 
 
-def prepare_run(plan: Plan, *, source: str = "") -> Path:
-    """Write plan.json and the sbatch script into the run directory; returns the script.
+def prepare_run(request: SubmitRequest) -> Path:
+    """Write the request's plan.json and batch script into the run directory; returns the script.
     logs/ must exist before sbatch: Slurm opens --output before the script runs, and a job whose
     output directory is missing dies at once with no output at all."""
+    from beam_hpc.run.files import write_atomic
+
+    plan = request.plan
     plan.write()
     Path(plan.paths.logs).mkdir(parents=True, exist_ok=True)
-    return write_script(plan, Path(plan.paths.script), source=source)
+    script = Path(plan.paths.script)
+    write_atomic(script, request.script_text())
+    script.chmod(0o755)
+    return script
 
 
 def check_paths(recipe: Recipe, site: Site) -> None:
@@ -178,15 +184,20 @@ def submit(
             recipe, overrides=overrides, output_dir=output_dir, num_rollout=num_rollout,
             no_async_training=no_async_training,
         )
-        source = str(recipe)
+        source = Path(recipe).name
     st = site if isinstance(site, Site) else build_site(site)
+    source = f"{source} + site {st.name}"
+    # --num-rollout is the recipe's total for a new plan and, as a segment argument, what the job
+    # runs to and passes on to its resubmissions (plan.json is never rewritten in the job)
     plan = make_plan(rec, st, tmp_disk=tmp_disk.declared_tmp_disk(rec, st))  # a --tmp Slurm can place
-    request = SubmitRequest(plan=plan, segment=SegmentArgs(resume=resume, smoke=smoke),
-                            via=how, dependency=dependency)
-    if smoke and resume:
-        raise InputError("--smoke: a smoke run touches no checkpoint; drop --resume (or --smoke)")
+    request = SubmitRequest(plan=plan,
+                            segment=SegmentArgs(resume=resume, num_rollout=num_rollout, smoke=smoke),
+                            via=how, dependency=dependency, source=source)
+    extra_parameters(st)  # the site's sbatch_extra must be sbatch options submitit can take too
     if include_nodes and not resume:
         raise InputError("--include-node: only a resumed run has excluded nodes; add --resume")
+    if dry_run:
+        check_run_dir(rec.output_dir)
     if dry_run and not smoke and checkpoint_layout.latest_iteration(RunPaths(rec.output_dir).checkpoints) is not None:
         # The read-only checks of the real submission, minus the lock (which a dry run may not
         # judge): what the real submit would refuse about the run's checkpoints (too few rollouts,
@@ -202,9 +213,18 @@ def submit(
         check_before_submit(rec, resume=resume)
     exclude = exclusions.for_submission(request.plan.output_dir, include_nodes or []) if resume else []
     exclude = quarantine.for_submission(st, request.plan.groups, exclude)  # the site's bad nodes, every run
-    sub = schedule(request, source=source, exclude=exclude)
+    sub = schedule(request, exclude=exclude)
     sub.estimate = cost
     return sub
+
+
+def lift_cancel(plan: Plan) -> None:
+    """``beam-hpc execute``: running a run again on this machine is the user's own intent, and lifts
+    an earlier ``beam-hpc cancel`` (a local segment has no Slurm SubmitTime to compare the flag with).
+    Not for Slurm submissions: a cancelled segment still in Slurm's KillWait reads the flag to end as
+    cancelled; removing it under that segment would let it resubmit itself. There the segment lifts
+    the flag itself when its job was submitted after it (beam_hpc.job.segment)."""
+    Path(plan.paths.cancel_flag).unlink(missing_ok=True)
 
 
 def gpu_hours_estimate(plan: Plan, *, resume: bool) -> Estimate:
@@ -228,15 +248,14 @@ def gpu_hours_estimate(plan: Plan, *, resume: bool) -> Estimate:
                                basis=basis, bringup_s=bringup_s)
 
 
-def schedule(request: SubmitRequest, *, source: str = "", exclude: list[str] | None = None) -> Submission:
+def schedule(request: SubmitRequest, *, exclude: list[str] | None = None) -> Submission:
     """Write the request's plan and script into the run directory, then hand it to its scheduler
     (sbatch or submitit; ``beam-hpc execute`` runs local requests itself). ``exclude``: the run's
     failed nodes: ``--exclude`` on the sbatch line; through submitit, the job's ExcNodeList set
     right after submission (submitit takes no such option here; a job scheduled within that
     moment may still land on one, and then fails and excludes it again)."""
-    plan = request.plan
-    prepare_run(plan, source=source)
-    if request.via is Via.SBATCH or request.segment.smoke:
+    prepare_run(request)
+    if request.uses_sbatch:
         cmd = request.sbatch_argv()
         if exclude:
             cmd.insert(1, f"--exclude={','.join(exclude)}")
@@ -251,7 +270,21 @@ def schedule(request: SubmitRequest, *, source: str = "", exclude: list[str] | N
     raise InputError(f"--via: {request.via.value!r} cannot be scheduled by submit; use `beam-hpc execute`")
 
 
+def batch_script(request: SubmitRequest) -> str:
+    """The exact batch script the request's scheduler gets: the rendered script for sbatch, the
+    submission script submitit writes for submitit."""
+    if request.uses_sbatch:
+        return request.script_text()
+    from beam_hpc.submission.via_submitit import submission_text
+
+    return submission_text(request)
+
+
 def describe(sub: Submission) -> str:
-    """What a dry run prints: the plan in one paragraph, the GPU-hours it will hold, the command."""
+    """What a dry run prints: the plan in one paragraph, the GPU-hours it will hold, the command,
+    then the exact batch script that would be submitted."""
     text = "\n".join([sub.request.describe(), *tmp_disk.describe(sub.plan)])
-    return text if sub.estimate is None else f"{text}\n{sub.estimate.describe()}"
+    if sub.estimate is not None:
+        text = f"{text}\n{sub.estimate.describe()}"
+    how = "sbatch" if sub.request.uses_sbatch else "submitit"
+    return f"{text}\n--- the batch script {how} would submit ---\n{batch_script(sub.request).rstrip()}\n--- end ---"

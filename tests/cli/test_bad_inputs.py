@@ -298,6 +298,11 @@ BAD_PLANS: list[tuple[str, Damage, str]] = [
 for name, dmg, says in BAD_PLANS:
     for cmd_name, argv in (("status", status), ("plot", plot), ("cancel", cancel)):
         CASES.append(Case(f"{cmd_name} plan.json {name}", argv, 2, ["plan.json", says, "restore it"], dmg))
+    # every launch way answers a damaged run directory alike: exit 2 naming the file, nothing written
+    for cmd_name, argv in (("submit --dry-run --resume", dry_resume()), ("submit --via sbatch --resume", sbatch_resume()),
+                           ("execute --resume", execute_resume()),
+                           ("execute", lambda run, tmp: ["execute", TINY, *_recipe_args(tmp), "--quiet"])):
+        CASES.append(Case(f"{cmd_name} plan.json {name}", argv, 2, ["plan.json"], dmg))
 
 # The checkpoint pointer is not a number: exit 2 naming it, wherever the run is read.
 BAD_POINTERS: list[tuple[str, str | bytes]] = [

@@ -141,39 +141,64 @@ def nothing_queued(plan: Plan) -> bool:
 
 
 # -- walltime ---------------------------------------------------------------------------------------------
-def lower_num_rollout_for_the_next_segment(plan: Plan, run_dir: Path, more: int) -> int:
-    """What ``sbatch job.sbatch --resume --num-rollout N`` does (beam_hpc.job.segment), done while the
-    first segment saves: N = rollouts trained so far + ``more``. The running segment keeps its own
-    (huge) target and resubmits; the next one finishes the run. This makes the chain exactly two
-    segments long whatever the machine's speed, instead of a number that depends on when in its
-    30 s cycle slurmctld sends USR1."""
-    target = max(rollout_ids(run_dir), default=-1) + 1 + more
-    current = Plan.load(plan.paths.plan)
-    current.with_num_rollout(target).write()
-    return target
+def finished_by(run_dir: Path, job: str) -> bool:
+    """The chain is over and its last segment is ``job``'s (a cancelled segment also ends a chain)."""
+    return chain_finished(run_dir) and segments(run_dir)[-1]["start"]["job_id"] == job
+
+
+def change_the_total(run_dir: Path, assets: TinyAssets, *, more: int, **submit_kw) -> tuple[int, str]:
+    """What a user does to give a running chain another total: ``beam-hpc cancel`` (no later segment
+    of the chain starts; a segment still in its bring-up ends there), waits for its jobs to go, then
+    ``submit --resume --num-rollout N`` (the login node refuses while a segment holds the run: retry),
+    with N = the rollouts checkpointed so far + ``more``. Called while the chain's next segment is
+    queued or bringing Ray up, so nothing trained is thrown away; the chain's length does not depend
+    on the machine's speed. Returns (N, the new job)."""
+    from beam_hpc.cli.app import main
+    from beam_hpc.run.lock import RunLockError
+
+    assert main(["cancel", str(run_dir)]) == 0
+    job_name = Plan.load(run_dir / "plan.json").job_name
+    wait_for("the cancelled chain's jobs to go", lambda: not subprocess.run(
+        ["squeue", "-h", "-n", job_name], capture_output=True, text=True, check=False).stdout.strip(), run_dir)
+    # a segment tells a later submission from the cancelled chain by its job's SubmitTime, which has
+    # one-second resolution (it must read a whole second past the flag): a user comes seconds later; so does this
+    time.sleep(max(0.0, (run_dir / "CANCELLED").stat().st_mtime + 2.1 - time.time()))
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while True:
+        target = checkpoint_layout.rollouts_done(run_dir / "checkpoints") + more
+        try:
+            return target, submit_run(run_dir, assets, num_rollout=target, resume=True, **submit_kw)[1]
+        except RunLockError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
 
 
 def test_walltime_chain_resubmits_with_resume_until_num_rollout(slurm_cluster, tiny_assets, runs) -> None:
     """A 2-minute limit, 60 s lead: the segment saves the rollout in flight on USR1 or its own
-    deadline, resubmits itself with --resume (same script, dependency afterany on itself), and the next
-    segment completes the run. Nothing is trained twice or skipped."""
+    deadline and resubmits itself with --resume (same script, dependency afterany on itself). The
+    first target is out of reach, so the interrupt always lands mid-run however fast the machine;
+    the user then gives the chain a total (cancel + ``submit --resume --num-rollout N``, see
+    change_the_total) and that segment completes the run. Nothing is trained twice or skipped.
+    (The resubmitted segment itself running with --resume and the total passed on:
+    tests/test_submission_launch_parity.py.)"""
     run = runs / "walltime"
     plan, first = submit_run(run, tiny_assets, num_rollout=100_000, interval=1000, walltime="00:02:00", lead_s=60)
-    seg_log = run / "logs" / f"{first}-0" / "segment.log"
-    wait_for("the first segment's walltime interrupt", lambda: "interrupt: walltime" in _read(seg_log), run, poll_s=0.1)
-    n = lower_num_rollout_for_the_next_segment(plan, run, more=20)
-    wait_for("the chain to finish", lambda: chain_finished(run), run)
+    second = wait_for("the walltime resubmission",
+                      lambda: (s := segments(run)) and "end" in s[0] and s[0]["end"]["next"].get("job_id"), run,
+                      poll_s=0.1)
+    n, last = change_the_total(run, tiny_assets, more=5, interval=1000, walltime="00:10:00", lead_s=60)
+    wait_for("the new segment to finish the run", lambda: finished_by(run, last), run)
     segs = segments(run)
-    reasons = [s["end"]["reason"] for s in segs]
-    assert reasons[:-1] == ["walltime"] * (len(segs) - 1) and reasons[-1] == "completed", diagnostics(run)
-    assert len(segs) >= 2 and segs[0]["start"]["job_id"] == first and not segs[0]["start"]["resume"]
-    for before, after in pairwise(segs):  # a new job each time, started with --resume
-        assert before["end"]["next"] == {"action": "resubmit", "job_id": after["start"]["job_id"]}
-        assert after["start"]["resume"] and after["start"]["restart"] == 0
-        assert "saved on request" in before["end"]["detail"]
-    plan = Plan.load(plan.paths.plan)
-    print(f"\nwalltime chain ({n} rollouts):\n{timeline(run)}")
-    counts = assert_complete_and_exact(run, plan, n)
+    print(f"\nwalltime chain ({n} rollouts):\n{timeline(run)}\n{diagnostics(run)}")
+    assert segs[0]["start"]["job_id"] == first and not segs[0]["start"]["resume"], diagnostics(run)
+    assert segs[0]["end"]["reason"] == "walltime" and "saved on request" in segs[0]["end"]["detail"]
+    assert segs[0]["end"]["next"] == {"action": "resubmit", "job_id": second}
+    for middle in segs[1:-1]:  # the resubmitted job, if it started before the cancel: ended in its bring-up
+        assert middle["start"]["job_id"] == second and middle["start"]["resume"], diagnostics(run)
+        assert middle["end"]["reason"] == "cancelled" and middle["end"]["rollouts_at_end"] == middle["start"]["rollouts_at_start"]
+    assert segs[-1]["start"]["job_id"] == last and segs[-1]["start"]["resume"] and segs[-1]["start"]["num_rollout"] == n
+    counts = assert_complete_and_exact(run, Plan.load(plan.paths.plan), n)
     # none: the sentinel says "then stop", so the reference backend exits right after that save (the
     # rollout generated in flight is dropped untrained; a Miles run may train on until it is stopped)
     assert redone(counts) == 0, f"re-done rollouts: {[k for k, c in counts.items() if c > 1]}"
@@ -192,9 +217,9 @@ def _nodes_of(job_id: str) -> str:
 def test_preemption_requeues_the_same_job_and_the_run_completes(slurm_cluster, tiny_assets, runs) -> None:
     """Submitted to `debug`; an `urgent` job that needs its nodes preempts it (USR1 with a 20 s
     GraceTime): the segment saves if the grace allows, else relies on the last checkpoint, and
-    the same job id comes back with SLURM_RESTART_COUNT 1 and completes. The first segment's target
-    is out of reach (a fast machine would otherwise finish before the urgent job is scheduled); the
-    requeued one gets a reachable target through plan.json before it is let go."""
+    the same job id comes back with SLURM_RESTART_COUNT 1 and resumes. The target is out of reach (a
+    fast machine would otherwise finish before the urgent job is scheduled); once the requeued segment
+    has started, the user gives the run a total (change_the_total) and that segment completes it."""
     run = runs / "preempt"
     plan, job = submit_run(run, tiny_assets, num_rollout=100_000, interval=3)
     wait_for("a first checkpoint", lambda: checkpoint_layout.latest_iteration(run / "checkpoints") is not None, run)
@@ -205,15 +230,17 @@ def test_preemption_requeues_the_same_job_and_the_run_completes(slurm_cluster, t
     seg0 = segments(run)[0]
     assert seg0["end"]["reason"] == "preempted", diagnostics(run)
     assert seg0["end"]["next"] == {"action": "requeue", "job_id": job}
-    n = lower_num_rollout_for_the_next_segment(plan, run, more=10)
     wait_for("the urgent job to finish", lambda: job_state(urgent) in ("COMPLETED", "GONE"), run, timeout=120)
     # a requeued job may start again after cred_expire (10 s here); let it go at once
     wait_for("the requeued job to pend", lambda: job_state(job) in ("PENDING", "RUNNING"), run, timeout=60)
     slurm_cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
-    wait_for("the run to complete", lambda: chain_finished(run), run)
+    wait_for("the requeued segment to start", lambda: len(segments(run)) > 1, run)
+    n, last = change_the_total(run, tiny_assets, more=5, interval=3)
+    wait_for("the new segment to finish the run", lambda: finished_by(run, last), run)
     segs = segments(run)
     print(f"\npreempted run ({n} rollouts):\n{timeline(run)}")
-    assert [s["segment"] for s in segs] == [f"{job}-0", f"{job}-1"], diagnostics(run)
+    assert [s["segment"] for s in segs] == [f"{job}-0", f"{job}-1", f"{last}-0"], diagnostics(run)
+    assert segs[1]["end"]["reason"] == "cancelled" and segs[2]["start"]["num_rollout"] == n
     assert segs[1]["start"]["restart"] == 1 and segs[1]["start"]["resume"]
     counts = assert_complete_and_exact(run, Plan.load(plan.paths.plan), n)
     assert redone(counts) <= interval_after(seg0), f"re-done rollouts {counts}"
@@ -384,7 +411,8 @@ def test_second_submission_is_refused_and_cancel_stops_the_chain(slurm_cluster, 
     wait_for("the segment to hold the lock", lambda: (run / "run.lock").exists() and segments(run), run)
     with pytest.raises(RunLockError, match=f"in use by job {job}"):
         submit_run(run, tiny_assets, num_rollout=100_000, interval=2, resume=True)
-    intruder = slurm_cluster.run("sbatch", "--parsable", str(run / "job.sbatch"), "--resume").stdout.strip()
+    intruder = slurm_cluster.run("sbatch", "--parsable", f"--output={run}/logs/slurm-%j.out", str(run / "job.sbatch"),
+                                 "--resume").stdout.strip()
     wait_for("the intruder to be refused", lambda: job_state(intruder) in ("FAILED", "COMPLETED", "GONE"), run,
              timeout=180)
     assert f"refused: {run} is in use by job {job}" in _read(run / "logs" / f"slurm-{intruder}.out")

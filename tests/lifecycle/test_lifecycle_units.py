@@ -170,16 +170,18 @@ def test_lock_outside_slurm_is_stale_when_its_pid_is_gone(tmp_path: Path) -> Non
 
 
 def test_resubmit_command_chains_with_resume() -> None:
-    assert resubmit_command("/r/job.sbatch", lead_s=75, resume=True, dependency="afterany:8") == [
-        "sbatch", "--parsable", "--dependency=afterany:8", "--signal=B:USR1@75", "/r/job.sbatch", "--resume"]
-    assert resubmit_command("/r/job.sbatch", lead_s=75, resume=False, dependency="afterany:9")[-1] == "/r/job.sbatch"
+    from beam_hpc.plan.segment_args import SegmentArgs
+
+    assert resubmit_command("/r/job.sbatch", SegmentArgs(resume=True), lead_s=75, dependency="afterany:8",
+                            output="/r/logs/slurm-%j.out") == [
+        "sbatch", "--parsable", "--dependency=afterany:8", "--signal=B:USR1@75", "--output=/r/logs/slurm-%j.out",
+        "/r/job.sbatch", "--resume"]
+    assert resubmit_command("/r/job.sbatch", SegmentArgs(), lead_s=75, dependency="afterany:9")[-1] == "/r/job.sbatch"
     # a total given with --num-rollout is passed on (the job never rewrites plan.json), and it is
     # exactly what the next segment's own parser reads back
-    cmd = resubmit_command("/r/job.sbatch", lead_s=75, resume=True, dependency="afterany:8", num_rollout=200)
+    cmd = resubmit_command("/r/job.sbatch", SegmentArgs(resume=True, num_rollout=200), lead_s=75,
+                           dependency="afterany:8")
     assert cmd[-3:] == ["--resume", "--num-rollout", "200"]
-    from beam_hpc.job.segment import SegmentArgs
-
-    assert cmd[cmd.index("/r/job.sbatch") + 1:] == SegmentArgs(resume=True, num_rollout=200).argv()
 
 
 # -- watchdog --------------------------------------------------------------------------------------------
@@ -606,6 +608,9 @@ def test_exclusions_stop_the_chain_when_the_nodes_left_cannot_hold_the_groups() 
 
 
 def test_resubmission_excludes_the_failed_nodes() -> None:
-    cmd = resubmit_command("/r/job.sbatch", lead_s=75, resume=True, dependency="afterany:8", exclude=["n3", "n5"])
+    from beam_hpc.plan.segment_args import SegmentArgs
+
+    cmd = resubmit_command("/r/job.sbatch", SegmentArgs(resume=True), lead_s=75, dependency="afterany:8",
+                           exclude=["n3", "n5"])
     assert cmd[:5] == ["sbatch", "--parsable", "--dependency=afterany:8", "--signal=B:USR1@75", "--exclude=n3,n5"]
     assert cmd[5:] == ["/r/job.sbatch", "--resume"]

@@ -89,7 +89,8 @@ def test_render_hetjob_script_shape() -> None:
     assert "#SBATCH --gres=gpu:8" in first and "#SBATCH --gres=gpu:8" in second
     assert "#SBATCH --tmp=2000G" in first and not any("--tmp" in s for s in second)
     assert "#SBATCH --constraint=h200&nvme" in first and "#SBATCH --constraint=h200" in second
-    assert text.rstrip().endswith('-m beam_hpc.job.segment --plan /shared/runs/beam-dedicated/plan.json "$@"')
+    assert '-m beam_hpc.job.segment --plan - --script "$0" "$@" <<\'BEAM_PLAN_JSON\'' in text  # the plan follows
+    assert text.rstrip().endswith("\nBEAM_PLAN_JSON")
     colocated = render_script(make_plan(load_recipe(recipe_path("colocated")), build_site(site_path("example-site"))))
     assert "#SBATCH hetjob" not in colocated
 
@@ -99,7 +100,7 @@ def test_committed_sbatch_scripts_are_fresh() -> None:
     `beam-hpc render recipes/X.yaml --site env/example-site.yaml -o sbatch/X.sbatch`."""
     for name in SEED:
         plan = make_plan(load_recipe(recipe_path(name)), build_site(site_path("example-site")))
-        want = render_script(plan, source=f"recipes/{name}.yaml + site example-site")
+        want = render_script(plan, source=f"{name}.yaml + site example-site")
         have = (ROOT / "sbatch" / f"{name}.sbatch").read_text()
         assert have == want, f"sbatch/{name}.sbatch is stale: re-render it (see this test's docstring)"
 

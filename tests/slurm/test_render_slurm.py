@@ -3,7 +3,7 @@
 - the seed's three configurations, rendered for the local site, pass `sbatch --test-only`;
 - a hetjob rendered by beam-hpc really runs: `srun --het-group=i` of each group lands on that
   group's nodes with that group's GPU count (hostnames and CUDA_VISIBLE_DEVICES asserted). The
-  probe replaces only the script's last line (the hand-over to Python), so every #SBATCH line
+  probe replaces only the hand-over to Python (and the plan after it), so every #SBATCH line
   under test is the one users get.
 """
 
@@ -52,12 +52,12 @@ def test_rendered_hetjob_lands_each_group_on_its_nodes(tmp_path: Path, slurm_clu
         for g in plan.groups
     )
     lines = render_script(plan).rstrip("\n").splitlines()
-    assert lines[-1].startswith("exec ")
+    hand_over = next(i for i, line in enumerate(lines) if line.startswith("exec "))  # then the plan's here-document
     script = tmp_path / "probe.sbatch"
-    script.write_text("\n".join(lines[:-1] + [probe]) + "\n")
+    script.write_text("\n".join(lines[:hand_over] + [probe]) + "\n")
     Path(plan.paths.logs).mkdir(parents=True)
-    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
-                            check=True).stdout.strip().split(";")[0]
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True,
+                            cwd=tmp_path).stdout.strip().split(";")[0]  # a hand-submitted job writes its output here
     slurm_cluster.wait_for_job(job_id, timeout=120)
     rows = [line.split() for line in out.read_text().splitlines()]
     trainer = [r for r in rows if r[0] == "trainer"]

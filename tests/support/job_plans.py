@@ -60,7 +60,9 @@ def batch_script(plan: Plan, *job_args: str) -> Path:
     for i, g in enumerate(plan.groups):
         if i:
             lines.append("#SBATCH hetjob")
-        lines += [f"#SBATCH {f}" for f in (job_flags(plan) if i == 0 else []) + component_flags(plan, g)]
+        # the batch log under the run's logs/, as beam-hpc's own sbatch lines put it
+        job = [f"--output={plan.paths.batch_log('%j')}" if f.startswith("--output=") else f for f in job_flags(plan)]
+        lines += [f"#SBATCH {f}" for f in (job if i == 0 else []) + component_flags(plan, g)]
     lines.append(f"cd {ROOT}")
     lines.append(f"exec {sys.executable} -m beam_hpc.job.runner --plan {plan.paths.plan} {' '.join(job_args)}")
     path = Path(plan.output_dir, "job.sbatch")

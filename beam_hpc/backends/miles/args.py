@@ -200,7 +200,7 @@ def _data(out: _Argv, recipe: Recipe) -> None:
 
 
 def _batch(out: _Argv, recipe: Recipe, layout: MilesLayout) -> None:
-    out.add("--num-rollout", recipe.num_rollout)
+    out.add("--num-rollout", "{num_rollout}")  # the segment's total, filled in the job (plan.PLACEHOLDERS)
     out.add("--rollout-batch-size", recipe.batch.prompts)
     out.add("--n-samples-per-prompt", recipe.batch.responses_per_prompt)
     out.add("--global-batch-size", layout.global_batch)

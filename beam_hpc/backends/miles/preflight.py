@@ -106,7 +106,8 @@ def harmless_values(output_dir: str) -> dict[str, str]:
             "head_ip": "127.0.0.1", "ray_address": "127.0.0.1:6379", "run_dir": output_dir}
 
 
-def check_argv(driver_argv: list[str] | tuple[str, ...], python: str, output_dir: str) -> list[str]:
+def check_argv(driver_argv: list[str] | tuple[str, ...], python: str, output_dir: str,
+               num_rollout: int = 1) -> list[str]:
     """The parser-check command for a Plan driver argv: ``python -m parser_check [--model-script ..]
     -- <entry> <Miles flags>`` with placeholders filled."""
     from beam_hpc.plan.plan import fill
@@ -120,15 +121,15 @@ def check_argv(driver_argv: list[str] | tuple[str, ...], python: str, output_dir
     for i, a in enumerate(launcher):
         if a in (MODEL_SCRIPT_OPTION, MODEL_SCRIPT_VAR_OPTION) and i + 1 < len(launcher):
             carried += [a, launcher[i + 1]]
-    values = harmless_values(output_dir)
+    values = {**harmless_values(output_dir), "num_rollout": str(num_rollout)}
     return [python, "-m", CHECK_MODULE, *carried, "--", *(fill(a, **values) for a in rest)]
 
 
 def run_check(site: Site, driver_argv: list[str] | tuple[str, ...], output_dir: str, *,
               env: dict[str, str] | None = None, binds: list[str] | None = None,
-              timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
+              timeout_s: float = DEFAULT_TIMEOUT_S, num_rollout: int = 1) -> Verdict:
     """Run the image's Miles parser on the driver argv through the site's container runtime."""
-    argv = check_argv(driver_argv, site.node_python, output_dir)
+    argv = check_argv(driver_argv, site.node_python, output_dir, num_rollout)
     cmd = container_command(site, argv, env or {}, binds or [])
     start = time.monotonic()
     try:
@@ -150,7 +151,7 @@ def check_plan(plan: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
     """The Plan's driver command and environment (Megatron asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1``
     from it), checked by the image's Miles."""
     return run_check(plan.site, plan.driver_argv, plan.output_dir, env=_env(plan.driver_env, plan.output_dir),
-                     binds=[plan.output_dir], timeout_s=timeout_s)
+                     binds=[plan.output_dir], timeout_s=timeout_s, num_rollout=plan.recipe.num_rollout)
 
 
 def check_recipe(recipe: Recipe, site: Site, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
@@ -162,7 +163,7 @@ def check_recipe(recipe: Recipe, site: Site, *, timeout_s: float = DEFAULT_TIMEO
 
     plan = make_plan(recipe, site)
     verdict = run_check(site, plan.driver_argv, plan.output_dir, env=_env(plan.driver_env, plan.output_dir),
-                        timeout_s=timeout_s)
+                        timeout_s=timeout_s, num_rollout=plan.recipe.num_rollout)
     arch = resolve(recipe.model)
     if arch.script_form and not arch.deferred_script:  # read here, at submit time: say so too
         found = {"path": recipe.model.miles_model_script, "form": arch.script_form,

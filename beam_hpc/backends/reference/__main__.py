@@ -16,11 +16,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m beam_hpc.backends.reference", description=__doc__.splitlines()[0])
     parser.add_argument("--plan", required=True, help="the run's plan.json (or its run directory)")
     parser.add_argument("--ray-address", default="local", help="Ray GCS address, or 'local' for a private Ray")
+    parser.add_argument("--num-rollout", type=int, default=None,
+                        help="the total to run to (the segment's; default: the plan's)")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     from beam_hpc.backends.reference.driver import run
 
-    return run(args.plan, args.ray_address)
+    return run(args.plan, args.ray_address, num_rollout=args.num_rollout)
 
 
 if __name__ == "__main__":

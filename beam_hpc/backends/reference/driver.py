@@ -460,11 +460,14 @@ class Loop:
                 ray.kill(a)
 
 
-def run(plan_path: str, ray_address: str) -> int:
-    """Entry point of ``python -m beam_hpc.backends.reference``."""
+def run(plan_path: str, ray_address: str, *, num_rollout: int | None = None) -> int:
+    """Entry point of ``python -m beam_hpc.backends.reference``. ``num_rollout``: the segment's
+    total from its command line (plan.json keeps the total it was submitted with)."""
     import ray
 
     plan = Plan.load(plan_path)
+    if num_rollout is not None:
+        plan = plan.with_num_rollout(num_rollout)
     setup_process(threads_of(plan.recipe))
     loop = Loop(plan)
     connect(ray_address)
