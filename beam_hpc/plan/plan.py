@@ -19,7 +19,7 @@ from typing import Any
 from beam_hpc.backends.registry import driver_command
 from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime, recipe_from_dict
 from beam_hpc.config.site import Site, site_from_dict
-from beam_hpc.errors import InputError
+from beam_hpc.errors import InputError, shorten
 from beam_hpc.plan import local_disk
 from beam_hpc.plan.local_disk import DeclaredTmpDisk
 from beam_hpc.plan.paths import PLAN_FILE, RunPaths
