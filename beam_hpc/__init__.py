@@ -29,12 +29,12 @@ _EXPORTS = {
 }
 __all__ = ["__version__", *_EXPORTS]
 
-if TYPE_CHECKING:
-    from beam_hpc.config.recipe import Recipe, load_recipe
-    from beam_hpc.config.site import Site, load_site
-    from beam_hpc.plan.plan import Plan, make_plan
-    from beam_hpc.submission.request import SubmitRequest
-    from beam_hpc.submission.submit import Submission, submit
+if TYPE_CHECKING:  # the lazy exports above, for type checkers (F401: used through __all__)
+    from beam_hpc.config.recipe import Recipe, load_recipe  # noqa: F401
+    from beam_hpc.config.site import Site, load_site  # noqa: F401
+    from beam_hpc.plan.plan import Plan, make_plan  # noqa: F401
+    from beam_hpc.submission.request import SubmitRequest  # noqa: F401
+    from beam_hpc.submission.submit import Submission, submit  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -68,7 +68,7 @@ class Progress:
         self._last_logged_step = -1
         self._closed = False
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -124,7 +124,7 @@ def text_table(headers: list[str], rows: list[list[str]]) -> str:
     """Plain left-aligned columns (status, doctor): readable in a terminal and in a log alike."""
     cells = [headers] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells)
 
 
 def track(items: Iterable[T], label: str, total: int | None = None, **kwargs: object) -> Iterator[T]:

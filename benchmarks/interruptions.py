@@ -62,12 +62,8 @@ from reference_harness import SMALL, TinyAssets, build_tiny_assets
 from run_watch import poll_until
 from slurm_cluster import LocalSlurmCluster
 
-from beam_hpc.run import checkpoint_layout
-
-from beam_hpc.run import ledger
-
-from beam_hpc.run import metric_names
 from beam_hpc.plan.plan import Plan
+from beam_hpc.run import checkpoint_layout, ledger, metric_names
 
 INTERVAL = 20  # Miles's default --save-interval
 WALLTIME, LEAD_S = "00:02:00", 60

@@ -23,11 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
+from miles_facts import QWEN3_30B_A3B  # noqa: E402
+
 from beam_hpc.backends.miles import preflight  # noqa: E402
 from beam_hpc.config.recipe import load_recipe  # noqa: E402
 from beam_hpc.config.site import Site  # noqa: E402
 from beam_hpc.plan.plan import make_plan  # noqa: E402
-from miles_facts import QWEN3_30B_A3B  # noqa: E402
 
 CASES = {
     "colocated (as shipped)": ("colocated", []),

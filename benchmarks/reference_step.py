@@ -106,9 +106,9 @@ def prepare_assets(work: Path) -> tuple[Path, Path]:
 
 
 def run_mode(work: Path, mode: str, num_rollout: int, data: Path, model: Path, extra: list[str]) -> dict:
-    from beam_hpc.plan.plan import make_plan
     from beam_hpc.config.recipe import load_recipe
     from beam_hpc.config.site import Site
+    from beam_hpc.plan.plan import make_plan
     from beam_hpc.run import metric_names
 
     run_dir = work / f"run-{mode}"
@@ -349,7 +349,7 @@ def compare_cpu(args: argparse.Namespace, data: Path, model_path: Path) -> Compa
     def boxed_reward(completions: list[str], completion_ids: list[list[int]], label: list[str], **kw: Any) -> list[float]:
         return [score_response(text, lab, len(ids), max_response_tokens=w.max_new, buffer_tokens=r.reward.overlong_buffer,
                                factor=r.reward.overlong_factor, apply_penalty=True).reward
-                for text, ids, lab in zip(completions, completion_ids, label)]
+                for text, ids, lab in zip(completions, completion_ids, label, strict=False)]
 
     def trl_side() -> None:
         c.say("TRL")

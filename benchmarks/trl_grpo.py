@@ -202,7 +202,7 @@ def run_trl(
     n_prompts = w.prompts_per_step * w.steps
     if len(w.prompt_texts) < n_prompts:
         raise ValueError(f"workload: {len(w.prompt_texts)} prompts, {n_prompts} needed ({w.steps} steps x {w.prompts_per_step})")
-    for text, ids in zip(w.prompt_texts[:n_prompts], w.prompt_ids[:n_prompts]):
+    for text, ids in zip(w.prompt_texts[:n_prompts], w.prompt_ids[:n_prompts], strict=False):
         got = tokenizer(text=[text])["input_ids"][0]
         if list(got) != list(ids):
             raise ValueError(f"TRL would tokenize a prompt to {list(got)[:8]}..., the reference uses {list(ids)[:8]}...")

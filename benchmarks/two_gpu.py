@@ -411,7 +411,7 @@ class Pair:
     where: dict[str, Any]
 
     @classmethod
-    def start(cls, s: Settings, placement: str, transports: list[str], timeout_s: float = 600.0) -> "Pair":
+    def start(cls, s: Settings, placement: str, transports: list[str], timeout_s: float = 600.0) -> Pair:
         import ray
 
         from beam_hpc.backends.reference.weight_sync import Rendezvous, backend_for
@@ -424,7 +424,7 @@ class Pair:
         pair = cls(placement, t.remote(s, device), r.remote(s, device), {})
         try:
             where = ray.get([pair.trainer.where.remote(), pair.rollout.where.remote()], timeout=timeout_s)
-            pair.where = dict(zip(("trainer", "rollout"), where))
+            pair.where = dict(zip(("trainer", "rollout"), where, strict=False))
             for kind in transports:
                 rv = None
                 if kind == "nccl":
@@ -976,17 +976,17 @@ def main(argv: list[str] | None = None) -> int:
         s = settings_from(args, shape)
         print(f"== {shape}: {s.prompts} x {s.responses} samples, {s.max_new} new tokens, {gpus} GPU(s)", flush=True)
         if "colocated" in modes:
-            bench.guarded(lambda: bench.colocated(s, device), Row("colocated", device, shape))
+            bench.guarded(lambda s=s: bench.colocated(s, device), Row("colocated", device, shape))
         if "pair" in modes:
             if ray is None:
                 bench.rows.append(Row("in-turn/1", PLACEMENT_LABEL["shared"], shape, note="not run: Ray not installed"))
             elif gpus == 1:
-                bench.guarded(lambda: bench.pair_modes(s, "shared", "object_store"), Row("(pair)", PLACEMENT_LABEL["shared"], shape))
+                bench.guarded(lambda s=s: bench.pair_modes(s, "shared", "object_store"), Row("(pair)", PLACEMENT_LABEL["shared"], shape))
                 bench.rows += [Row(m, PLACEMENT_LABEL["dedicated"], shape, note=NOT_TWO) for m in ("in-turn", "async")]
                 bench.sync_rows.append(SyncRow("nccl", "dedicated", shape, note=NOT_TWO))
             else:
                 placement = "cpu" if gpus == 0 else "dedicated"
-                bench.guarded(lambda: bench.pair_modes(s, placement, args.transport), Row("(pair)", PLACEMENT_LABEL[placement], shape))
+                bench.guarded(lambda s=s, placement=placement: bench.pair_modes(s, placement, args.transport), Row("(pair)", PLACEMENT_LABEL[placement], shape))
     out = bench.report()
     print(out.read_text(), flush=True)
     bench.busy.close()

@@ -6,7 +6,6 @@ import os
 from collections.abc import Iterator
 
 import pytest
-
 from slurm_cluster import LocalSlurmCluster, SlurmClusterError
 
 # -- local Slurm cluster ---------------------------------------------------------------------

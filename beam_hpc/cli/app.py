@@ -12,8 +12,9 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import NoReturn
 
 from beam_hpc import __version__
 from beam_hpc.errors import EXIT_FAILURE, BeamError, InputError, shorten
@@ -34,7 +35,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with beam-hpc's rule for bad input: one line (no usage block), the value
     shortened, exit 2. Subcommand parsers are of the same class (argparse makes them so)."""
 
-    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
         if len(message) > 300:
             message = f"{message[:300]}... ({len(message)} characters)"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -8,11 +8,11 @@ Exit codes: 0 fine, 1 a check failed or nothing to show, 2 bad input (a path or 
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError, shorten
-
 import argparse
 import json
 import sys
+
+from beam_hpc.errors import InputError, shorten
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -10,8 +10,6 @@ them into an exit code.
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
-
 import argparse
 import os
 import tempfile

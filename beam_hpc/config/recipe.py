@@ -10,14 +10,13 @@ This module imports no Slurm, Ray, submitit or torch code (DESIGN.md: dependenci
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError, shorten
-
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from beam_hpc.config.strict_yaml import parse_yaml_value, read_yaml_mapping
+from beam_hpc.errors import InputError, shorten
 
 Backend = Literal["miles", "reference"]
 OffloadTarget = Literal["nvme", "cpu", "none"]
@@ -281,7 +280,7 @@ class Recipe(_Strict):
     backend_options: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Recipe":
+    def _consistent(self) -> Recipe:
         t, topo = self.training, self.topology
         if t.colocated:
             if topo.rollout is not None:

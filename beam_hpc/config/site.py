@@ -7,8 +7,6 @@ Imports no Slurm, Ray or torch code.
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError, shorten
-
 import sys
 from pathlib import Path
 from typing import Literal
@@ -17,6 +15,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from beam_hpc.config.recipe import _format_errors, _Strict, load_yaml
 from beam_hpc.config.slurm_size import SIZE_HINT, parse_mib
+from beam_hpc.errors import InputError, shorten
 
 Runtime = Literal["apptainer", "host"]
 TMP_NONE = "none"  # site ``tmp: none``: no --tmp in any request
@@ -126,7 +125,7 @@ class Site(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Site":
+    def _consistent(self) -> Site:
         if self.container.runtime == "apptainer" and not self.container.image:
             raise ValueError(
                 "container.image: the apptainer runtime needs the .sif path; build it with "

@@ -125,7 +125,7 @@ def _same_sources(recorded: object, sources: list[Source]) -> bool:
 
     if not isinstance(recorded, list) or len(recorded) != len(sources):
         return False
-    return all(isinstance(r, dict) and content(r) == content(s.describe) for r, s in zip(recorded, sources))
+    return all(isinstance(r, dict) and content(r) == content(s.describe) for r, s in zip(recorded, sources, strict=False))
 
 
 def _prepare_file(

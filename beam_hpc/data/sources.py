@@ -54,7 +54,7 @@ class Source:
 
 def _columns_to_rows(columns: dict[str, list[Any]]) -> list[dict[str, Any]]:
     names = list(columns)
-    return [dict(zip(names, values)) for values in zip(*(columns[n] for n in names))]
+    return [dict(zip(names, values, strict=False)) for values in zip(*(columns[n] for n in names), strict=False)]
 
 
 def local_source(path: Path) -> Source:

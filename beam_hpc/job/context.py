@@ -75,7 +75,7 @@ class JobContext:
         return f"{self.job_id}-{self.restart}"
 
     @classmethod
-    def from_slurm(cls, plan: Plan, env: Mapping[str, str] | None = None) -> "JobContext":
+    def from_slurm(cls, plan: Plan, env: Mapping[str, str] | None = None) -> JobContext:
         slurm = SlurmEnvironment(dict(os.environ if env is None else env))
         job_id = slurm.job_id
         if not job_id:
@@ -95,7 +95,7 @@ class JobContext:
         return cls(job_id, int(job_id), slurm.restart_count, comps, lists)
 
     @classmethod
-    def local(cls, plan: Plan) -> "JobContext":
+    def local(cls, plan: Plan) -> JobContext:
         pid = os.getpid()
         return cls(f"l{pid}", pid, 0, {g.name: "" for g in plan.groups},
                    {g.name: [f"local-{g.name}-{i}" for i in range(g.nodes)] for g in plan.groups})

@@ -25,9 +25,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from beam_hpc.node.ray_node import ClusterRuntime
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
-from beam_hpc.node.ray_node import ClusterRuntime
 from beam_hpc.run.files import write_json_atomic
 
 log = logging.getLogger("beam_hpc.job.readiness")

@@ -305,7 +305,7 @@ class JobRunner:
         values = self._placeholder_values()
         return [fill(a, **values) for a in self.driver_template]
 
-    def run_driver(self, on_tick: Callable[["JobRunner"], None] | None = None) -> int:
+    def run_driver(self, on_tick: Callable[[JobRunner], None] | None = None) -> int:
         """Run the driver to its end; fail fast if a node step dies or a stop is requested."""
         argv, env = self._ray_process(self.driver_argv())
         log.info("driver: %s", " ".join(argv))

@@ -45,21 +45,18 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from beam_hpc.run import checkpoint_layout
-
-from beam_hpc.run import ledger
-
+from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.lifecycle import actions, cancel, exclusions, quarantine, save
 from beam_hpc.lifecycle.decide import Action, Decision, Outcome, decide
 from beam_hpc.lifecycle.segment_metrics import metrics_offset, segment_metrics
 from beam_hpc.lifecycle.watchdog import Interrupt, Watchdog
-from beam_hpc.slurm.client import JobInfo, SlurmUnavailable, show_job
-from beam_hpc.slurm.environment import SlurmEnvironment
 from beam_hpc.plan.plan import Plan, compute_lead_s, load_plan
 from beam_hpc.plan.segment_args import SegmentArgs
-from beam_hpc.errors import InputError, RuntimeFailure
+from beam_hpc.run import checkpoint_layout, ledger
 from beam_hpc.run.identity import IdentityError, record_identity
 from beam_hpc.run.lock import Holder, RunLockError, acquire, release
+from beam_hpc.slurm.client import JobInfo, SlurmUnavailable, show_job
+from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = logging.getLogger("beam_hpc.job.segment")
 

@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
-from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.run.files import write_json_atomic
 
 log = logging.getLogger("beam_hpc.job.smoke")

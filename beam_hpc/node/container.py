@@ -2,7 +2,7 @@
 
 The Apptainer binary cannot be installed on the machines where this project is developed and
 tested, so this is the only place that knows Apptainer's command line, and it is tested against a
-written contract of Apptainer's documented behaviour (tests/test_container.py):
+written contract of Apptainer's documented behaviour (tests/node/test_container.py):
 
 - ``apptainer exec [options] IMAGE COMMAND ARGS...`` runs COMMAND inside IMAGE;
 - ``--nv`` binds the NVIDIA driver libraries and devices into the container;

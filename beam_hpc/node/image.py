@@ -10,12 +10,10 @@
 - ``verify``: import and version-check the stack the recipe needs; the image's ``%test`` runs it.
 
 The Apptainer binary cannot be installed where this project is tested: ``build`` is tested up to
-the command line it runs and the clear error when the binary is missing (tests/test_apptainer_def.py).
+the command line it runs and the clear error when the binary is missing (tests/node/test_apptainer_def.py).
 """
 
 from __future__ import annotations
-
-from beam_hpc.errors import InputError, RuntimeFailure, shorten
 
 import hashlib
 import importlib
@@ -29,6 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from beam_hpc.errors import InputError, RuntimeFailure, shorten
 from beam_hpc.run import files
 from beam_hpc.run.files import atomic_path, locked, write_atomic
 

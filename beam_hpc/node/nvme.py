@@ -21,8 +21,6 @@ marker names another segment.
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
-
 import contextlib
 import logging
 import os
@@ -32,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from beam_hpc.errors import RuntimeFailure
 from beam_hpc.run.files import locked, write_atomic
 
 log = logging.getLogger(__name__)

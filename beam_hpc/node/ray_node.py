@@ -24,8 +24,6 @@ This module imports no Ray code: it only builds command lines and checks the nod
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
-
 import contextlib
 import json
 import os
@@ -37,11 +35,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from beam_hpc.run.files import write_atomic, write_json_atomic  # write_json_atomic: re-exported
+from beam_hpc.config.site import NetworkSpec, RayPortSpec
+from beam_hpc.errors import RuntimeFailure
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.ports import RAY_PORT_KINDS, band_port, highest_port
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
-from beam_hpc.config.site import NetworkSpec, RayPortSpec
+from beam_hpc.run.files import write_atomic, write_json_atomic  # write_json_atomic: re-exported
 
 PORT_KINDS = RAY_PORT_KINDS  # the port bands: beam_hpc.plan.ports
 LOOPBACK_FIRST_HOST = 10  # node i of a loopback simulation is 127.0.0.(10 + i)
@@ -60,7 +59,7 @@ CLEARED_PREFIXES = ("SLURM_", "SLURMD_", "PMI_", "PMIX_", "OMPI_", "MPI_", "I_MP
 CLEARED_NAMES = frozenset({"PMI_RANK", "PMI_SIZE", "RAY_ADDRESS", "RAY_AUTH_TOKEN"})
 # FOR TESTS ONLY: node indices (comma-separated) whose `ray start` is replaced by a process that
 # never starts Ray, the way a node hangs on a stuck filesystem or network. It lets the readiness
-# deadline be tested on a real job (tests/test_job_local.py); nothing in beam-hpc sets it.
+# deadline be tested on a real job (tests/job/test_job_local.py); nothing in beam-hpc sets it.
 TEST_HANG_RAY_START_VAR = "BEAM_TEST_HANG_RAY_START"
 
 
@@ -433,6 +432,6 @@ class ClusterRuntime:
         return self.path
 
     @classmethod
-    def load(cls, path: str | Path) -> "ClusterRuntime":
+    def load(cls, path: str | Path) -> ClusterRuntime:
         return cls(**json.loads(Path(path).read_text()))
 

@@ -23,9 +23,6 @@ signal), and the next segment's staging purges what was left on disk.
 
 from __future__ import annotations
 
-from beam_hpc.slurm.environment import SlurmEnvironment
-from beam_hpc.errors import RuntimeFailure
-
 import argparse
 import logging
 import os
@@ -41,10 +38,10 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from beam_hpc.config.site import Site
+from beam_hpc.errors import RuntimeFailure
 from beam_hpc.node import jit_cache, nvme
 from beam_hpc.node.container import container_command
-from beam_hpc.plan.paths import SegmentPaths
-from beam_hpc.plan.plan import GroupPlan, Plan, fill
 from beam_hpc.node.ray_node import (
     GB,
     ClusterRuntime,
@@ -64,7 +61,9 @@ from beam_hpc.node.ray_node import (
     temp_dir_for,
     write_json_atomic,
 )
-from beam_hpc.config.site import Site
+from beam_hpc.plan.paths import SegmentPaths
+from beam_hpc.plan.plan import GroupPlan, Plan, fill
+from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = logging.getLogger("beam_hpc.node.step")
 
@@ -79,7 +78,7 @@ RAY_LOG_COPY_MAX_BYTES = 5_000_000  # per file, when copying Ray's logs of a fai
 # its node name into it, atomically) and fails; later node steps fail only on the node named there.
 # So exactly one node of the cluster goes bad, whichever the first allocation got, the way a node
 # with a broken disk or GPU does: the failed-node exclusion is tested on a real chain with it
-# (tests/test_lifecycle_slurm.py). Nothing in beam-hpc sets it.
+# (tests/lifecycle/test_lifecycle_slurm.py). Nothing in beam-hpc sets it.
 TEST_BAD_NODE_FILE_VAR = "BEAM_TEST_BAD_NODE_FILE"
 
 

@@ -78,7 +78,7 @@ def _last_line(res: subprocess.CompletedProcess) -> str:
 
 
 # -- login node --------------------------------------------------------------------------------
-def login_checks(site: Site, *, output_dir: str | None = None, recipe: "Recipe | None" = None) -> list[Check]:
+def login_checks(site: Site, *, output_dir: str | None = None, recipe: Recipe | None = None) -> list[Check]:
     """Checks that need no allocation. ``site.python`` must already be resolved ("auto" is the
     submitting interpreter, beam_hpc.submission.submit.build_site). ``recipe``: judge the trainer
     partition's TmpDisk against that recipe's ``--tmp`` (else the site's ``tmp``)."""
@@ -101,7 +101,7 @@ def _partitions(site: Site) -> list[tuple[str, str | None]]:
     return [("+".join(groups), part) for part, groups in out.items()]
 
 
-def _slurm_checks(site: Site, recipe: "Recipe | None") -> list[Check]:
+def _slurm_checks(site: Site, recipe: Recipe | None) -> list[Check]:
     missing = [c for c in SLURM_COMMANDS if shutil.which(c) is None]
     if missing:
         return [Check("slurm commands", "fail", f"not on PATH: {', '.join(missing)}",
@@ -123,7 +123,7 @@ def _slurm_checks(site: Site, recipe: "Recipe | None") -> list[Check]:
     return checks
 
 
-def tmp_disk_check(site: Site, recipe: "Recipe | None" = None) -> Check:
+def tmp_disk_check(site: Site, recipe: Recipe | None = None) -> Check:
     """What the trainer partition's nodes declare as TmpDisk, judged as ``submit`` judges it
     (beam_hpc.plan.local_disk): the same answer, the same reason, before anything is submitted."""
     part = site.partitions.for_group("trainer")
@@ -144,7 +144,7 @@ def tmp_disk_check(site: Site, recipe: "Recipe | None" = None) -> Check:
     return tmp_disk_verdict(site, recipe, answer)
 
 
-def tmp_disk_verdict(site: Site, recipe: "Recipe | None", answer: TmpDisk) -> Check:
+def tmp_disk_verdict(site: Site, recipe: Recipe | None, answer: TmpDisk) -> Check:
     """:func:`tmp_disk_check` once Slurm has answered (pure: the answer is data)."""
     label = f"tmp disk {answer.partition}"
     sizes: dict[int, int] = {}
@@ -306,7 +306,7 @@ def in_job_checks(site: Site, *, nodes: int = 1, canary_root: str | Path | None 
     checks: list[Check] = []
     try:
         targets = [("allocation", None)] if inside else _partitions(site)
-        for groups, part in targets:
+        for _groups, part in targets:
             if part in skip_partitions:
                 checks.append(Check(f"nodes of {part}", "skip", "its partition check failed"))
                 continue
@@ -316,7 +316,7 @@ def in_job_checks(site: Site, *, nodes: int = 1, canary_root: str | Path | None 
     return checks
 
 
-def miles_parser_check(site: Site, recipe: "Recipe") -> Check:
+def miles_parser_check(site: Site, recipe: Recipe) -> Check:
     """The image's own Miles parses the recipe's driver command (backends.miles.preflight): the
     same check the job makes on the head node before Ray starts, made here through the image."""
     from beam_hpc.backends.miles import preflight
@@ -339,7 +339,7 @@ def miles_parser_check(site: Site, recipe: "Recipe") -> Check:
 
 
 def run_doctor(site: Site, *, in_job: bool = False, nodes: int = 1, output_dir: str | None = None,
-               scratch_gb: float | None = None, wait_s: int = 300, recipe: "Recipe | None" = None) -> list[Check]:
+               scratch_gb: float | None = None, wait_s: int = 300, recipe: Recipe | None = None) -> list[Check]:
     """All of `beam-hpc doctor`: the login checks, then (``in_job``) the node checks of every
     partition whose login check passed, the canary living in ``output_dir`` (else the cwd).
     With ``recipe``, also the image's Miles parsing that recipe's driver command."""

@@ -17,16 +17,15 @@ count of one job, resubmissions get a higher job id.
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError, shorten
-
 import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from beam_hpc.plan import paths as run_paths
-from beam_hpc.plan.paths import DRIVER_LOG, RunPaths  # DRIVER_LOG re-exported
+from beam_hpc.errors import InputError, shorten
 from beam_hpc.observe.run_dir import check_run_dir
+from beam_hpc.plan import paths as run_paths
+from beam_hpc.plan.paths import RunPaths
 
 GROUPS = ("trainer", "rollout")
 # A Slurm segment's directory (plan.paths.SEGMENT_DIR_RE: <jobid>-<restart>) or a local one, made by

@@ -261,7 +261,7 @@ def _eval(scalars: Scalars, plan: dict[str, Any] | None) -> dict[str, Any]:
 def _latest(scalars: Scalars, *tags: str, names: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {n: None for n in names}
     out["rollout"] = None
-    for tag, name in zip(tags, names):
+    for tag, name in zip(tags, names, strict=False):
         pt = scalars.last(tag)
         if pt is not None:
             out[name] = pt.value

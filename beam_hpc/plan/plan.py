@@ -121,7 +121,7 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
         """A Plan from plan.json's mapping; the recipe and site are validated again, so a plan
         edited by hand into something invalid is refused here, naming the field."""
         if d.get("version") != PLAN_VERSION:
@@ -134,12 +134,12 @@ class Plan:
         d["driver_argv"] = tuple(d["driver_argv"])
         return cls(**d)
 
-    def with_num_rollout(self, n: int) -> "Plan":
+    def with_num_rollout(self, n: int) -> Plan:
         """The same plan with another total ``num_rollout`` (the seed lets a resume change it)."""
         return replace(self, recipe=self.recipe.model_copy(update={"num_rollout": n}))
 
     @classmethod
-    def load(cls, path: str | Path) -> "Plan":
+    def load(cls, path: str | Path) -> Plan:
         p = Path(path)
         if p.is_dir():
             p = p / PLAN_FILE

@@ -38,6 +38,6 @@ class SegmentArgs:
             out += ["--num-rollout", str(self.num_rollout)]
         return out + (["--smoke"] if self.smoke else [])
 
-    def with_resume(self, resume: bool) -> "SegmentArgs":
+    def with_resume(self, resume: bool) -> SegmentArgs:
         """The same arguments for the next segment of a chain (resume when a checkpoint exists)."""
         return SegmentArgs(resume=resume, num_rollout=self.num_rollout, smoke=self.smoke)

@@ -63,8 +63,8 @@ def extract_boxed(text: str) -> str | None:
     empty one gives None: the model's final answer is then unknown, and an earlier box is a draft.
     """
     last = None
-    for last in _BOX_RE.finditer(text):
-        pass
+    for match in _BOX_RE.finditer(text):
+        last = match
     if last is None:
         return None
     i = last.end()
@@ -250,7 +250,7 @@ def fast_verdict(answer: str, label: str) -> bool | None:
     if a_seq is not None and l_seq is not None:
         if len(a_seq[1]) != len(l_seq[1]) or (a_seq[0], a_seq[2]) != (l_seq[0], l_seq[2]):
             return False
-        verdicts = [fast_verdict(a, b) for a, b in zip(a_seq[1], l_seq[1])]
+        verdicts = [fast_verdict(a, b) for a, b in zip(a_seq[1], l_seq[1], strict=False)]
         if False in verdicts:
             return False
         return True if all(verdicts) else None

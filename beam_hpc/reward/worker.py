@@ -16,8 +16,6 @@ once its imports are warm, then answers each ``{"a": answer, "b": label, "t": se
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
-
 import atexit
 import json
 import logging
@@ -28,6 +26,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from beam_hpc.errors import RuntimeFailure
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import hashlib
+import json
 import os
 import shutil
 import time

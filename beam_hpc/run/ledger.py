@@ -14,14 +14,14 @@ id, so the restart count is what tells its segments apart.
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError, shorten
-
 import json
 import math
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from beam_hpc.errors import InputError, shorten
 
 REASONS = ("completed", "walltime", "preempted", "node-failure", "error", "cancelled")
 ACTIONS = ("resubmit", "requeue", "none")

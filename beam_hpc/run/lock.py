@@ -18,8 +18,6 @@ created atomically, so two starters cannot both win.
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
-
 import contextlib
 import json
 import os
@@ -29,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from beam_hpc.slurm.client import JobInfo, JobState, SlurmUnavailable, show_job
+from beam_hpc.errors import RuntimeFailure
 from beam_hpc.run.files import locked, write_atomic
+from beam_hpc.slurm.client import JobInfo, JobState, SlurmUnavailable, show_job
 
 
 class RunLockError(RuntimeFailure):

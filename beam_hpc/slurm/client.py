@@ -90,7 +90,7 @@ class JobState(StrEnum):
     UNKNOWN = "UNKNOWN"
 
     @classmethod
-    def _missing_(cls, value: object) -> "JobState | None":
+    def _missing_(cls, value: object) -> JobState | None:
         if not isinstance(value, str):
             return None
         text = value.strip()

@@ -31,7 +31,7 @@ class SlurmEnvironment:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
     @classmethod
-    def current(cls) -> "SlurmEnvironment":
+    def current(cls) -> SlurmEnvironment:
         return cls(dict(os.environ))
 
     def _get(self, name: str) -> str | None:

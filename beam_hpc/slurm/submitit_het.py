@@ -120,7 +120,7 @@ def _task_path(template: Path) -> str:
     return "".join(parts)
 
 
-def make_het_sbatch_text(command: str, folder: tp.Union[str, Path],
+def make_het_sbatch_text(command: str, folder: str | Path,
                          parameters: dict[str, tp.Any]) -> str:
     """The sbatch script for `parameters` (SlurmExecutor's, plus `het_components`).
 
@@ -173,7 +173,7 @@ def make_het_sbatch_text(command: str, folder: tp.Union[str, Path],
     return "\n".join(lines[:end] + extra + lines[end:])
 
 
-def _result_outcome(result_pickle: Path) -> tp.Optional[str]:
+def _result_outcome(result_pickle: Path) -> str | None:
     """'success' or 'error' from a submitit result pickle, read without unpickling the result
     (which may need the job's own modules); None when absent or unreadable."""
     try:
@@ -217,7 +217,7 @@ class HetSlurmInfoWatcher(core.InfoWatcher):
     def register_result_pickle(self, job_id: str, path: Path) -> None:
         self._result_pickles[job_id] = path
 
-    def _make_command(self) -> tp.Optional[list[str]]:
+    def _make_command(self) -> list[str] | None:
         if not self._registered - self._finished:
             return None
         # No --jobs: squeue fails outright when any listed id is already purged.
@@ -230,7 +230,7 @@ class HetSlurmInfoWatcher(core.InfoWatcher):
     def get_state(self, job_id: str, mode: str = "standard") -> str:
         return self.get_info(job_id, mode=mode).get("State") or JobState.UNKNOWN.value
 
-    def read_info(self, string: tp.Union[bytes, str]) -> dict[str, dict[str, str]]:
+    def read_info(self, string: bytes | str) -> dict[str, dict[str, str]]:
         if isinstance(string, bytes):
             string = string.decode()
         rows: dict[str, list[tuple[str, str]]] = {}

@@ -21,7 +21,6 @@ from beam_hpc.plan.segment_args import SegmentArgs
 from beam_hpc.slurm.script import render_script
 
 
-
 class Via(str, enum.Enum):
     """How a request is scheduled."""
 

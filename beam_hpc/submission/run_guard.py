@@ -10,11 +10,9 @@ the same check a segment makes in the job.
 
 from __future__ import annotations
 
-
-
-from beam_hpc.run.resume import check_resume  # noqa: F401 (the seed's rules; re-exported)
-from beam_hpc.plan.paths import RunPaths
 from beam_hpc.config.recipe import Recipe
+from beam_hpc.plan.paths import RunPaths
+from beam_hpc.run.resume import check_resume  # noqa: F401 (the seed's rules; re-exported)
 
 
 def check_run_dir(output_dir: str) -> None:

@@ -26,8 +26,8 @@ from beam_hpc.run import accounting, checkpoint_layout, ledger
 from beam_hpc.run.accounting import Estimate
 from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.script import extra_parameters
-from beam_hpc.submission.request import SubmitRequest, Via
 from beam_hpc.submission import tmp_disk
+from beam_hpc.submission.request import SubmitRequest, Via
 from beam_hpc.submission.run_guard import check_before_submit, check_resume, check_run_dir
 
 

@@ -15,7 +15,7 @@ The site reaches this job as it reaches the rendered script, through submitit's 
 rather than by editing its text: :func:`beam_hpc.slurm.script.site_lines` (environment, setup,
 module loads) as ``setup``, the site's ``sbatch_extra`` as ``additional_parameters`` of every
 component, and the site's ``python`` runs submitit's task. :func:`submission_text` is the exact
-script the executor submits (``--dry-run`` prints it; tests/golden/ holds the seed recipes').
+script the executor submits (``--dry-run`` prints it; tests/submission/golden/ holds the seed recipes').
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ and after). The kinds: damaged ledger lines (skipped with a warning naming file 
 plan.json / checkpoint pointer / identity record (exit 2 naming the file and the repair), resume
 rules refused by ``submit --dry-run`` and ``execute --resume`` before anything is written, wrong
 paths for status, plot, logs, cancel, image and prepare, argparse misuse, overrides and recipe
-files (more of those in tests/test_config_input.py); plus valid controls.
+files (more of those in tests/config/test_config_input.py); plus valid controls.
 
 Fast: no Slurm and no Ray. ``submit`` runs with ``--dry-run``, or ``--via sbatch`` with an
 ``sbatch`` on PATH that records being called (the test then fails: nothing may be submitted);
@@ -22,9 +22,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml
@@ -32,7 +32,7 @@ import yaml
 from beam_hpc.cli.app import main
 from beam_hpc.plan.plan import make_plan
 from beam_hpc.run import checkpoint_layout, ledger, metric_names
-from beam_hpc.run.identity import identity_path, record_identity
+from beam_hpc.run.identity import record_identity
 from beam_hpc.submission.submit import build_recipe, build_site
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -416,7 +416,7 @@ CASES += [
     Case("huge flag value shortened", cli("logs", "{run}", "--lines", "9" * 5_000_000 + "x"), 2, ["--lines", "characters"]),
 ]
 
-# Overrides and recipe files through render (the full set is in tests/test_config_input.py).
+# Overrides and recipe files through render (the full set is in tests/config/test_config_input.py).
 CASES += [
     Case("--set =5 names the override", render("--set", "=5"), 2, ["'=5'"]),
     Case("--set without =", render("--set", "num_rollout"), 2, ["num_rollout"]),

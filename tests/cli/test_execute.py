@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.run import checkpoint_layout
 from beam_hpc.cli.app import main
+from beam_hpc.run import checkpoint_layout
 from beam_hpc.run.ledger import read_ledger
 
 REPO = Path(__file__).resolve().parents[2]

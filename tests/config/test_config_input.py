@@ -10,16 +10,17 @@ Slurm times quoted or not, sane anchors, the shipped recipes and sites.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from beam_hpc.cli.app import main
+from beam_hpc.config import strict_yaml
 from beam_hpc.config.recipe import apply_overrides, load_recipe, load_yaml, recipe_from_dict
 from beam_hpc.config.site import find_site, load_site, site_from_dict
 from beam_hpc.config.slurm_size import parse_mib
-from beam_hpc.config import strict_yaml
 from beam_hpc.config.strict_yaml import MAX_BYTES, parse_yaml_value
 from beam_hpc.errors import InputError
 

@@ -18,8 +18,8 @@ import pytest
 from beam_hpc.data import convert
 from beam_hpc.data.convert import PrepareError, clean_aime_answer
 from beam_hpc.data.prepare import EVAL_FILE, MANIFEST_FILE, TRAIN_FILE, prepare
-from beam_hpc.reward.scoring import score_response
 from beam_hpc.data.tiny import PREPARED_EVAL_NAME, write_tiny_sources
+from beam_hpc.reward.scoring import score_response
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "support" / "fixtures"
 DAPO_PARQUET = FIXTURES / "dapo-math-17k-sample.parquet"

@@ -22,9 +22,12 @@ from glob import glob
 from pathlib import Path
 
 import pytest
+from job_plans import make_test_plan
 from run_watch import gone
 
 from beam_hpc.cli import app as cli
+from beam_hpc.config.site import RayPortSpec, site_from_dict, with_existing_ray
+from beam_hpc.errors import InputError
 from beam_hpc.job.runner import run_local, smoke_driver_argv
 from beam_hpc.node.ray_node import (
     LOOPBACK_MAX_NODES,
@@ -40,9 +43,6 @@ from beam_hpc.node.ray_node import (
     temp_dir_for,
     write_token,
 )
-from beam_hpc.errors import InputError
-from beam_hpc.config.site import RayPortSpec, site_from_dict, with_existing_ray
-from job_plans import make_test_plan
 
 # Ports below the ephemeral range and above the bands of env/local.yaml (21000-28999) and its
 # weight-sync band (29000-29999), which concurrent job tests use.
@@ -161,7 +161,7 @@ def test_job_uses_the_sites_cluster_names_a_lacking_group_and_leaves_it_running(
     assert site_cluster.token.read_text() == token_text
     assert all(Path(d).is_dir() for d in site_cluster.temp_dirs)
     for p in (lacking, plan):
-        assert gone(lambda: tagged_pids(f"{p.run_id}.l{os.getpid()}.0")) == []  # run_local's job tag
+        assert gone(lambda p=p: tagged_pids(f"{p.run_id}.l{os.getpid()}.0")) == []  # run_local's job tag
         assert not Path(p.output_dir, ".ray-auth").exists()  # the job made no token of its own
     assert gone(lambda: glob(f"/tmp/beam-l{os.getpid()}.0-*")) == []
 

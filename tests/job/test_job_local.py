@@ -7,19 +7,19 @@ image copy across two segments (through the stand-in)."""
 from __future__ import annotations
 
 import json
-import tarfile
 import os
 import sys
+import tarfile
 from glob import glob
 from pathlib import Path
 
 import pytest
+from fake_apptainer import install_fake_apptainer
+from job_plans import make_test_plan
 from run_watch import gone
 
 from beam_hpc.job.runner import run_local, smoke_driver_argv
 from beam_hpc.node.ray_node import TEST_HANG_RAY_START_VAR, tagged_pids
-from fake_apptainer import install_fake_apptainer
-from job_plans import make_test_plan
 
 
 @pytest.mark.ray

@@ -22,10 +22,10 @@ from glob import glob
 from pathlib import Path
 
 import pytest
-
-from beam_hpc.plan.plan import Plan
-from beam_hpc.node.ray_node import tagged_pids
 from job_plans import batch_script, hold_driver, make_test_plan
+
+from beam_hpc.node.ray_node import tagged_pids
+from beam_hpc.plan.plan import Plan
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.slow]
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 
-from beam_hpc.node.ray_node import ClusterRuntime, write_json_atomic
-from beam_hpc.job.readiness import Expected, evaluate, lacking_in_existing, missing_nodes
 from job_plans import make_test_plan
+
+from beam_hpc.job.readiness import Expected, evaluate, lacking_in_existing, missing_nodes
+from beam_hpc.node.ray_node import ClusterRuntime, write_json_atomic
 
 EXPECTED = [Expected("trainer", 2, 4), Expected("rollout", 1, 2)]
 

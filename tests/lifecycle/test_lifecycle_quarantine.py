@@ -1,6 +1,6 @@
 """The site's node quarantine (beam_hpc.lifecycle.quarantine) and `beam-hpc nodes`: real files,
 real flock between real processes. The cross-run Slurm test (run A's bad node left out of run B's
-first job) extends tests/test_lifecycle_slurm.py's failed-node chain."""
+first job) extends tests/lifecycle/test_lifecycle_slurm.py's failed-node chain."""
 
 from __future__ import annotations
 

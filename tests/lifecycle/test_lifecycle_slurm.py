@@ -41,10 +41,8 @@ from reference_harness import make_plan as reference_plan
 from run_watch import chain_finished, diagnostics, segments
 from run_watch import read_text as _read
 
-from beam_hpc.run import checkpoint_layout
-
-from beam_hpc.run import metric_names
 from beam_hpc.plan.plan import Plan
+from beam_hpc.run import checkpoint_layout, metric_names
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e, pytest.mark.slow]
 
@@ -181,7 +179,7 @@ def test_walltime_chain_resubmits_with_resume_until_num_rollout(slurm_cluster, t
     the user then gives the chain a total (cancel + ``submit --resume --num-rollout N``, see
     change_the_total) and that segment completes the run. Nothing is trained twice or skipped.
     (The resubmitted segment itself running with --resume and the total passed on:
-    tests/test_submission_launch_parity.py.)"""
+    tests/submission/test_submission_launch_parity.py.)"""
     run = runs / "walltime"
     plan, first = submit_run(run, tiny_assets, num_rollout=100_000, interval=1000, walltime="00:02:00", lead_s=60)
     second = wait_for("the walltime resubmission",
@@ -280,7 +278,7 @@ def interruption_points(rng: random.Random) -> list[Hit]:
     during = [rng.choice(("rollout", "save")) for _ in actions]
     if len(set(during)) == 1:
         during[rng.randrange(len(during))] = "save" if during[0] == "rollout" else "rollout"
-    return [Hit(a, rng.randint(1, 3), d, round(rng.uniform(0.1, 0.9), 2)) for a, d in zip(actions, during)]
+    return [Hit(a, rng.randint(1, 3), d, round(rng.uniform(0.1, 0.9), 2)) for a, d in zip(actions, during, strict=False)]
 
 
 def _saving(run_dir: Path, driver: int) -> bool:
@@ -364,7 +362,7 @@ def test_three_random_requeues_and_a_killed_driver_lose_at_most_what_was_unsaved
     segs = segments(run)
     print("\n".join(sent) + f"\nrequeued x3 + killed driver ({n} rollouts):\n{timeline(run)}")
     assert len(segs) == len(hits) + 1 and segs[0]["segment"] == f"{first}-0", diagnostics(run)
-    for hit, before, after in zip(hits, segs, segs[1:]):  # each hit's own follow-up
+    for hit, before, after in zip(hits, segs, segs[1:], strict=False):  # each hit's own follow-up
         # resuming whenever a checkpoint exists (a hit during the first save leaves none: a fresh start)
         assert after["start"]["resume"] == (after["start"]["rollouts_at_start"] > 0), diagnostics(run)
         if hit.action == "requeue":  # the same job id, one restart later

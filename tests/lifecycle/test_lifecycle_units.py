@@ -21,11 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.run import checkpoint_layout
-
-from beam_hpc.run import ledger
-
-from beam_hpc.run import metric_names
 from beam_hpc.errors import InputError
 from beam_hpc.lifecycle.actions import resubmit_command
 from beam_hpc.lifecycle.cancel import cancel_run
@@ -33,9 +28,10 @@ from beam_hpc.lifecycle.decide import Action, Outcome, decide
 from beam_hpc.lifecycle.save import save_and_wait
 from beam_hpc.lifecycle.segment_metrics import segment_metrics
 from beam_hpc.lifecycle.watchdog import InterruptKind, Watchdog
-from beam_hpc.slurm.client import JobInfo, JobState, SlurmUnavailable
 from beam_hpc.plan.paths import RunPaths
+from beam_hpc.run import checkpoint_layout, ledger, metric_names
 from beam_hpc.run.lock import Holder, RunLockError, acquire, read_holder, release
+from beam_hpc.slurm.client import JobInfo, JobState, SlurmUnavailable
 
 # -- ledger -------------------------------------------------------------------------------------------
 
@@ -166,7 +162,7 @@ def test_lock_outside_slurm_is_stale_when_its_pid_is_gone(tmp_path: Path) -> Non
 
 
 # -- acting on a decision ------------------------------------------------------------------------------
-# (parsing Slurm's answers: tests/test_slurm_client.py)
+# (parsing Slurm's answers: tests/slurm/test_slurm_client.py)
 
 
 def test_resubmit_command_chains_with_resume() -> None:

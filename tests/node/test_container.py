@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from beam_hpc.node.container import container_command
-from beam_hpc.config.site import Site
 from fake_apptainer import install_fake_apptainer
+
+from beam_hpc.config.site import Site
+from beam_hpc.node.container import container_command
 
 FORBIDDEN = {"--contain", "--containall", "-C", "-c", "--compat", "--cleanenv", "-e"}
 

@@ -1,7 +1,7 @@
 """Warm JIT caches (beam_hpc.node.jit_cache) on real files and real processes: what one node
 compiles reaches the group's other nodes through the run's archive; concurrent saves all land.
 The end-to-end check (a real job's Ray actors on two nodes, through the Apptainer stand-in) is
-tests/test_job_local.py::test_jit_cache_and_image_copy_carry_over_to_another_node."""
+tests/job/test_job_local.py::test_jit_cache_and_image_copy_carry_over_to_another_node."""
 
 from __future__ import annotations
 

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from job_plans import make_test_plan
 
 from beam_hpc.node import nvme
 from beam_hpc.node.ray_node import ClusterRuntime, loopback_ip
-from job_plans import make_test_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 

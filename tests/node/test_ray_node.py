@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from run_watch import gone
 
+from beam_hpc.config.site import NetworkSpec, RayPortSpec, load_site
 from beam_hpc.node.ray_node import (
     LOOPBACK_MAX_NODES,
     PORT_KINDS,
@@ -33,7 +34,6 @@ from beam_hpc.node.ray_node import (
     temp_dir_for,
     write_token,
 )
-from beam_hpc.config.site import NetworkSpec, RayPortSpec, load_site
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_SITE = load_site(ROOT / "env" / "local.yaml")

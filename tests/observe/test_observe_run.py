@@ -30,22 +30,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from beam_hpc.run import checkpoint_layout
-
-from beam_hpc.run import ledger
-
-from beam_hpc.run import metric_names
-
-from beam_hpc.observe import logs as run_logs
 from beam_hpc.cli.app import main
-from beam_hpc.plan.plan import make_plan
-from beam_hpc.progress import Progress
 from beam_hpc.data.prepare import prepare
 from beam_hpc.data.tiny import PREPARED_EVAL_NAME, write_tiny_sources
+from beam_hpc.observe import logs as run_logs
 from beam_hpc.observe.eval_set import eval_set_of
 from beam_hpc.observe.plot import charts_for, plot_run
 from beam_hpc.observe.status import gather
 from beam_hpc.observe.status_table import format_status
+from beam_hpc.plan.plan import make_plan
+from beam_hpc.progress import Progress
+from beam_hpc.run import checkpoint_layout, ledger, metric_names
 from beam_hpc.run.scalars import read_scalars
 from beam_hpc.submission.submit import build_recipe, build_site
 
@@ -238,7 +233,8 @@ def test_status_and_plot_of_a_real_two_segment_run(tiny_assets, reference_ray, t
     output goes to the segment's driver.log. What is read back is what the backend wrote."""
     import socket
 
-    from reference_harness import SMALL, make_plan as harness_plan, run_backend
+    from reference_harness import SMALL, run_backend
+    from reference_harness import make_plan as harness_plan
 
     run = tmp_path / "real"
     common = [*SMALL, "num_rollout=4", "eval.interval=2", "checkpoint.interval=2"]
@@ -464,10 +460,10 @@ def test_status_shows_gpu_hours_lost_by_cause_and_the_excluded_nodes(tmp_path: P
     """A hand-made ledger: a walltime segment (bring-up 360 s, one rollout of 300 s re-done, saved
     600 s before its end), a node failure on n3 (100 s, nothing kept), and an old-style completed
     segment whose line lacks the accounting fields (so the figures are partial)."""
+    from job_plans import make_test_plan
+
     from beam_hpc.lifecycle import exclusions
     from beam_hpc.plan.plan import Plan
-
-    from job_plans import make_test_plan
 
     run = tmp_path / "run"
     gpus = Plan.load(make_test_plan(run, trainer_nodes=1, rollout_nodes=1, gpus=2).paths.plan).total_gpus

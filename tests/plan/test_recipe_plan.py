@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from beam_hpc.cli.app import main
-from beam_hpc.plan.plan import Plan, fill, make_plan
 from beam_hpc.config.recipe import load_recipe
+from beam_hpc.plan.plan import Plan, fill, make_plan
 from beam_hpc.slurm.script import render_script
 from beam_hpc.submission.submit import build_recipe, build_site
 

@@ -87,7 +87,7 @@ def test_concurrent_readers_see_old_or_new_never_torn(tmp_path: Path) -> None:
     assert proc.exitcode == 0
 
 
-def _hold(path: str, held: "multiprocessing.synchronize.Event", release: "multiprocessing.synchronize.Event") -> None:
+def _hold(path: str, held: multiprocessing.synchronize.Event, release: multiprocessing.synchronize.Event) -> None:
     with files.locked(path):
         held.set()
         release.wait(10)

@@ -11,7 +11,6 @@ from beam_hpc.errors import InputError
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run.identity import IdentityError, check_identity, identity_path, identity_problem, record_identity
 
-
 _IDENTITY = {"model": {"path": "/m"}, "topology": {"trainer": {"nodes": 1}}, "seed": 1}
 
 

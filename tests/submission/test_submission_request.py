@@ -1,7 +1,7 @@
 """One submission request, three schedulers (issue 13 item 5): what --dry-run prints is what
 sbatch, submitit and `beam-hpc execute` are given, and refusals come before anything is written.
 
-Fast: nothing here submits; the Slurm paths themselves run in tests/test_submit_slurm.py.
+Fast: nothing here submits; the Slurm paths themselves run in tests/submission/test_submit_slurm.py.
 """
 
 from __future__ import annotations

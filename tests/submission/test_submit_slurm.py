@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.run import checkpoint_layout
 from beam_hpc.cli.app import main
+from beam_hpc.run import checkpoint_layout
 from beam_hpc.submission.submit import submit
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 """A stand-in for the `apptainer` binary, which cannot be installed where the tests run.
 
 It accepts exactly the documented grammar of the options beam-hpc uses (the contract at the top of
-tests/test_container.py: ``exec``, ``--nv``, ``--bind src[:dest[:opts]]``, then an existing image
+tests/node/test_container.py: ``exec``, ``--nv``, ``--bind src[:dest[:opts]]``, then an existing image
 and the command), rejects anything else, applies the documented environment rules (the image's
 variables over the host's, ``APPTAINERENV_X`` over both) and execs the command on the host.
 """

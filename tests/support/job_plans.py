@@ -10,9 +10,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from beam_hpc.plan.plan import Plan, make_plan
 from beam_hpc.config.recipe import load_yaml, recipe_from_dict
 from beam_hpc.config.site import site_from_dict
+from beam_hpc.plan.plan import Plan, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLD_DRIVER = Path(__file__).with_name("ray_hold_driver.py")

@@ -35,8 +35,13 @@ def rollout_logging() -> dict[str, Any]:
     import numpy as np
     from miles.utils import tracking_utils
     from miles.utils.iter_utils import group_by
-    from miles.utils.metric_utils import (compute_pass_rate, compute_rollout_step, compute_statistics,
-                                          dict_add_prefix, has_repetition)
+    from miles.utils.metric_utils import (
+        compute_pass_rate,
+        compute_rollout_step,
+        compute_statistics,
+        dict_add_prefix,
+        has_repetition,
+    )
     from miles.utils.misc import load_function
     from miles.utils.types import Sample
 

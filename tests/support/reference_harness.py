@@ -61,9 +61,9 @@ SMALL = [
 
 
 def make_plan(run_dir: Path, assets: TinyAssets, overrides: list[str]) -> Path:
-    from beam_hpc.plan.plan import make_plan as plan_of
     from beam_hpc.config.recipe import load_recipe
     from beam_hpc.config.site import Site
+    from beam_hpc.plan.plan import make_plan as plan_of
 
     recipe = load_recipe(
         TINY_RECIPE,
@@ -107,7 +107,7 @@ def assert_bitwise_equal(a: Any, b: Any, where: str = "") -> int:
         return sum(assert_bitwise_equal(a[k], b[k], f"{where}/{k}") for k in a)
     if isinstance(a, (list, tuple)):
         assert type(a) is type(b) and len(a) == len(b), f"length differs at {where}"
-        return sum(assert_bitwise_equal(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
+        return sum(assert_bitwise_equal(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b, strict=False)))
     if type(a).__module__ == "numpy":  # numpy's RNG state holds an array
         import numpy as np
 

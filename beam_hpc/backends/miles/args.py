@@ -49,12 +49,12 @@ from __future__ import annotations
 
 from beam_hpc.backends.miles import architecture
 from beam_hpc.backends.miles.checks import OPTION_EXTRA_ARGS, MilesLayout, check
-from beam_hpc.backends.miles.flags import SOURCES, managed_flags
-from beam_hpc.plan.paths import RunPaths
-from beam_hpc.run.metric_names import MILES_CHECK_KEY
-from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
+from beam_hpc.backends.miles.flags import SOURCES
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
+from beam_hpc.plan.paths import RunPaths
+from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
+from beam_hpc.run.metric_names import MILES_CHECK_KEY
 
 ENTRY_ASYNC = "train_async.py"
 ENTRY_SYNC = "train.py"

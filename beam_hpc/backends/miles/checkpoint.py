@@ -48,8 +48,6 @@ stable across megatron-core 0.1x. We never import Miles.
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
-
 import json
 import logging
 import os
@@ -61,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from beam_hpc.errors import RuntimeFailure
 from beam_hpc.run.checkpoint_layout import (
     LATEST_FILE,
     dataset_state_path,

@@ -39,8 +39,6 @@ Pure: imports only the recipe and site schemas.
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError
-
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +46,7 @@ from typing import Any
 from beam_hpc.backends.miles.flags import ALSO_IN_MODEL_SCRIPTS, managed_flags
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
+from beam_hpc.errors import InputError
 
 # backend_options keys the Miles backend understands; anything else is a typo.
 OPTION_ENGINE_GPUS = "rollout_gpus_per_engine"  # colocated runs: SGLang engine size

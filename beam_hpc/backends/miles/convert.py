@@ -37,9 +37,6 @@ Here (``beam-hpc prepare --convert RECIPE --site SITE``):
 
 from __future__ import annotations
 
-from beam_hpc.backends.miles import architecture
-from beam_hpc.errors import InputError
-
 import argparse
 import json
 import logging
@@ -54,13 +51,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from beam_hpc.backends.miles import architecture
+from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime
+from beam_hpc.config.site import Site
+from beam_hpc.errors import InputError, RuntimeFailure
+from beam_hpc.node.container import Command, container_command
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import lock as run_lock
 from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
-from beam_hpc.node.container import Command, container_command
-from beam_hpc.errors import RuntimeFailure
-from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime
-from beam_hpc.config.site import Site
 from beam_hpc.slurm import client as slurm_client
 
 log = logging.getLogger("beam_hpc.backends.miles.convert")

@@ -36,8 +36,6 @@ Miles has brought up every engine.
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError, RuntimeFailure
-
 import argparse
 import importlib
 import importlib.util
@@ -49,8 +47,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from beam_hpc.backends.miles.args import ENTRY_ASYNC, ENTRY_SYNC, WORKER_ENV
 from beam_hpc.backends.miles.architecture import MODEL_SCRIPT_OPTION, MODEL_SCRIPT_VAR_OPTION, expand_deferred
+from beam_hpc.backends.miles.args import ENTRY_ASYNC, ENTRY_SYNC, WORKER_ENV
 from beam_hpc.backends.miles.checkpoint import (
     FULL_READ_MAX_BYTES,
     SHARDED_BACKEND,
@@ -60,9 +58,10 @@ from beam_hpc.backends.miles.checkpoint import (
     prepare_resume,
 )
 from beam_hpc.backends.miles.placement import DEFAULT_TIMEOUT_S, PlacementLayout, apply_placement_patch
-from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
+from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
+from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
 
 logger = logging.getLogger(__name__)
 

@@ -342,7 +342,7 @@ def _arith(expr: str, value: Any, where: str, lineno: int) -> int:
         nums.append(int(v))
     terms, prod = [], nums[0]
     signs = ["+"]
-    for op, n in zip(ops, nums[1:]):
+    for op, n in zip(ops, nums[1:], strict=False):
         if op == "*":
             prod *= n
         else:
@@ -350,7 +350,7 @@ def _arith(expr: str, value: Any, where: str, lineno: int) -> int:
             signs.append(op)
             prod = n
     terms.append(prod)
-    return sum(t if s == "+" else -t for s, t in zip(signs, terms))
+    return sum(t if s == "+" else -t for s, t in zip(signs, terms, strict=False))
 
 
 if __name__ == "__main__":

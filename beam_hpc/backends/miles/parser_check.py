@@ -68,7 +68,7 @@ class _Inert:
             raise RuntimeError(f"{self._name}(): no GPU package here (beam-hpc parser check stand-in)")
         return _Inert(self._name + "(...)")
 
-    def __getitem__(self, item: Any) -> "_Inert":
+    def __getitem__(self, item: Any) -> _Inert:
         return self
 
     def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
@@ -210,7 +210,7 @@ def expand(options: list[str], argv: list[str]) -> tuple[list[str], dict[str, An
     from beam_hpc.backends.miles import architecture as arch
 
     script, script_vars = None, []
-    for flag, value in zip(options[::2], options[1::2]):
+    for flag, value in zip(options[::2], options[1::2], strict=False):
         if flag == arch.MODEL_SCRIPT_OPTION:
             script = value
         elif flag == arch.MODEL_SCRIPT_VAR_OPTION:

@@ -35,8 +35,6 @@ imported inside the functions that use it.
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
-
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +42,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from beam_hpc.errors import RuntimeFailure
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 
 logger = logging.getLogger(__name__)
@@ -184,7 +183,7 @@ class PlacementPatch:
         self.layouts: list[PlacementLayout] = []  # every layout placed through this patch
 
     # -- install / remove ------------------------------------------------------------------
-    def apply(self) -> "PlacementPatch":
+    def apply(self) -> PlacementPatch:
         # Where the training/rollout split is computed: Miles main has _get_placement_group_layout;
         # older Miles (miles-rl 0.0.2) computes it inline in create_placement_groups, which the
         # entry point imports by name only after the launcher has patched it.

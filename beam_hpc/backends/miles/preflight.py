@@ -157,9 +157,8 @@ def check_plan(plan: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
 def check_recipe(recipe: Recipe, site: Site, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
     """The check for ``beam-hpc doctor --recipe``: the Plan's driver command, through the image
     (the run directory need not exist yet, so it is not bound)."""
-    from beam_hpc.plan.plan import make_plan
-
     from beam_hpc.backends.miles.architecture import resolve
+    from beam_hpc.plan.plan import make_plan
 
     plan = make_plan(recipe, site)
     verdict = run_check(site, plan.driver_argv, plan.output_dir, env=_env(plan.driver_env, plan.output_dir),

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 ADV_EPS = 1e-6  # keeps a near-constant group finite; an exactly constant group gets advantage 0
 
 
-def group_advantages(rewards: "torch.Tensor", group_size: int) -> "torch.Tensor":
+def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """Per-response advantages, normalised within each group of ``group_size`` responses.
 
     ``rewards`` is flat, groups adjacent (prompt 0's responses first). The std is the unbiased one
@@ -51,17 +51,17 @@ class LossStats:
 
 
 def policy_loss(
-    logp: "torch.Tensor",
-    old_logp: "torch.Tensor",
-    advantages: "torch.Tensor",
-    mask: "torch.Tensor",
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
     *,
     eps_low: float,
     eps_high: float,
     per_token: bool = True,
-    ref_logp: "torch.Tensor | None" = None,
+    ref_logp: torch.Tensor | None = None,
     kl_coef: float = 0.0,
-) -> tuple["torch.Tensor", LossStats]:
+) -> tuple[torch.Tensor, LossStats]:
     """The clipped surrogate loss (to minimise) over a ``[batch, tokens]`` layout.
 
     ``advantages`` is ``[batch]`` (one value per response, broadcast over its tokens); ``mask``
@@ -104,17 +104,17 @@ def policy_loss(
     return loss, stats
 
 
-def _clip_active(ratio: "torch.Tensor", adv: "torch.Tensor", eps_low: float, eps_high: float) -> "torch.Tensor":
+def _clip_active(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float) -> torch.Tensor:
     """Tokens where min() picked the clipped term and so the gradient is zero: the ratio left the
     trust region in the direction the advantage pushes it."""
     return ((ratio > 1.0 + eps_high) & (adv > 0)) | ((ratio < 1.0 - eps_low) & (adv < 0))
 
 
-def _masked_mean(x: "torch.Tensor", mask: "torch.Tensor") -> "torch.Tensor":
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def token_entropy(logits: "torch.Tensor", mask: "torch.Tensor") -> float:
+def token_entropy(logits: torch.Tensor, mask: torch.Tensor) -> float:
     """Mean entropy (nats) of the policy over response tokens: a collapse to 0 is the classic
     sign that RL has stopped exploring."""
     import torch

@@ -29,8 +29,6 @@ trainer group when colocated), ``tiny_model`` (build the embedded model into ``m
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
-
 import logging
 import os
 import time
@@ -38,18 +36,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from beam_hpc.run import checkpoint_layout
-from beam_hpc.reward.miles_check import miles_verdict, verdict_fractions
-from beam_hpc.run import metric_names as names
 from beam_hpc.backends.reference import checkpoint
 from beam_hpc.backends.reference import metrics_log as mlog
 from beam_hpc.backends.reference.policy import device_of, load_tokenizer, setup_process, threads_of
 from beam_hpc.backends.reference.prompt_source import DataError, Prompt, PromptOrder, encode_prompts, read_rows
 from beam_hpc.backends.reference.weight_sync import TRANSPORTS
-from beam_hpc.run.checkpoint_layout import write_atomic
+from beam_hpc.config.recipe import Recipe
+from beam_hpc.errors import RuntimeFailure
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
-from beam_hpc.config.recipe import Recipe
+from beam_hpc.reward.miles_check import miles_verdict, verdict_fractions
+from beam_hpc.run import checkpoint_layout
+from beam_hpc.run import metric_names as names
+from beam_hpc.run.checkpoint_layout import write_atomic
 
 log = logging.getLogger("beam_hpc.reference")
 
@@ -222,7 +221,7 @@ class Loop:
         n = len(self.workers)
         bounds = [len(prompts) * i // n for i in range(n + 1)]
         refs = []
-        for w, (lo, hi) in zip(self.workers, zip(bounds, bounds[1:])):
+        for w, (lo, hi) in zip(self.workers, zip(bounds, bounds[1:], strict=False), strict=False):
             if hi == lo:
                 continue
             chunk = prompts[lo:hi]
@@ -415,7 +414,7 @@ class Loop:
             step,
             [
                 {"response": t, "label": lab, "pred": p, "correct": c, "response_tokens": len(ids)}
-                for t, lab, p, c, ids in zip(roll["response_text"], roll["label"], roll["pred"], roll["correct"], roll["response_ids"])
+                for t, lab, p, c, ids in zip(roll["response_text"], roll["label"], roll["pred"], roll["correct"], roll["response_ids"], strict=False)
             ],
         )
         log.info("eval after %d rollouts: %s accuracy %.3f, mean length %.1f (%.1fs)", step, r.data.eval_name, acc, length, time.perf_counter() - t0)

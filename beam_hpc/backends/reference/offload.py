@@ -20,13 +20,12 @@ and are removed by :meth:`OptimizerOffload.close` (the runtime also wipes the jo
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
-
 import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from beam_hpc.errors import RuntimeFailure
 from beam_hpc.run.files import atomic_path
 
 if TYPE_CHECKING:
@@ -57,7 +56,7 @@ def nvme_swap_dir() -> Path:
 class OptimizerOffload:
     """Moves a torch optimizer's per-parameter state out after a step and back in before one."""
 
-    def __init__(self, optimizer: "torch.optim.Optimizer", target: str, device: str) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, target: str, device: str) -> None:
         self.opt = optimizer
         self.target = target
         self.device = device
@@ -66,7 +65,7 @@ class OptimizerOffload:
             self.swap_dir.mkdir(parents=True, exist_ok=True)
         self.resident = True
 
-    def _params(self) -> list["torch.Tensor"]:
+    def _params(self) -> list[torch.Tensor]:
         return [p for group in self.opt.param_groups for p in group["params"]]
 
     def _file(self, index: int) -> Path:

@@ -40,11 +40,11 @@ def setup_process(threads: int) -> None:
     hf_logging.disable_progress_bar()
 
 
-def threads_of(recipe: "Recipe") -> int:
+def threads_of(recipe: Recipe) -> int:
     return int(recipe.backend_options.get("threads", 1))
 
 
-def device_of(recipe: "Recipe") -> str:
+def device_of(recipe: Recipe) -> str:
     return str(recipe.backend_options.get("device", "cpu"))
 
 
@@ -58,7 +58,7 @@ def load_tokenizer(model_path: str) -> Any:
     return tok
 
 
-def load_policy(recipe: "Recipe", model_path: str | None = None) -> Any:
+def load_policy(recipe: Recipe, model_path: str | None = None) -> Any:
     """The policy module: the HF causal LM in fp32, wrapped with LoRA adapters in LoRA mode.
 
     Adapter initialisation draws from the global torch RNG, so it is seeded from the run seed
@@ -87,13 +87,13 @@ def load_policy(recipe: "Recipe", model_path: str | None = None) -> Any:
     return model.to(device_of(recipe))
 
 
-def trainable_state(model: Any) -> dict[str, "torch.Tensor"]:
+def trainable_state(model: Any) -> dict[str, torch.Tensor]:
     """The tensors the trainer changes (all weights, or only the adapters), detached CPU copies:
     what is pushed to the rollout workers and what a checkpoint must hold."""
     return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
 
 
-def load_trainable_state(model: Any, state: dict[str, "torch.Tensor"]) -> None:
+def load_trainable_state(model: Any, state: dict[str, torch.Tensor]) -> None:
     """Copy pushed/checkpointed tensors in place; a name that does not exist is a bug, not a skip."""
     import torch
 
@@ -110,9 +110,9 @@ def load_trainable_state(model: Any, state: dict[str, "torch.Tensor"]) -> None:
 class Batch:
     """Prompts left-padded to ``P`` columns, responses right-padded to ``T`` columns after them."""
 
-    input_ids: "torch.Tensor"  # [B, P + T]
-    attention_mask: "torch.Tensor"  # [B, P + T]
-    response_mask: "torch.Tensor"  # [B, T]
+    input_ids: torch.Tensor  # [B, P + T]
+    attention_mask: torch.Tensor  # [B, P + T]
+    response_mask: torch.Tensor  # [B, T]
     prompt_width: int
 
 
@@ -125,7 +125,7 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
     ids = torch.full((B, P + T), pad_id, dtype=torch.long)
     attn = torch.zeros((B, P + T), dtype=torch.long)
     rmask = torch.zeros((B, T), dtype=torch.float32)
-    for i, (p, r) in enumerate(zip(prompts, responses)):
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=False)):
         ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
         attn[i, P - len(p) : P] = 1
         if r:
@@ -135,9 +135,8 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int
     return Batch(ids.to(device), attn.to(device), rmask.to(device), P)
 
 
-def response_logits(model: Any, batch: Batch) -> "torch.Tensor":
+def response_logits(model: Any, batch: Batch) -> torch.Tensor:
     """Logits that predict each response token, ``[B, T, V]`` (position ids skip the left pad)."""
-    import torch
 
     pos = (batch.attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos, use_cache=False)
@@ -145,7 +144,7 @@ def response_logits(model: Any, batch: Batch) -> "torch.Tensor":
     return out.logits[:, P - 1 : -1, :].float()
 
 
-def token_logprobs(logits: "torch.Tensor", batch: Batch) -> "torch.Tensor":
+def token_logprobs(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     import torch
 
     targets = batch.input_ids[:, batch.prompt_width :]

@@ -9,8 +9,6 @@ Miles's field names (``sample_offset``, ``epoch_id``).
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError
-
 import json
 import random
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.backends.reference.policy import derive_seed
+from beam_hpc.errors import InputError
 
 
 class DataError(InputError):

@@ -26,8 +26,8 @@ from beam_hpc.backends.reference.policy import (
     threads_of,
     token_logprobs,
 )
-from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 from beam_hpc.config.recipe import Recipe
+from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 
 
 def where_am_i(role: str, index: int) -> dict[str, Any]:
@@ -141,7 +141,7 @@ class RolloutWorker:
                 factor=r.reward.overlong_factor,
                 apply_penalty=train,
             )
-            for text, label, resp in zip(texts, flat_labels, responses)
+            for text, label, resp in zip(texts, flat_labels, responses, strict=False)
         ]
         old_logp: list[list[float]] = []
         if train:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
 
 
-def _gumbel_processor(generator: "torch.Generator", temperature: float, top_p: float) -> Any:
+def _gumbel_processor(generator: torch.Generator, temperature: float, top_p: float) -> Any:
     """A transformers LogitsProcessor; built lazily so this module imports without transformers."""
     import torch
     from transformers import LogitsProcessor
@@ -37,7 +37,7 @@ def _gumbel_processor(generator: "torch.Generator", temperature: float, top_p: f
     return GumbelMax()
 
 
-def _top_p_mask(scores: "torch.Tensor", top_p: float) -> "torch.Tensor":
+def _top_p_mask(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of tokens whose probability reaches ``top_p`` (nucleus sampling)."""
     import torch
 

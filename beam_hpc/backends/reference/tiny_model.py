@@ -118,7 +118,7 @@ def _greedy_accuracy(model: Any, tok: Any, pairs: list[tuple[int, int]]) -> floa
         eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
     )
     model.train()
-    good = sum(f"\\boxed{{{a + b}}}" in tok.decode(r, skip_special_tokens=True) for (a, b), r in zip(pairs, responses))
+    good = sum(f"\\boxed{{{a + b}}}" in tok.decode(r, skip_special_tokens=True) for (a, b), r in zip(pairs, responses, strict=False))
     return good / len(pairs)
 
 
@@ -251,8 +251,8 @@ def refresh_shipped(seed: int = 0) -> Path:
     """Rebuild the shipped copy for the tiny data set's evaluation problems (seed 0)."""
     import tempfile
 
-    from beam_hpc.data.tiny import write_tiny_sources
     from beam_hpc.data.prepare import prepare
+    from beam_hpc.data.tiny import write_tiny_sources
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp, "data")

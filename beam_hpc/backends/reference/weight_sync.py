@@ -41,13 +41,13 @@ driver before it decides what it needs).
 
 from __future__ import annotations
 
-from beam_hpc.errors import RuntimeFailure
-
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
+
+from beam_hpc.errors import RuntimeFailure
 
 if TYPE_CHECKING:
     import torch
@@ -93,11 +93,11 @@ class Layout:
         return sum(s.nbytes for s in self.slots)
 
 
-def _dtype_name(dtype: "torch.dtype") -> str:
+def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def plan_layout(tensors: Mapping[str, "torch.Tensor"], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Layout:
+def plan_layout(tensors: Mapping[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Layout:
     """Pack tensors, in the mapping's order, into buckets of at most ``bucket_bytes`` (a tensor
     larger than that gets a bucket of its own). Mixed dtypes share buckets: they travel as bytes."""
     if bucket_bytes <= 0:
@@ -118,19 +118,19 @@ def plan_layout(tensors: Mapping[str, "torch.Tensor"], bucket_bytes: int = DEFAU
     return Layout(tuple(sizes), tuple(slots))
 
 
-def _cast(t: "torch.Tensor", dtype: "torch.dtype | None") -> "torch.Tensor":
+def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """Floating tensors go out in ``dtype`` (bf16 halves the bytes of an fp32 master copy);
     integer and bool tensors are never cast."""
     return t.detach().to(dtype) if dtype is not None and t.is_floating_point() else t.detach()
 
 
-def _as_bytes(t: "torch.Tensor") -> "torch.Tensor":
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     import torch
 
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
-def _view(bucket: "torch.Tensor", slot: Slot) -> "torch.Tensor":
+def _view(bucket: torch.Tensor, slot: Slot) -> torch.Tensor:
     import torch
 
     raw = bucket[slot.offset : slot.offset + slot.nbytes]
@@ -153,13 +153,13 @@ class Delivery:
 
 
 class Sender(Protocol):
-    def send(self, state: Mapping[str, "torch.Tensor"], version: int) -> Delivery: ...
+    def send(self, state: Mapping[str, torch.Tensor], version: int) -> Delivery: ...
     def wait(self) -> None: ...
     def close(self) -> None: ...
 
 
 class Receiver(Protocol):
-    def recv(self, delivery: Delivery) -> tuple[dict[str, "torch.Tensor"], int]: ...
+    def recv(self, delivery: Delivery) -> tuple[dict[str, torch.Tensor], int]: ...
     def close(self) -> None: ...
 
 
@@ -170,10 +170,10 @@ class Receiver(Protocol):
 class ObjectStoreSender:
     """``ray.put`` of host copies: the backend's path today. Must run inside a Ray worker or driver."""
 
-    dtype: "torch.dtype | None" = None
+    dtype: torch.dtype | None = None
     seq: int = 0
 
-    def send(self, state: Mapping[str, "torch.Tensor"], version: int) -> Delivery:
+    def send(self, state: Mapping[str, torch.Tensor], version: int) -> Delivery:
         import ray
 
         host = {n: _cast(t, self.dtype).to("cpu", copy=True) for n, t in state.items()}
@@ -192,7 +192,7 @@ class ObjectStoreReceiver:
     device: str = "cpu"
     seq: int = 0
 
-    def recv(self, delivery: Delivery) -> tuple[dict[str, "torch.Tensor"], int]:
+    def recv(self, delivery: Delivery) -> tuple[dict[str, torch.Tensor], int]:
         import ray
 
         _check_order(delivery, "object_store", self.seq)
@@ -232,7 +232,7 @@ def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
-def weight_sync_port(spec: "RayPortSpec", job_num: int) -> int:
+def weight_sync_port(spec: RayPortSpec, job_num: int) -> int:
     """The rendezvous port of a job: its slot in the weight-sync band, the band after Ray's own
     in the site's port plan (beam_hpc.plan.ports), so concurrent jobs on shared nodes never
     clash with each other or with Ray."""
@@ -288,9 +288,9 @@ class _Buckets:
     def __init__(self, device: str) -> None:
         self.device = device
         self.sizes: tuple[int, ...] = ()
-        self.buffers: list["torch.Tensor"] = []
+        self.buffers: list[torch.Tensor] = []
 
-    def for_layout(self, layout: Layout) -> list["torch.Tensor"]:
+    def for_layout(self, layout: Layout) -> list[torch.Tensor]:
         import torch
 
         if layout.bucket_bytes != self.sizes:
@@ -307,7 +307,7 @@ class CollectiveSender:
 
     rendezvous: Rendezvous
     device: str = "cpu"
-    dtype: "torch.dtype | None" = None
+    dtype: torch.dtype | None = None
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     seq: int = 0
     _buckets: _Buckets | None = None
@@ -318,7 +318,7 @@ class CollectiveSender:
         _join(self.rendezvous, 0, self.device)
         self._buckets = _Buckets(self.device)
 
-    def send(self, state: Mapping[str, "torch.Tensor"], version: int) -> Delivery:
+    def send(self, state: Mapping[str, torch.Tensor], version: int) -> Delivery:
         import torch
         import torch.distributed as dist
 
@@ -367,7 +367,7 @@ class CollectiveReceiver:
         _join(self.rendezvous, self.rank, self.device)
         self._buckets = _Buckets(self.device)
 
-    def recv(self, delivery: Delivery) -> tuple[dict[str, "torch.Tensor"], int]:
+    def recv(self, delivery: Delivery) -> tuple[dict[str, torch.Tensor], int]:
         import torch.distributed as dist
 
         if self._buckets is None:
@@ -395,7 +395,7 @@ def make_sender(
     *,
     rendezvous: Rendezvous | None = None,
     device: str = "cpu",
-    dtype: "torch.dtype | None" = None,
+    dtype: torch.dtype | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> ObjectStoreSender | CollectiveSender:
     """The trainer's end. ``dtype`` casts floating tensors on the way out (e.g. ``torch.bfloat16``

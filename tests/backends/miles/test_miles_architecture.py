@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+from miles_facts import DEEPSEEK_V3, GLM45_AIR, MILES_MAIN, QWEN3_8B, QWEN3_30B_A3B, QWEN25_7B
 
 from beam_hpc.backends.miles import architecture as arch
 from beam_hpc.backends.miles import model_script
@@ -22,8 +23,6 @@ from beam_hpc.backends.miles.launch import parse_args as launch_parse_args
 from beam_hpc.config.recipe import load_recipe
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError
-
-from miles_facts import DEEPSEEK_V3, GLM45_AIR, MILES_MAIN, QWEN3_8B, QWEN3_30B_A3B, QWEN25_7B
 
 ROOT = Path(__file__).resolve().parents[3]
 SITE = Site(name="t", container={"runtime": "host"})

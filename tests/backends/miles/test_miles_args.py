@@ -10,22 +10,21 @@ must hold on the emitted argv.
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError
-
 import json
 import re
 from pathlib import Path
 
 import pytest
+from miles_facts import PRACTICE
 
 from beam_hpc.backends.miles import args as miles_args
-from beam_hpc.backends.miles.args import ENTRY_ASYNC, ENTRY_SYNC, build_driver, entry_point, managed_flags
-from beam_hpc.plan.paths import RunPaths
-from beam_hpc.plan.plan import PLACEHOLDERS, fill, make_plan
+from beam_hpc.backends.miles.args import ENTRY_ASYNC, ENTRY_SYNC, build_driver, entry_point
+from beam_hpc.backends.miles.flags import managed_flags
 from beam_hpc.config.recipe import Recipe, load_recipe
 from beam_hpc.config.site import Site
-
-from miles_facts import PRACTICE
+from beam_hpc.errors import InputError
+from beam_hpc.plan.paths import RunPaths
+from beam_hpc.plan.plan import PLACEHOLDERS, fill, make_plan
 
 ROOT = Path(__file__).resolve().parents[3]
 FLAGS_FILE = Path(__file__).resolve().parents[3] / "tests" / "support" / "fixtures" / "miles-megatron-flags.txt"
@@ -371,7 +370,7 @@ def test_extra_args_refuses_what_beam_hpc_owns_exit_2(capsys: pytest.CaptureFixt
     assert code == 2 and "Traceback" not in err
     lines = [line for line in err.splitlines() if "backend_options.extra_args:" in line]
     assert len(lines) == len(OWNED_CASES)
-    for (flag, fix), line in zip(OWNED_CASES, lines):
+    for (flag, fix), line in zip(OWNED_CASES, lines, strict=False):
         assert f"backend_options.extra_args: {flag} belongs to beam-hpc" in line and fix in line, line
     assert all(f in managed_flags() and miles_accepts(f) for f, _ in OWNED_CASES)
 
@@ -606,7 +605,7 @@ def _same(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
             return float(v)
         except ValueError:
             return v
-    return len(a) == len(b) and all(norm(x) == norm(y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(norm(x) == norm(y) for x, y in zip(a, b, strict=False))
 
 
 @pytest.mark.parametrize("launcher", sorted(PARITY))

@@ -15,15 +15,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from megatron_ckpt import write_torch_dist_checkpoints
 
 from beam_hpc.backends.miles import checkpoint as mc
 from beam_hpc.backends.miles import launch as miles_launch
 from beam_hpc.backends.miles.args import build_driver
-from beam_hpc.run.checkpoint_layout import dataset_state_path, iteration_dir, latest_iteration, saved_iterations
 from beam_hpc.config.recipe import load_recipe
 from beam_hpc.config.site import Site
-
-from megatron_ckpt import write_torch_dist_checkpoints
+from beam_hpc.run.checkpoint_layout import dataset_state_path, iteration_dir, latest_iteration, saved_iterations
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,6 @@ docstring). A second ``prepare --convert`` must submit nothing.
 
 from __future__ import annotations
 
-from beam_hpc.errors import InputError
-
 import json
 import shutil
 import socket
@@ -29,10 +27,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from beam_hpc.run import lock as run_lock
 from beam_hpc.backends.miles import convert as mc
 from beam_hpc.config.recipe import load_yaml, recipe_from_dict
 from beam_hpc.config.site import site_from_dict
+from beam_hpc.errors import InputError
+from beam_hpc.run import lock as run_lock
 
 ROOT = Path(__file__).resolve().parents[3]
 STANDIN = ROOT / "tests" / "support" / "miles_standin"

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from real_miles import require_miles
 
 from beam_hpc.job.segment import Segment
 from beam_hpc.lifecycle.decide import Outcome, decide
@@ -27,12 +28,11 @@ from beam_hpc.lifecycle.segment_metrics import metrics_offset, segment_metrics
 from beam_hpc.observe.plot import plot_run
 from beam_hpc.observe.status import gather
 from beam_hpc.observe.status_table import format_status
-from beam_hpc.plan.plan import make_plan
 from beam_hpc.plan.paths import RunPaths
+from beam_hpc.plan.plan import make_plan
 from beam_hpc.run import checkpoint_layout, ledger, metric_names
 from beam_hpc.run.scalars import read_scalars
 from beam_hpc.submission.submit import build_recipe, build_site
-from real_miles import require_miles
 
 ROOT = Path(__file__).resolve().parents[3]
 # eval (response, label) pairs: right, wrong, a fraction against a decimal, no answer at all
@@ -77,7 +77,6 @@ def miles_segment(tmp_path_factory: pytest.TempPathFactory) -> dict:
     from miles.backends.training_utils.log_utils import log_rollout_data
     from miles.utils.timer import Timer
     from miles.utils.train_metric_utils import log_perf_data_raw
-
     from miles_logging import miles_args, rollout_logging, start_tensorboard
 
     mp = pytest.MonkeyPatch()

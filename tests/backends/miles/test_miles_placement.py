@@ -30,7 +30,6 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from beam_hpc.backends.miles import launch as miles_launch
-from beam_hpc.plan.paths import RunPaths
 from beam_hpc.backends.miles.placement import (
     PlacementError,
     PlacementLayout,
@@ -38,6 +37,7 @@ from beam_hpc.backends.miles.placement import (
     bundle_capacity,
     check_feasible,
 )
+from beam_hpc.plan.paths import RunPaths
 
 ROOT = Path(__file__).resolve().parents[3]
 TESTS = ROOT / "tests" / "support"  # the shared test helpers, importable by the Ray workers too

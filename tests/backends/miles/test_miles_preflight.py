@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from miles_facts import MILES_MAIN, QWEN3_30B_A3B
 
 from beam_hpc.backends.miles import preflight
 from beam_hpc.backends.miles.flags import SOURCES
@@ -20,7 +21,6 @@ from beam_hpc.config.recipe import load_recipe
 from beam_hpc.config.site import Site
 from beam_hpc.observe import doctor
 from beam_hpc.plan.plan import make_plan
-from miles_facts import MILES_MAIN, QWEN3_30B_A3B
 
 ROOT = Path(__file__).resolve().parents[3]
 OLD_MILES_LACKS = ("--save-trigger-sentinel", "--stream-optimizer-state-to-disk", "--offload-train-disk-dir",

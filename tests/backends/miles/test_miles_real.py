@@ -24,6 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from miles_facts import PRACTICE, QWEN3_30B_A3B
+from real_miles import require_miles
 
 from beam_hpc.backends.miles import args as miles_args
 from beam_hpc.backends.miles import preflight
@@ -32,8 +34,6 @@ from beam_hpc.backends.miles.reward import score_sample
 from beam_hpc.config.recipe import load_recipe
 from beam_hpc.config.site import Site
 from beam_hpc.plan.plan import make_plan
-from miles_facts import PRACTICE, QWEN3_30B_A3B
-from real_miles import require_miles
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "support" / "fixtures"
@@ -112,10 +112,10 @@ def test_reward_through_miles_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_prepared_jsonl_through_miles_prompt_dataset(tmp_path: Path) -> None:
     """The JSONL `beam-hpc prepare` writes, read by Miles's Dataset as the flags configure it
     (--input-key prompt --label-key label --apply-chat-template), with a real tokenizer."""
+    from miles.utils.data import Dataset
     from transformers import AutoTokenizer
 
     from beam_hpc.data.prepare import TRAIN_FILE, prepare
-    from miles.utils.data import Dataset
 
     prepare(tmp_path, from_local=[FIXTURES / "dapo-math-17k-sample.parquet"], progress=False)
     path = tmp_path / TRAIN_FILE

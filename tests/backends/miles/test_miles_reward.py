@@ -18,7 +18,6 @@ from types import SimpleNamespace
 import pytest
 
 from beam_hpc.backends.miles import args as miles_args
-
 from beam_hpc.backends.miles import reward as miles_reward
 from beam_hpc.reward.scoring import score_response
 

@@ -31,13 +31,13 @@ from pathlib import Path
 
 import pytest
 import run_watch
+from miles_facts import QWEN3_8B
 from run_watch import chain_finished, diagnostics, segments
 
-from beam_hpc.run import checkpoint_layout
 from beam_hpc.backends.miles import args as miles_args
 from beam_hpc.config.recipe import load_yaml, recipe_from_dict
 from beam_hpc.config.site import site_from_dict
-from miles_facts import QWEN3_8B
+from beam_hpc.run import checkpoint_layout
 
 ROOT = Path(__file__).resolve().parents[3]
 STANDIN = ROOT / "tests" / "support" / "miles_standin"

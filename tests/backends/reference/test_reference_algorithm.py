@@ -31,7 +31,7 @@ def test_advantages_reject_a_ragged_batch() -> None:
         group_advantages(torch.zeros(6), 4)
 
 
-def _ratio_logp(ratios: list[list[float]]) -> tuple["torch.Tensor", "torch.Tensor"]:
+def _ratio_logp(ratios: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
     old = torch.zeros(len(ratios), len(ratios[0]))
     logp = torch.tensor([[math.log(r) for r in row] for row in ratios], requires_grad=True)
     return logp, old

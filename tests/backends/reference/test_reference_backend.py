@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from reference_harness import SMALL, assert_bitwise_equal, load_checkpoint, make_plan, metrics, run_backend
 
 from beam_hpc.run import metric_names as names
-from reference_harness import SMALL, assert_bitwise_equal, load_checkpoint, make_plan, metrics, run_backend
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.e2e]
 

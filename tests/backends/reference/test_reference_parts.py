@@ -10,13 +10,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from beam_hpc.run import checkpoint_layout as layout  # noqa: E402
 from beam_hpc.backends.reference import checkpoint  # noqa: E402
 from beam_hpc.backends.reference.offload import NVME_ENV, OffloadError, OptimizerOffload  # noqa: E402
 from beam_hpc.backends.reference.prompt_source import Prompt, PromptOrder  # noqa: E402
+from beam_hpc.run import checkpoint_layout as layout  # noqa: E402
 
 
-def _train(target: str, steps: int, offload_dir: Path | None = None) -> tuple["torch.nn.Module", "torch.optim.Optimizer", OptimizerOffload]:
+def _train(target: str, steps: int, offload_dir: Path | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer, OptimizerOffload]:
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -39,7 +39,7 @@ def test_nvme_offload_keeps_state_on_disk_between_steps_and_is_bitwise(tmp_path:
     assert files == 2 and nbytes > 8 * 4 * 4 * 2  # weight and bias, exp_avg + exp_avg_sq each
     for state in opt.state.values():  # only the step counter stays in memory
         assert set(state) == {"step"}
-    for a, b in zip(ref_model.parameters(), model.parameters()):
+    for a, b in zip(ref_model.parameters(), model.parameters(), strict=False):
         assert torch.equal(a, b)
     sd = off.state_dict()  # the checkpoint's copy: complete, and the offload is left as it was
     ref_sd = ref_opt.state_dict()
@@ -71,7 +71,7 @@ def test_data_order_is_a_pure_function_of_seed_and_cursor() -> None:
     assert a.state(23) == {"sample_offset": 23, "epoch_id": 2, "sample_index": 3, "dataset_size": 10}
 
 
-def _random_policy() -> "torch.nn.Module":
+def _random_policy() -> torch.nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)

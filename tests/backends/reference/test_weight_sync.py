@@ -92,8 +92,8 @@ def test_bad_construction_names_the_fix() -> None:
 
 
 def test_the_sync_port_is_the_band_after_rays_and_stays_a_port() -> None:
-    from beam_hpc.node.ray_node import PORT_KINDS, ray_ports
     from beam_hpc.config.site import RayPortSpec
+    from beam_hpc.node.ray_node import PORT_KINDS, ray_ports
 
     spec = RayPortSpec(gcs_port_base=20000, port_span=2000)
     port = ws.weight_sync_port(spec, job_num=123457)

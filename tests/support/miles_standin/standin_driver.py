@@ -24,7 +24,7 @@ tested against this double of what beam-hpc relies on, written from Miles's docu
   ``perf/save_model_time`` with the step *after* a save (Miles's timer is logged and reset at the
   end of each step's training, so a run's last save is never logged); every ``--eval-interval``
   rollouts ``eval/<name>``, ``eval/<name>/response_len/{...}`` and, with ``--log-reward-category``,
-  ``eval/<name>/error_cat/<value>``. tests/test_miles_metrics.py checks these names against the tags
+  ``eval/<name>/error_cat/<value>``. tests/backends/miles/test_miles_metrics.py checks these names against the tags
   miles-rl's own logging code writes.
 
 What it does instead of training: each rollout is a short sleep (``BEAM_STANDIN_ROLLOUT_S``, default

@@ -5,7 +5,7 @@ The contract is the flag-name list dumped from Miles main's real parser
 (tests/support/fixtures/miles-megatron-flags.txt): a flag outside it is refused with argparse's own
 "unrecognized arguments" message, as the real parser refuses it; ``--sglang-*`` and
 ``--eval-sglang-*`` are accepted by pattern, as that file says. Values are not validated here
-(the real parser's validation runs in tests/test_miles_real.py against miles-rl from PyPI).
+(the real parser's validation runs in tests/backends/miles/test_miles_real.py against miles-rl from PyPI).
 """
 
 from __future__ import annotations
