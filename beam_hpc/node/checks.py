@@ -33,6 +33,7 @@ from typing import Literal
 from beam_hpc.config.site import TMP_NONE, Site
 from beam_hpc.config.slurm_size import parse_mib
 from beam_hpc.node import nvme
+from beam_hpc.slurm.environment import SlurmEnvironment
 
 Status = Literal["pass", "fail", "warn", "skip"]
 NODE_LINE_PREFIX = "BEAM-DOCTOR-NODE "
@@ -90,7 +91,7 @@ def _canary_check(canary: Path | None, token: str | None) -> Check:
         return Check("shared-fs canary", "fail", f"{canary}/login.token holds another run's token",
                      "a stale copy is visible (not one shared filesystem); use a truly shared path")
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    (canary / f"ack-{node}-{os.environ.get('SLURM_NODEID', '0')}").write_text(token + "\n")
+    (canary / f"ack-{node}-{SlurmEnvironment.current().node_id or 0}").write_text(token + "\n")
     return Check("shared-fs canary", "pass", f"read the login node's token in {canary.parent}")
 
 
@@ -165,7 +166,7 @@ def _gpu_check(site: Site) -> Check:
         have = len([d for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()])
         source = "Slurm's CUDA_VISIBLE_DEVICES (no nvidia-smi)"
     else:
-        have, source = int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0), "SLURM_GPUS_ON_NODE (no nvidia-smi)"
+        have, source = SlurmEnvironment.current().gpus_on_node or 0, "SLURM_GPUS_ON_NODE (no nvidia-smi)"
     if have < want:
         return Check("gpus", "fail", f"{have} GPU(s) from {source}; the site says {want} per node",
                      f"set gpus_per_node in the site to {have}, or fix the node's GPUs / the gres request")
@@ -177,8 +178,9 @@ def _ports_check(site: Site) -> Check:
     use: ray_node's own rules (ray_ports, node_ip), so the check cannot drift from the runtime."""
     from beam_hpc.node.ray_node import LOOPBACK_MAX_NODES, RayNodeError, node_ip, ray_ports
 
-    job = int(os.environ.get("SLURM_JOB_ID", "0") or 0)
-    index = int(os.environ.get("SLURM_NODEID", "0") or 0)
+    slurm = SlurmEnvironment.current()
+    job = int(slurm.job_id or 0)
+    index = slurm.node_id or 0
     loopback = site.network.ip_source == "loopback"
     try:
         addr = node_ip(site.network, index)

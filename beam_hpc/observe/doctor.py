@@ -34,6 +34,7 @@ from beam_hpc.plan import local_disk
 from beam_hpc.plan.local_disk import TmpDisk
 from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.client import gres_counts
+from beam_hpc.slurm.environment import SlurmEnvironment
 from beam_hpc.submission import tmp_disk
 
 if TYPE_CHECKING:
@@ -291,8 +292,9 @@ def in_job_checks(site: Site, *, nodes: int = 1, canary_root: str | Path | None 
                   skip_partitions: frozenset[str] = frozenset()) -> list[Check]:
     """Run :func:`node_checks` on ``nodes`` nodes of each of the site's partitions through srun
     (or on the nodes of the allocation this runs in), with a canary in ``canary_root``."""
-    inside = bool(os.environ.get("SLURM_JOB_ID"))
-    if inside and os.environ.get("SLURM_STEP_ID"):  # already one task per node: just this node
+    slurm = SlurmEnvironment.current()
+    inside = slurm.in_job
+    if inside and slurm.step_id:  # already one task per node: just this node
         return node_checks(site, scratch_gb=scratch_gb)
     root = Path(canary_root) if canary_root else Path.cwd()
     token = secrets.token_hex(8)
@@ -363,7 +365,7 @@ def run_doctor(site: Site, *, in_job: bool = False, nodes: int = 1, output_dir: 
 
 def _srun_node_checks(site: Site, part: str | None, inside: bool, nodes: int, canary: Path,
                       token: str, scratch_gb: float | None, wait_s: int) -> list[Check]:
-    expected = int(os.environ.get("SLURM_JOB_NUM_NODES", "1")) if inside else nodes
+    expected = SlurmEnvironment.current().job_num_nodes if inside else nodes
     where = slurm_client.NodeRequest(
         nodes=expected, inside=inside, partition=part, account=site.account, qos=site.qos,
         gres=f"{site.gres}:{site.gpus_per_node}" if site.gpus_per_node else None, immediate_s=wait_s)

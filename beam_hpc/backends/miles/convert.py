@@ -60,6 +60,7 @@ from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import lock as run_lock
 from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
 from beam_hpc.slurm import client as slurm_client
+from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = logging.getLogger("beam_hpc.backends.miles.convert")
 
@@ -347,7 +348,8 @@ def run(spec_path: str) -> int:
     judging a lock left by a killed job stale as it does for a run's lock."""
     spec = ConvertSpec.load(spec_path)
     lock = output_lock(spec.output)
-    me = run_lock.Holder.me(os.environ.get("SLURM_JOB_ID"), int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+    slurm = SlurmEnvironment.current()
+    me = run_lock.Holder.me(slurm.job_id, slurm.restart_count)
     try:
         previous = run_lock.acquire(lock, me)
     except run_lock.RunLockError as err:
@@ -381,7 +383,7 @@ def _convert(spec: ConvertSpec, spec_path: str) -> int:
         raise ConvertError(f"the converter exited 0 but {spec.output} is incomplete (no '{RELEASE}' in "
                            f"{LATEST_FILE}, or an empty {RELEASE}/); not marking it done")
     marker = {"key": spec.key(), "converter": CONVERTER, "gpus": spec.gpus, "seconds": round(time.time() - t0, 1),
-              "job_id": os.environ.get("SLURM_JOB_ID"), "finished": time.time()}
+              "job_id": SlurmEnvironment.current().job_id, "finished": time.time()}
     write_atomic(Path(spec.output, MARKER), json.dumps(marker, indent=2) + "\n")
     log.info("converted in %.1f s; marked done: %s", marker["seconds"], Path(spec.output, MARKER))
     return 0

@@ -49,6 +49,7 @@ from beam_hpc.reward.miles_check import miles_verdict, verdict_fractions
 from beam_hpc.run import checkpoint_layout
 from beam_hpc.run import metric_names as names
 from beam_hpc.run.checkpoint_layout import write_atomic
+from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = logging.getLogger("beam_hpc.reference")
 
@@ -200,7 +201,7 @@ class Loop:
 
         rv = None
         if self.weight_sync == "nccl":
-            job_id = os.environ.get("SLURM_JOB_ID")
+            job_id = SlurmEnvironment.current().job_id
             if ray_address == LOCAL or not job_id:
                 port = ray.get(self.trainer.free_port.remote(trainer_ip))
             else:
