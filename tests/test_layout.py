@@ -273,3 +273,16 @@ def test_tests_mirror_the_package() -> None:
     strays = sorted(d for d in test_dirs if d not in packages and d.split("/")[0] not in NOT_A_PACKAGE)
     assert not strays, f"test directories with no beam_hpc sub-package of that name: {strays}"
     assert not list((TESTS_DIR / "support").glob("test_*.py")), "tests/support/ holds helpers, not tests"
+
+
+def test_only_slurm_environment_reads_slurm_variables() -> None:
+    """One owner of the allocation's facts (issue 20): a ``SLURM_*`` variable is read through
+    beam_hpc.slurm.environment.SlurmEnvironment, never with os.environ / os.getenv elsewhere, so a
+    het job's per-group spelling cannot be got wrong in one more place."""
+    import re
+
+    read = re.compile(r"""(?:environ\.get|getenv|environ\[)\(?\s*["']SLURM_""")
+    owner = PACKAGE_DIR / "slurm" / "environment.py"
+    found = [f"{p.relative_to(PACKAGE_DIR.parent)}:{i}" for p in sorted(PACKAGE_DIR.rglob("*.py")) if p != owner
+             for i, line in enumerate(p.read_text().splitlines(), 1) if read.search(line)]
+    assert not found, f"SLURM_* read outside SlurmEnvironment: {found}"
