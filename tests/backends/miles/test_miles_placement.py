@@ -206,8 +206,8 @@ class LoopbackRay:
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
             # Ray workers import the Miles double (as they would import Miles in its image) and
-            # this test module (for the probe task below).
-            "PYTHONPATH": os.pathsep.join([str(STANDIN), str(TESTS), str(ROOT)]),
+            # this test module (for the probe task below, which Ray pickles by its module's name).
+            "PYTHONPATH": os.pathsep.join([str(STANDIN), str(Path(__file__).resolve().parent), str(TESTS), str(ROOT)]),
         }
         self.procs: list[subprocess.Popen] = []
         self.ray_bin = str(Path(sys.executable).with_name("ray"))
