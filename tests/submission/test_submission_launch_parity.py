@@ -39,7 +39,7 @@ from run_watch import chain_finished, diagnostics, segments, wait_for
 import beam_hpc
 from beam_hpc.cli.app import main as cli_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e]
 
 MODULE = "beamtest/1.0"
