@@ -37,6 +37,7 @@ from run_watch import chain_finished, diagnostics, segments
 from beam_hpc.backends.miles import args as miles_args
 from beam_hpc.config.recipe import load_yaml, recipe_from_dict
 from beam_hpc.config.site import site_from_dict
+from beam_hpc.plan.plan import fill as plan_fill
 from beam_hpc.run import checkpoint_layout
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -160,7 +161,10 @@ def test_walltime_save_at_sentinel_then_resume_with_exact_miles_flags(slurm_clus
     assert status["eval"]["accuracy"] == 0.5 and status["eval"]["miles_checker"]["accuracy"] == 0.25
 
     # the flags of both launches are what miles_args builds for this plan (--load on the resume too)
-    expected = miles_args.miles_args(recipe, site)
+    # (the plan carries --num-rollout {num_rollout}; each segment fills in the total it runs to)
+    expected = [plan_fill(a, num_rollout=str(NUM_ROLLOUT)) if a == "{num_rollout}" else a
+                for a in miles_args.miles_args(recipe, site)]
+    assert "{num_rollout}" in miles_args.miles_args(recipe, site)
     for record, job in ((one, first), (two, second)):
         assert Path(record["argv"][0]) == STANDIN / miles_args.ENTRY_ASYNC
         assert record["argv"][1:] == expected
