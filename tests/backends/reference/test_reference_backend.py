@@ -232,9 +232,9 @@ def test_tiny_recipe_learns(learning_runs, mode) -> None:  # type: ignore[no-unt
 
 
 def _learning_numbers(run_dir: Path, upto: int) -> list[dict]:
-    """Every rollout, training and eval number up to rollout ``upto`` (timings and offload sizes,
-    which depend on the machine and the placement, left out)."""
-    return [{k: v for k, v in m.items() if not k.startswith("perf/")}
+    """Every rollout, training and eval number up to rollout ``upto`` (timings, the wall-clock time
+    of each row, and offload sizes, which depend on the machine and the placement, left out)."""
+    return [{k: v for k, v in m.items() if not k.startswith("perf/") and k != "time"}
             for kind in ("rollout", "eval") for m in metrics(run_dir, kind) if m["rollout_id"] <= upto]
 
 
