@@ -8,6 +8,51 @@ from collections.abc import Iterator
 import pytest
 from slurm_cluster import LocalSlurmCluster, SlurmClusterError
 
+# -- spreading the suite over xdist workers (tests/support/xdist_schedule.py) ------------------
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
+    """Modules that share a module fixture stay on one worker; units go out longest first."""
+    from xdist_schedule import DurationScheduling
+
+    return DurationScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, every worker collects the same order: the units longest first (the scheduler
+    sends them out in this order). A plain run keeps the files' order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from xdist_schedule import longest_first
+
+    by_id = {item.nodeid: item for item in items}
+    order = longest_first((item.nodeid, item.get_closest_marker("slow") is not None) for item in items)
+    items[:] = [by_id[nodeid] for nodeid in order]
+
+
+_CONTROLLER_LEASE: list[LocalSlurmCluster] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The xdist controller holds a lease on the local Slurm cluster for the whole run, so that a
+    worker that finishes early cannot stop the cluster under the others (it is stopped when the
+    last lease goes: tests/support/slurm_cluster.py)."""
+    is_worker = hasattr(config, "workerinput")
+    if is_worker or not getattr(config.option, "numprocesses", None):
+        return
+    if LocalSlurmCluster.missing_prerequisites():
+        return
+    cluster = LocalSlurmCluster()
+    cluster.join()
+    _CONTROLLER_LEASE.append(cluster)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _CONTROLLER_LEASE:
+        _CONTROLLER_LEASE.pop().leave()
+
+
 # -- local Slurm cluster ---------------------------------------------------------------------
 
 

@@ -47,7 +47,24 @@ def _where() -> dict:
         "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
         "pid": os.getpid(),
         "ray_auth_mode": os.environ.get("RAY_AUTH_MODE"),  # inherited from this node's `ray start`
+        **_temp_dir_modes(),
     }
+
+
+def _temp_dir_modes() -> dict:
+    """Ray's temp dir on this node and the modes of it and of its parent: Ray makes its own 0777, so
+    only a private (0700) parent keeps other users of the node away from its sockets
+    (beam_hpc.node.ray_node.temp_dir_for). Read through Ray's worker state, which has no public API."""
+    import stat
+
+    import ray
+
+    try:
+        temp = ray._private.worker.global_worker.node.get_temp_dir_path()
+        modes = [oct(stat.S_IMODE(os.stat(d).st_mode)) for d in (temp, os.path.dirname(temp))]
+    except (AttributeError, OSError):
+        return {"ray_temp_dir": None}
+    return {"ray_temp_dir": temp, "ray_temp_dir_mode": modes[0], "ray_temp_parent_mode": modes[1]}
 
 
 def run_smoke(plan: Plan, address: str) -> dict:

@@ -49,6 +49,7 @@ SOCKET_PATH_MAX = 107  # AF_UNIX sun_path limit (108 bytes with the NUL)
 # The longest socket path Ray creates below its temp dir (session dir name with a 7-digit pid).
 RAY_SOCKET_SUFFIX = "/session_2026-12-02_16-53-50_123456_1234567/sockets/plasma_store"
 TEMP_ROOT = "/tmp"
+RAYLET_START_WAIT_S = 180
 MIN_OBJECT_STORE_BYTES = 78_643_200  # Ray refuses less than 75 MiB
 GB = 10**9
 
@@ -177,10 +178,20 @@ def cpus_from_slurm(env: Mapping[str, str]) -> int | None:
     return SlurmEnvironment(env).cpus_on_node
 
 
+def node_private_dir(job_id: str, restart: int, index: int, root: str = TEMP_ROOT) -> str:
+    """``/tmp/beam-<job>.<restart>-<node>``: this node's own directory, mode 0700, unique per job,
+    segment and node. Ray's temp dir lives inside it (:func:`temp_dir_for`)."""
+    return f"{root.rstrip('/')}/beam-{job_id}.{restart}-{index}"
+
+
 def temp_dir_for(job_id: str, restart: int, index: int, root: str = TEMP_ROOT) -> str:
-    """``/tmp/beam-<job>.<restart>-<node>``: unique per job, segment and node, and short enough
-    that Ray's deepest socket path stays under the AF_UNIX limit."""
-    path = f"{root.rstrip('/')}/beam-{job_id}.{restart}-{index}"
+    """Ray's ``--temp-dir``: ``<node_private_dir>/r``, short enough that Ray's deepest socket path
+    stays under the AF_UNIX limit.
+
+    Why one level down: `ray start` makes its ``--temp-dir`` world-writable (mode 0777, seen with
+    Ray 2.60), and its sockets and session files sit below it. Inside the node's 0700 directory no
+    other user can reach them, whatever mode Ray gives its own directory."""
+    path = f"{node_private_dir(job_id, restart, index, root)}/r"
     if len(path) + len(RAY_SOCKET_SUFFIX) >= SOCKET_PATH_MAX:
         raise RayNodeError(
             f"Ray temp dir {path!r} is too long: Ray's sockets below it would exceed "
@@ -290,6 +301,10 @@ def ray_env(*, token_path: str, job_tag: str, node_index: int | None = None) -> 
         "RAY_USAGE_STATS_ENABLED": "0",
         # else SIGTERM makes a raylet drain for up to 30 s before it exits
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        # `ray start` waits this long for its raylet to register with the GCS (30 s by default);
+        # a busy head (many nodes joining at once, or a loaded login-class host) can take longer,
+        # and a timeout there fails the node ("The current node timed out during startup").
+        "RAY_raylet_start_wait_time_s": str(RAYLET_START_WAIT_S),
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         "PYTHONUNBUFFERED": "1",
         JOB_TAG_VAR: job_tag,

@@ -24,6 +24,7 @@ signal), and the next segment's staging purges what was left on disk.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -53,11 +54,14 @@ from beam_hpc.node.ray_node import (
     gpus_from_slurm,
     loopback_ip,
     node_ip,
+    node_private_dir,
     ray_env,
     ray_ports,
     ray_start_argv,
     set_parent_death_signal,
+    stop_pids,
     sweep,
+    tagged_pids,
     temp_dir_for,
     write_json_atomic,
 )
@@ -67,7 +71,7 @@ from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = logging.getLogger("beam_hpc.node.step")
 
-RAY_STOP_GRACE_S = 8.0
+RAY_STOP_GRACE_S = 3.0  # SIGTERM to SIGKILL for this node's Ray processes: below Slurm's usual KillWait
 RAY_START_ATTEMPTS = 3
 RAY_STARTED_LINE = "Ray runtime started"  # `ray start --block` gets this long after SIGTERM before SIGKILL
 GCS_POLL_S = 0.25
@@ -202,8 +206,11 @@ class NodeStep:
                                nvme_purged=[str(p) for p in staged.purged])
             self._write_report("staged")
         self._warm_caches(cleanup)  # entered before the sweep below: saved after Ray's workers are gone
-        shutil.rmtree(node.temp_dir, ignore_errors=True)  # left by a requeued segment's SIGKILL
-        cleanup.callback(shutil.rmtree, node.temp_dir, True)
+        private = node_private_dir(rt.job_id, rt.restart, self.index, rt.temp_root)
+        shutil.rmtree(private, ignore_errors=True)  # left by a requeued segment's SIGKILL
+        os.mkdir(private, mode=0o700)
+        os.chmod(private, 0o700)  # whatever the umask: Ray's temp dir inside is made 0777 by Ray
+        cleanup.callback(shutil.rmtree, private, True)
         cleanup.callback(self._sweep)
         self._check_stop()
         return node
@@ -236,8 +243,14 @@ class NodeStep:
         return str(staged.path)
 
     def _wait_for_gcs(self, node: RayNode) -> None:
-        """Workers wait until the head's GCS accepts connections (polling, with the job's
-        deadline): `ray start --address` against a GCS that is not up yet fails."""
+        """Workers wait until the head's GCS accepts connections: `ray start --address` against a
+        GCS that is not up yet fails.
+
+        Past the job's readiness deadline a worker keeps waiting (and says so in its report)
+        instead of failing: a head that is late is not this node's fault, and a worker that exited
+        would be the node the job records as failed and excludes next time. The job ends the wait:
+        its readiness check names the nodes that never joined, and its teardown stops this step."""
+        late = False
         while True:
             try:
                 with socket.create_connection((node.head_ip, node.ports.gcs), timeout=1.0):
@@ -245,9 +258,11 @@ class NodeStep:
             except OSError:
                 pass
             self._check_stop()
-            if time.time() > self.rt.deadline:
-                raise NodeStepError(f"the head's GCS at {node.gcs_address} did not answer before the "
-                                    "job's readiness deadline")
+            if not late and time.time() > self.rt.deadline:
+                late = True
+                msg = f"the head's GCS at {node.gcs_address} did not answer before the job's readiness deadline"
+                log.warning("node %s: %s; waiting on until the job stops this node", self.hostname, msg)
+                self._write_report("waiting-for-head", error=msg)
             time.sleep(GCS_POLL_S)
 
     def _run_ray(self, node: RayNode, cleanup: ExitStack) -> int:
@@ -311,15 +326,19 @@ class NodeStep:
         return 0
 
     def _stop_child(self) -> None:
+        """Stop this node's Ray: SIGTERM to every process of it at once, SIGKILL after the grace.
+
+        Why not only SIGTERM to `ray start --block`: its own shutdown stops Ray's processes one
+        after another, each with its own wait, which takes longer than Slurm's KillWait on a busy
+        node; Slurm then SIGKILLs the node step, and Ray's temp dir and stragglers stay behind.
+        Every Ray process of this node carries its tag (:func:`ray_env`), so all get the signal
+        together, `ray start` included."""
         child = self.child
         if child is None or child.poll() is not None:
             return
-        child.terminate()
-        try:
-            child.wait(timeout=RAY_STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        stop_pids({child.pid, *tagged_pids(self.rt.job_tag, self.index)}, grace_s=RAY_STOP_GRACE_S)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=1.0)  # reaped, or killed above and reaped by the kernel's next tick
 
     def _copy_ray_logs(self, node: RayNode) -> None:
         """Ray's own logs live in the temp dir, which is removed on exit: keep a copy of a failed

@@ -35,6 +35,8 @@ def test_run_local_brings_up_both_groups_places_work_and_cleans_up(tmp_path):
     by_role = {t["role"]: t["ip"] for t in smoke["tasks"]}
     assert by_role == {"trainer": "127.0.0.10", "rollout": "127.0.0.11"}  # loopback node per group
     assert {t["ray_auth_mode"] for t in smoke["tasks"]} == {"token"}
+    # Ray makes its temp dir 0777; every node's lies in a directory only the job's user can enter
+    assert {(t["ray_temp_parent_mode"], Path(t["ray_temp_dir"]).name) for t in smoke["tasks"]} == {("0o700", "r")}
     job_id = f"l{os.getpid()}"
     assert gone(lambda: tagged_pids(f"{plan.run_id}.{job_id}.0")) == []
     assert gone(lambda: glob(f"/tmp/beam-{job_id}.0-*")) == []

@@ -26,6 +26,7 @@ from beam_hpc.node.ray_node import (
     group_resources,
     loopback_ip,
     node_ip,
+    node_private_dir,
     ray_env,
     ray_ports,
     ray_start_argv,
@@ -117,7 +118,7 @@ def test_head_argv_pins_ports_labels_resources_and_turns_dashboard_and_stats_off
     assert f["node-ip-address"] == "127.0.0.10" and f["num-gpus"] == "2" and f["num-cpus"] == "2"
     assert f["labels"] == "beam-group=trainer"
     assert json.loads(f["resources"]) == {"beam_trainer": 2.0}
-    assert f["temp-dir"] == "/tmp/beam-42.0-0"
+    assert f["temp-dir"] == "/tmp/beam-42.0-0/r"
     for kind in ("node-manager", "object-manager", "dashboard-agent-grpc", "dashboard-agent-listen",
                  "runtime-env-agent", "metrics-export", "ray-client-server"):
         assert f[f"{kind}-port"].isdigit()
@@ -135,7 +136,8 @@ def test_worker_argv_joins_the_head_and_colocated_nodes_carry_both_group_resourc
 
 def test_temp_dir_is_short_enough_for_ray_sockets():
     path = temp_dir_for("123456789", 12, 15)
-    assert path == "/tmp/beam-123456789.12-15"
+    assert path == "/tmp/beam-123456789.12-15/r"  # inside the node's private directory
+    assert path.startswith(node_private_dir("123456789", 12, 15) + "/")
     with pytest.raises(RayNodeError, match="too long"):
         temp_dir_for("1", 0, 0, root="/tmp/" + "x" * 60)
 
