@@ -52,10 +52,11 @@ SITE = ROOT / "env" / "local.yaml"
 RUN_TIMEOUT_S = 540  # a shared 2-core machine: bring-up alone can take 30-60 s under load
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def runs() -> Iterator[Path]:
     """Run directories outside pytest's numbered temp dirs: those are pruned by other pytest
-    sessions on the same machine, and a run directory must outlive every segment of its chain."""
+    sessions on the same machine, and a run directory must outlive every segment of its chain.
+    One per test (not per module): the chains are independent, so xdist may run them side by side."""
     root = Path(tempfile.mkdtemp(prefix="beam-lc-", dir="/tmp"))
     yield root
     shutil.rmtree(root, ignore_errors=True)

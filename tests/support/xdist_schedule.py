@@ -7,8 +7,8 @@ node ids the scheduler reads, and a group's tests silently land on different wor
 rebuilds the group's module fixture: a 20-rollout learning run, a Ray cluster). Reading the rule from
 the test files themselves needs no mark to keep in step:
 
-- **Work units.** A test module that defines a module-scoped fixture goes to one worker as a whole
-  (its tests share that fixture, built once); every other test is a unit of its own.
+- **Work units.** The tests of a module that use one of its module-scoped fixtures go to one worker
+  together (the fixture is built once); every other test is a unit of its own.
 - **Order.** Units go out longest first, by the seconds measured in ``test_durations.json`` (this
   directory), so the long end-to-end chains start at once and the short tests fill the gaps at the
   end. A test not measured yet counts ``UNMEASURED_SLOW_S`` if marked slow, else ``UNMEASURED_S``.
@@ -37,27 +37,42 @@ UNMEASURED_SLOW_S = 60.0
 
 
 @cache
-def shares_module_fixture(module_path: str) -> bool:
-    """Whether the test module at ``module_path`` (relative to the repository) defines a fixture
-    with ``scope="module"`` (parsed, not imported: the xdist controller never imports tests)."""
+def tests_sharing_a_module_fixture(module_path: str) -> frozenset[str]:
+    """The test functions of the module at ``module_path`` (relative to the repository) that use one
+    of its module-scoped fixtures, directly or through another fixture of the module. Parsed, not
+    imported: the xdist controller never imports the tests."""
     try:
         tree = ast.parse((ROOT / module_path).read_text())
     except (OSError, SyntaxError):
-        return False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            for deco in node.decorator_list:
-                if isinstance(deco, ast.Call) and any(
-                        k.arg == "scope" and isinstance(k.value, ast.Constant) and k.value.value == "module"
-                        for k in deco.keywords):
-                    return True
-    return False
+        return frozenset()
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    fixtures: dict[str, tuple[bool, set[str]]] = {}  # name -> (module-scoped, the names it takes)
+    for fn in functions:
+        for deco in fn.decorator_list:
+            target = deco.func if isinstance(deco, ast.Call) else deco
+            if isinstance(target, ast.Attribute) and target.attr == "fixture":
+                scoped = isinstance(deco, ast.Call) and any(
+                    k.arg == "scope" and isinstance(k.value, ast.Constant) and k.value.value == "module"
+                    for k in deco.keywords)
+                fixtures[fn.name] = (scoped, {a.arg for a in fn.args.args})
+    shared = {name for name, (scoped, _) in fixtures.items() if scoped}
+    grew = True
+    while grew:  # a fixture that takes a shared one shares it too
+        grew = False
+        for name, (_, takes) in fixtures.items():
+            if name not in shared and takes & shared:
+                shared.add(name)
+                grew = True
+    return frozenset(fn.name for fn in functions
+                     if fn.name.startswith("test") and {a.arg for a in fn.args.args} & shared)
 
 
 def unit_of(nodeid: str) -> str:
-    """The work unit of a test: its module when the module shares a fixture, else the test."""
-    module = nodeid.split("::", 1)[0]
-    return module if shares_module_fixture(module) else nodeid
+    """The work unit of a test: ``<module>::<shared>`` for the tests of a module that share one of its
+    module-scoped fixtures (they go to one worker, which builds the fixture once), else the test."""
+    module, _, rest = nodeid.partition("::")
+    function = rest.split("::")[-1].split("[", 1)[0]
+    return f"{module}::<shared>" if function in tests_sharing_a_module_fixture(module) else nodeid
 
 
 @cache
