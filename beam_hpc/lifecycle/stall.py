@@ -123,6 +123,7 @@ class ProgressProbe:
         self.last_at: float | None = None  # wall time the last of them was written
         self.slowest_step_s: float | None = None
         self.last_save_s: float | None = None
+        self.unreadable: str | None = None  # why the scalars cannot be read here (the watch is then off)
 
     def _files_signature(self) -> tuple:
         files = list(Path(self.paths.tensorboard).rglob("events.out.tfevents.*"))
@@ -148,7 +149,14 @@ class ProgressProbe:
             return False
         self._signature = sig
         warnings: list[str] = []
-        scalars = read_scalars(self.paths.root, warnings).since(self.offset)
+        everything = read_scalars(self.paths.root, warnings)
+        if everything.source is None and any(Path(f).name.startswith("events.") for f, _, _ in sig):
+            # event files this process cannot read (e.g. no `tensorboard` package here, and no
+            # metrics.jsonl mirror: Miles): no progress would ever show, so no stall may be claimed
+            self.unreadable = "; ".join(warnings) or "the TensorBoard events cannot be read here"
+            return False
+        self.unreadable = None
+        scalars = everything.since(self.offset)
         steps = scalars.series.get(metric_names.ROLLOUT_TIME, [])
         saves = scalars.series.get(metric_names.SAVE_TIME, [])
         if saves:
@@ -183,6 +191,7 @@ class StallWatch:
         self.rollouts_at_start = rollouts_at_start
         self.started_at: float | None = None
         self._shown: Timeouts | None = None
+        self._off_said = False
 
     def start(self, at: float | None = None) -> None:
         """The driver started: the first rollout's clock runs from here."""
@@ -200,7 +209,13 @@ class StallWatch:
         if self.started_at is None:
             return None
         t = self.timeouts()
-        if self.probe.poll():
+        if self.probe.poll() or self.probe.unreadable:
+            if self.probe.unreadable:
+                if not self._off_said:
+                    self._off_said = True
+                    log.warning("stall watchdog off: the backend's progress cannot be read here (%s); install "
+                                "beam-hpc's `viz` extra (tensorboard) where the segment runs", self.probe.unreadable)
+                return None
             t = self.timeouts()
             shown = self._shown
             if shown is None or abs(t.stall_s - shown.stall_s) > 0.1 * shown.stall_s:
@@ -215,7 +230,7 @@ class StallWatch:
             phase, timeout, since, basis = "running", t.stall_s, max(self.probe.last_at, self.started_at), t.basis
         if timeout <= 0 or now - since <= timeout:
             return None
-        if self.probe.poll(force=True):  # one last fresh look before acting
+        if self.probe.poll(force=True) or self.probe.unreadable:  # one last fresh look before acting
             return None
         last = self.probe.last_rollout
         return Stall(phase=phase, last_rollout=last, rollout=self.rollouts_at_start if last is None else last + 1,

@@ -146,3 +146,23 @@ def test_a_stall_resubmits_and_the_same_stall_twice_in_a_row_stops_the_chain() -
     # a stall without progress after another failure without progress: the failure rule stops it
     stuck = _decide(4, 4, {"rollout": 4, "dumps": []}, [_stalled(9, 4, 4, [])])
     assert stuck.action == "none" and "failed without progress too" in stuck.detail
+
+
+def test_no_stall_is_claimed_where_the_progress_cannot_be_read(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Miles writes only TensorBoard events; where the segment runs without the `tensorboard`
+    package nothing would ever show progress, so the watch says it is off instead of stopping a
+    healthy run after the startup timeout."""
+    import sys
+
+    paths = RunPaths(str(tmp_path))
+    Path(paths.tensorboard).mkdir(parents=True)
+    Path(paths.tensorboard, "events.out.tfevents.1.host").write_bytes(b"\0" * 64)
+    monkeypatch.setitem(sys.modules, "tensorboard.backend.event_processing", None)  # not installed here
+    clock = Clock(1000.0)
+    watch = StallWatch(paths, 900.0, stall_timeout_s=10, startup_timeout_s=10, measured=None, rollouts_at_start=0,
+                       clock=clock, probe_every_s=0.0)
+    watch.start()
+    clock.t = 5000.0
+    with caplog.at_level("WARNING"):
+        assert watch.check() is None and watch.check() is None
+    assert watch.probe.unreadable and caplog.text.count("stall watchdog off") == 1
