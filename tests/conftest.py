@@ -92,10 +92,19 @@ def slurm_cluster() -> Iterator[LocalSlurmCluster]:
 
 
 @pytest.fixture(autouse=True)
-def _slurm_marked_tests_get_the_cluster(request: pytest.FixtureRequest) -> None:
-    """`@pytest.mark.slurm` alone is enough for a test to run against the cluster."""
-    if request.node.get_closest_marker("slurm") is not None:
-        request.getfixturevalue("slurm_cluster")
+def _slurm_marked_tests_get_the_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
+    """`@pytest.mark.slurm` alone is enough for a test to run against the cluster. On its way out,
+    passed or failed, the jobs it left under its temp dir are cancelled (module fixtures that submit
+    chains cancel theirs in their own teardown): a leftover chain would slow every later test."""
+    if request.node.get_closest_marker("slurm") is None:
+        yield
+        return
+    cluster: LocalSlurmCluster = request.getfixturevalue("slurm_cluster")
+    tmp = request.getfixturevalue("tmp_path")
+    yield
+    left = cluster.cancel_jobs_under(tmp)
+    if left:
+        print(f"\ncancelled the jobs this test left behind: {' '.join(left)}")
 
 
 # -- reference backend: the tiny model + data, and a shared local Ray head ---------------------

@@ -17,11 +17,13 @@ the wait at once by killing it. :func:`evaluate` is pure, so the rule is unit-te
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -163,12 +165,18 @@ def wait_ready(plan: Plan, rt: ClusterRuntime, *, output: Path | None = None, po
             if time.time() > rt.deadline:
                 return _finish(Status(False, summary=unanswered), plan, rt, t0, output)
             time.sleep(poll_s)
-    try:
+    def init() -> None:
         ray.init(address=rt.address, log_to_driver=False, logging_level=logging.WARNING,
                  namespace="beam-readiness")
+
+    try:
+        attach(init, ray.shutdown, retry_until=None if rt.existing else rt.deadline)
     except Exception as err:  # Ray raises plain ConnectionError / RuntimeError here
         if not rt.existing:
-            raise
+            return _finish(Status(False, summary=(
+                f"the job's Ray head at {rt.address} accepted connections but no driver could attach "
+                f"before the readiness deadline ({type(err).__name__}: {str(err).splitlines()[0][:300]})")),
+                plan, rt, t0, output)
         # a wrong token shows as the cause; a driver attaches through a Ray node on its own host
         cause = f" ({str(err.__cause__).splitlines()[0][:300]})" if err.__cause__ else ""
         return _finish(Status(False, summary=(
@@ -184,6 +192,32 @@ def wait_ready(plan: Plan, rt: ClusterRuntime, *, output: Path | None = None, po
             time.sleep(poll_s)
     finally:
         ray.shutdown()
+
+
+def attach(init: Callable[[], None], reset: Callable[[], None], *, retry_until: float | None,
+           pause_s: float = 2.0) -> int:
+    """``init`` (``ray.init`` against the cluster) until it succeeds; returns the attempts it took.
+
+    Why retry: a head's GCS accepts connections seconds before the head can take a driver (its raylet
+    still registering), and on a loaded node that gap exceeds ``ray.init``'s own wait, which then
+    raises. For the job's own cluster that is lateness, not failure: try again (after ``reset``, which
+    clears the half-made connection) until ``retry_until`` (the readiness deadline); then, or at once
+    when ``retry_until`` is None (the site's cluster, whose error says what to fix), the error is
+    raised."""
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            init()
+            return attempts
+        except Exception as err:  # Ray raises plain ConnectionError / RuntimeError here
+            if retry_until is None or time.time() + pause_s > retry_until:
+                raise
+            log.info("the head does not take a driver yet (%s: %s); trying again", type(err).__name__,
+                     str(err).splitlines()[0][:200] if str(err) else "")
+            with contextlib.suppress(Exception):
+                reset()
+            time.sleep(pause_s)
 
 
 def _finish(status: Status, plan: Plan, rt: ClusterRuntime, t0: float, output: Path | None) -> Status:

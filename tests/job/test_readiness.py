@@ -74,3 +74,32 @@ def test_what_an_existing_cluster_lacks_is_said_per_group_with_the_fix():
     assert "group rollout needs 1 node(s)" in msg and "the cluster has 0 such node(s) with 0 GPU(s)" in msg
     assert """ray start --address=10.0.0.1:6379 --labels=beam-group=rollout --resources='{"beam_rollout": 2}' --num-gpus=2""" in msg
     assert "It has: trainer: 10.0.0.2 (1 GPUs); rollout: none." in msg and "without ray_address / --ray-address" in msg
+
+
+def test_attach_retries_a_head_that_is_late_until_the_deadline_and_not_the_sites_cluster():
+    """A head whose GCS answers before it can take a driver: ray.init raises (ConnectionError, as seen
+    at load 20 on 2 cores), and the job's readiness tries again until its deadline instead of failing
+    the segment at once; the site's own cluster gets one try (its error says what to fix)."""
+    import pytest
+
+    from beam_hpc.job.readiness import attach
+
+    calls, resets = [], []
+
+    def init_after(n: int):
+        def init() -> None:
+            calls.append(time.time())
+            if len(calls) < n:
+                raise ConnectionError("Failed to connect to Ray cluster at 127.0.0.10:41020")
+        return init
+
+    assert attach(init_after(3), lambda: resets.append(1), retry_until=time.time() + 30, pause_s=0.01) == 3
+    assert len(resets) == 2
+    calls.clear()
+    with pytest.raises(ConnectionError):  # past the deadline: the error goes up, to be reported
+        attach(init_after(100), lambda: None, retry_until=time.time() + 0.2, pause_s=0.05)
+    assert 2 <= len(calls) < 100
+    calls.clear()
+    with pytest.raises(ConnectionError):  # the site's cluster: no retry
+        attach(init_after(2), lambda: None, retry_until=None, pause_s=0.01)
+    assert len(calls) == 1

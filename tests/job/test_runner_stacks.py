@@ -22,8 +22,8 @@ DRIVER = """
 import sys, time
 from beam_hpc.node import stacks
 stacks.register()
-print("ready", flush=True)
 def driver_waiting_on_a_collective():
+    print("ready", flush=True)  # from inside: a dump taken after this line must show this frame
     while True:
         time.sleep(60)
 driver_waiting_on_a_collective()

@@ -8,8 +8,9 @@ wait, interfere the way Slurm or a user would (a preempting job, ``scontrol requ
 a second submission, ``beam-hpc cancel``) and read the run directory.
 
 Signals and time limits have a 30 s granularity in slurmctld (local-slurm-cluster.md 4 and 9), so
-the walltime test uses a 2-minute limit with a 60 s lead: USR1 or the job's own deadline comes
-30-60 s after the start.
+the walltime test uses a 3-minute limit with a 60 s lead: USR1 or the job's own deadline comes
+90-120 s after the start. (With 2 minutes, a bring-up of 45 s and a driver start of over a minute,
+both seen at load 20 on 2 cores, left no first rollout to save, which ends the chain as "no progress".)
 """
 
 from __future__ import annotations
@@ -53,12 +54,14 @@ RUN_TIMEOUT_S = 540  # a shared 2-core machine: bring-up alone can take 30-60 s 
 
 
 @pytest.fixture
-def runs() -> Iterator[Path]:
+def runs(slurm_cluster) -> Iterator[Path]:
     """Run directories outside pytest's numbered temp dirs: those are pruned by other pytest
     sessions on the same machine, and a run directory must outlive every segment of its chain.
-    One per test (not per module): the chains are independent, so xdist may run them side by side."""
+    One per test (not per module): the chains are independent, so xdist may run them side by side.
+    A chain the test left behind (it failed, say) is cancelled before its directory goes."""
     root = Path(tempfile.mkdtemp(prefix="beam-lc-", dir="/tmp"))
     yield root
+    slurm_cluster.cancel_jobs_under(root)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -174,7 +177,7 @@ def change_the_total(run_dir: Path, assets: TinyAssets, *, more: int, **submit_k
 
 
 def test_walltime_chain_resubmits_with_resume_until_num_rollout(slurm_cluster, tiny_assets, runs) -> None:
-    """A 2-minute limit, 60 s lead: the segment saves the rollout in flight on USR1 or its own
+    """A 3-minute limit, 60 s lead: the segment saves the rollout in flight on USR1 or its own
     deadline and resubmits itself with --resume (same script, dependency afterany on itself). The
     first target is out of reach, so the interrupt always lands mid-run however fast the machine;
     the user then gives the chain a total (cancel + ``submit --resume --num-rollout N``, see
@@ -182,7 +185,7 @@ def test_walltime_chain_resubmits_with_resume_until_num_rollout(slurm_cluster, t
     (The resubmitted segment itself running with --resume and the total passed on:
     tests/submission/test_submission_launch_parity.py.)"""
     run = runs / "walltime"
-    plan, first = submit_run(run, tiny_assets, num_rollout=100_000, interval=1000, walltime="00:02:00", lead_s=60)
+    plan, first = submit_run(run, tiny_assets, num_rollout=100_000, interval=1000, walltime="00:03:00", lead_s=60)
     second = wait_for("the walltime resubmission",
                       lambda: (s := segments(run)) and "end" in s[0] and s[0]["end"]["next"].get("job_id"), run,
                       poll_s=0.1)

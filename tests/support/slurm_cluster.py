@@ -164,6 +164,20 @@ class LocalSlurmCluster:
     def _controller_is_ours(self) -> bool:
         return self._controller_state_dir() == str(self.lab / "state" / "ctld")
 
+    def cancel_jobs_under(self, *roots: Path) -> list[str]:
+        """Cancel every job whose output file or working directory lies under one of ``roots``;
+        returns their ids. What a test calls on its way out, passed or failed: a chain it left
+        behind (one that resubmits itself toward a total of 100,000, say) would otherwise take the
+        machine's CPU from every test after it, on every xdist worker."""
+        out = self.run("squeue", "--noheader", "--Format=JobID:30,STDOUT:1000,WorkDir:1000", check=False).stdout
+        prefixes = tuple(str(Path(r).resolve()).rstrip("/") + "/" for r in roots)
+        ids = sorted({line.split()[0].split("+")[0] for line in out.splitlines()
+                      if line.split() and any(f.rstrip("/") + "/" == pre or f.startswith(pre)
+                                              for f in line.split()[1:] for pre in prefixes)})
+        if ids:
+            self.run("scancel", *ids, check=False)
+        return ids
+
     def _queue_empty(self) -> bool:
         return not self.run("squeue", "--noheader", check=False).stdout.strip()
 
