@@ -71,6 +71,13 @@ STEP_TIMEOUT_S = 300
 MODES = ("sentinel", "none")
 
 
+def job_state(cluster: LocalSlurmCluster, job: str) -> str:
+    """Slurm's JobState of ``job`` (of its first component, for a het job), or GONE (benchmarks/faults.py too)."""
+    out = cluster.run("scontrol", "--oneliner", "show", "job", job, check=False).stdout
+    fields = dict(tok.split("=", 1) for tok in out.split("\n")[0].split() if "=" in tok)
+    return fields.get("JobState", "GONE")
+
+
 class MetricsTail(threading.Thread):
     """Time-stamps each whole line of dumps/metrics.jsonl as it appears (the file has no times)."""
 
@@ -134,11 +141,6 @@ class Run:
         base = len(self.tail.rollouts())
         self.wait(f"{n} new rollouts", lambda: len(self.tail.rollouts()) >= base + n, poll_s=0.05)
 
-    def job_state(self, job: str) -> str:
-        out = self.cluster.run("scontrol", "--oneliner", "show", "job", job, check=False).stdout
-        fields = dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
-        return fields.get("JobState", "GONE")
-
     def note(self, text: str) -> None:
         self.events.append(f"{time.strftime('%H:%M:%S')} {text}")
         print(f"[{self.mode}] {text}", flush=True)
@@ -199,7 +201,7 @@ class Run:
     def release_requeued(self, job: str) -> None:
         """A requeued job may start only after cred_expire (10 s here): let it go when it pends,
         as the tests do (a real cluster's queue decides this)."""
-        self.wait(f"job {job} to pend", lambda: self.job_state(job) == "PENDING", timeout=120)
+        self.wait(f"job {job} to pend", lambda: job_state(self.cluster, job) == "PENDING", timeout=120)
         self.cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
 
     # -- the numbers -------------------------------------------------------------------------------
