@@ -245,6 +245,15 @@ class LifecycleSpec(_Strict):
     # loaded). The run's own ledger replaces both once a segment has measured them.
     rollout_s_estimate: float | None = Field(None, gt=0)
     bringup_s_estimate: float = Field(600.0, ge=0)
+    # The stall watchdog (beam_hpc.lifecycle.stall): a segment whose backend finishes no rollout
+    # step (no new perf/step_time scalar) for this many seconds is stopped, its stacks dumped, and
+    # resumed from the last checkpoint by a new segment. None: 4 x (the slowest measured step + the
+    # last save), at least 20 minutes; 0 turns the watchdog off. Miles flushes its TensorBoard
+    # events only every ~120 s, so on Miles a value under ~150 s can fire on a healthy run.
+    stall_timeout_s: int | None = Field(None, ge=0)
+    # The same for a segment's first rollout, which also loads the model and (Miles) starts the
+    # engines. None: the stall timeout + 30 minutes; 0 turns the first rollout's watch off.
+    startup_timeout_s: int | None = Field(None, ge=0)
 
     @field_validator("walltime", mode="before")
     @classmethod

@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from glob import glob
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from beam_hpc.job.context import (  # noqa: F401 (re-exported: the runner's public names)
     STATUSES,
@@ -62,6 +62,7 @@ from beam_hpc.job.context import (  # noqa: F401 (re-exported: the runner's publ
 from beam_hpc.job.launchers import Launcher, LocalLauncher, SrunLauncher, StepHandle, reports  # noqa: F401
 from beam_hpc.job.readiness import EXIT_READY
 from beam_hpc.job.smoke import smoke_driver_argv
+from beam_hpc.node import stacks
 from beam_hpc.node.container import container_command
 from beam_hpc.node.ray_node import (
     LOOPBACK_MAX_NODES,
@@ -87,6 +88,8 @@ DEFAULT_READY_TIMEOUT_S = 600.0
 DEFAULT_STOP_GRACE_S = 20.0
 POLL_S = 0.2
 NODE_FAILURE_GRACE_S = 1.5  # after a driver failure, look this long for the dead node behind it
+STACKS_WAIT_S = stacks.DUMP_TIMEOUT_S + 8.0  # node steps look for a dump request every 0.5 s, then dump in parallel
+KILLED_WAIT_S = 10.0  # after SIGKILL: a process stuck in the kernel (state D) may never go; stop waiting
 
 
 
@@ -167,8 +170,8 @@ class JobRunner:
         env = ray_env(token_path=self.rt.token_path, job_tag=self.job_tag)
         # driver_env holds plan placeholders ({ray_address}, ...) like the driver's argv: fill them.
         env.update({k: fill(v, **self._placeholder_values()) for k, v in self.plan.driver_env.items()})
-        env.update(BEAM_RAY_ADDRESS=self.rt.address, BEAM_SEGMENT_DIR=str(self.segment_dir),
-                   BEAM_JOB_ID=self.ctx.job_id, BEAM_RUN_DIR=self.plan.output_dir)
+        env.update(BEAM_RAY_ADDRESS=self.rt.address, BEAM_JOB_ID=self.ctx.job_id, BEAM_RUN_DIR=self.plan.output_dir)
+        env[stacks.SEGMENT_DIR_VAR] = str(self.segment_dir)  # also where its stacks go (beam_hpc.node.stacks)
         binds = [self.plan.output_dir]
         if self.rt.existing:  # the site's token file lives outside the run directory
             binds.append(str(Path(self.rt.token_path).parent))
@@ -336,6 +339,60 @@ class JobRunner:
                   "loaded_modules": env.get("LOADEDMODULES")}
         write_json_atomic(self.seg.driver_record, record)
 
+    def dump_stacks(self, wait_s: float = STACKS_WAIT_S) -> dict[str, Any]:
+        """Every Python process of the job dumps its stacks into ``stacks/`` (beam_hpc.node.stacks):
+        the driver's process tree here, each node's processes by its node step, all at once. Returns
+        the record the ledger keeps: the dump files, the processes that did not answer in time and
+        the nodes they ran on (``suspects``), node steps that did not answer, and how many
+        processes could not be asked (no py-spy, no registered signal)."""
+        seg = str(self.segment_dir)
+        t0 = time.monotonic()
+        rid = stacks.request(seg) if self.steps and self.rt is not None else None
+        records: list[dict[str, Any]] = []
+        node_of: dict[int, str] = {}  # index in records -> the Slurm node it ran on
+        head = self.rt.node_name(self.plan.groups[0].name, 0) if self.rt is not None else stacks.host_name()
+        if self.driver is not None and self.driver.poll() is None:
+            records += stacks.dump_all(stacks.process_tree(self.driver.pid), seg)
+            node_of.update({i: head for i in range(len(records))})
+        silent: list[str] = []
+        if rid is not None and self.rt is not None:
+            want = [(g.name, i) for g in self.plan.groups for i in range(g.nodes)]
+            got: dict[tuple[str, int], list[dict[str, Any]]] = {}
+            deadline = t0 + wait_s
+            while True:
+                for key in want:
+                    if key not in got:
+                        answer = stacks.read_answer(seg, rid, *key)
+                        if answer is not None:
+                            got[key] = answer
+                if len(got) == len(want) or time.monotonic() > deadline:
+                    break
+                time.sleep(POLL_S)
+            for key in want:
+                name = self.rt.node_name(*key)
+                if key not in got:
+                    silent.append(name)
+                    continue
+                for r in got[key]:
+                    node_of[len(records)] = name
+                    records.append(r)
+        late = [i for i, r in enumerate(records) if r.get("skipped") and not r.get("unregistered")]
+        suspects = sorted({node_of.get(i, records[i].get("host", "?")) for i in late} | set(silent))
+        out = {
+            "dumps": [r["file"] for r in records if r.get("file")],
+            "skipped": [{"node": node_of.get(i, records[i].get("host")), "pid": records[i]["pid"],
+                         "name": records[i].get("name"), "why": records[i]["skipped"]} for i in late],
+            "not_dumpable": sum(1 for r in records if r.get("unregistered")),
+            "silent_nodes": silent,
+            "suspects": suspects,
+            "seconds": round(time.monotonic() - t0, 3),
+        }
+        write_json_atomic(self.seg.stacks_index, {"request": rid, **out, "records": records})
+        log.info("stack dumps: %d files in %s (%.1f s)%s%s", len(out["dumps"]), self.seg.stacks, out["seconds"],
+                 f"; {len(out['skipped'])} processes did not answer in time" if out["skipped"] else "",
+                 f"; node steps that did not answer: {', '.join(silent)}" if silent else "")
+        return out
+
     def stop(self) -> float:
         """Stop everything of this segment; returns the seconds it took (0 when already done)."""
         if self._torn_down is not None:
@@ -401,7 +458,11 @@ def _stop_group(proc: subprocess.Popen | None, grace_s: float) -> None:
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        try:
+            proc.wait(timeout=KILLED_WAIT_S)
+        except subprocess.TimeoutExpired:  # stuck in the kernel (e.g. a dead filesystem): it goes when it can
+            log.error("pid %d did not end %.0f s after SIGKILL (state %s); going on without it", proc.pid,
+                      KILLED_WAIT_S, stacks.process_state(proc.pid))
 
 
 def _wait_all(procs: list[subprocess.Popen], timeout: float) -> None:

@@ -23,7 +23,12 @@ walltime warning (``--signal=B:USR1@lead``) and Slurm's SIGTERM. A rendered scri
 4. on walltime or preemption, asks the backend to save now (sentinel), waits for that checkpoint,
    stops the driver and tears down; on SIGTERM it has only Slurm's KillWait, so it writes the
    ledger end line first and relies on the last complete checkpoint;
-5. decides (:func:`beam_hpc.lifecycle.decide.decide`) and acts: resubmit itself with ``--resume``
+5. while the driver runs, the stall watchdog (:mod:`beam_hpc.lifecycle.stall`) watches the rollouts
+   the backend finishes; when none finishes within ``lifecycle.stall_timeout_s`` (the first one:
+   ``startup_timeout_s``), the segment dumps every Python process's stacks into
+   ``logs/<job>-<restart>/stacks/`` (:mod:`beam_hpc.node.stacks`), stops the driver and Ray, and
+   ends as ``stalled``;
+6. decides (:func:`beam_hpc.lifecycle.decide.decide`) and acts: resubmit itself with ``--resume``
    (dependency afterany on itself), requeue (same job id), or stop; writes the ledger end line;
    releases the lock.
 
@@ -49,7 +54,9 @@ from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.lifecycle import actions, cancel, exclusions, quarantine, save
 from beam_hpc.lifecycle.decide import Action, Decision, Outcome, decide
 from beam_hpc.lifecycle.segment_metrics import metrics_offset, segment_metrics
+from beam_hpc.lifecycle.stall import Stall, StallWatch
 from beam_hpc.lifecycle.watchdog import Interrupt, Watchdog
+from beam_hpc.node import stacks
 from beam_hpc.plan.plan import Plan, compute_lead_s, load_plan
 from beam_hpc.plan.segment_args import SegmentArgs
 from beam_hpc.run import checkpoint_layout, ledger
@@ -107,6 +114,9 @@ class Segment:
         self._requeue_self = False
         self.reason: str | None = None
         self.excluded: list[str] = []  # the run's failed nodes, left out of the next segment
+        self.stall_watch: StallWatch | None = None  # once the driver runs (beam_hpc.lifecycle.stall)
+        self.stall: Stall | None = None
+        self.stall_record: dict | None = None  # the stall and its stack dumps, for the ledger's end line
 
     # -- entry ------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -324,6 +334,11 @@ class Segment:
         from beam_hpc.job import runner as runtime
 
         self.metrics_offset = metrics_offset(self.paths)
+        lc = self.plan.recipe.lifecycle
+        self.stall_watch = StallWatch(self.paths, self.metrics_offset, stall_timeout_s=lc.stall_timeout_s,
+                                      startup_timeout_s=lc.startup_timeout_s,
+                                      measured=ledger.measured_timings(self.history),
+                                      rollouts_at_start=self.rollouts_at_start)
         refusal = self._backend_refuses()
         if refusal is not None:  # the backend itself would stop at its first line: no Ray, no retry
             return self._finish_now("error", refusal, retryable=False)
@@ -342,6 +357,7 @@ class Segment:
             if self.interrupt is not None:
                 self.runner.request_stop(self.interrupt.kind)
             outcome = runtime.run_job(self.runner, on_tick=self._tick)
+        stacks.drop_empty(str(self.runner.segment_dir))  # files of processes that were never asked
         if self.finished:
             return self._exit_code()
         return self._finish_after(outcome.status, outcome.message, outcome.returncode, outcome.failed_nodes)
@@ -364,11 +380,37 @@ class Segment:
             log.info("backend check of the driver command: accepted (%.1f s)", time.monotonic() - t0)
         return refusal
 
-    def _tick(self, _runner) -> None:
+    def _tick(self, runner) -> None:
         """Called by the runtime every poll while the driver runs."""
         intr = self.watchdog.check()
         if intr is not None:
             self._on_interrupt(intr)
+        self._check_stall(runner)
+
+    def _check_stall(self, runner) -> None:
+        """The stall watchdog (beam_hpc.lifecycle.stall): when the backend has finished no rollout
+        for the timeout, dump every Python process's stacks (beam_hpc.node.stacks), then stop the
+        driver and Ray; the end line says ``stalled`` and the next segment resumes from the last
+        checkpoint. Not while an interrupt is handled: that stops the segment anyway."""
+        watch = self.stall_watch
+        if (watch is None or runner is None or runner.driver is None or self.stall is not None
+                or self.interrupt is not None or self.finished or self._finishing):
+            return
+        if watch.started_at is None:
+            watch.start()
+            return
+        stall = watch.check()
+        if stall is None:
+            return
+        self.stall = stall
+        log.error("stalled: %s; dumping the stacks of the job's Python processes, then stopping it", stall.describe())
+        try:
+            dumps = runner.dump_stacks()
+        except Exception as err:  # noqa: BLE001 - the stop matters more than the dumps
+            log.exception("the stack dumps failed")
+            dumps = {"dumps": [], "skipped": [], "suspects": [], "error": f"{type(err).__name__}: {err}"}
+        self.stall_record = {**stall.to_record(), **dumps, "skipped": dumps.get("skipped", [])[:20]}
+        runner.request_stop("stalled")
 
     def _on_signal(self, name: str) -> None:
         """From the signal handler: SIGTERM leaves KillWait seconds, so act here and now (the
@@ -392,7 +434,8 @@ class Segment:
                         "the job; the next segment resumes from the last periodic checkpoint", intr.kind)
             return
         self.interrupt = intr
-        if intr.kind in ("walltime", "preempted") and self.runner is not None and self.runner.driver is not None:
+        if (intr.kind in ("walltime", "preempted") and self.runner is not None and self.runner.driver is not None
+                and self.stall is None):  # a stalled driver saves nothing: it is being stopped
             self._save_now(intr)
         if intr.kind in ("requeued", "cancelled", "timelimit"):
             # no time for a teardown first: record now, the runtime tears down afterwards
@@ -439,6 +482,8 @@ class Segment:
         num_rollout = self.plan.recipe.num_rollout
         if done >= num_rollout:
             return self._finish("completed", f"{done} of {num_rollout} rollouts done")
+        if self.stall is not None and self.stall_record is not None:
+            return self._finish("stalled", self._stall_detail(), stall=self.stall_record)
         if self.interrupt is not None:
             detail = self.interrupt.detail
             if self.save_result is not None:
@@ -449,12 +494,28 @@ class Segment:
         return self._finish(_STATUS_REASON.get(status, "error"), f"{message} (exit {returncode})",
                             failed_nodes=failed_nodes)
 
+    def _stall_detail(self) -> str:
+        assert self.stall is not None and self.stall_record is not None
+        rec = self.stall_record
+        seg = self.paths.segment(self.ledger_job_id, self.restart)
+        parts = [self.stall.describe(), f"{len(rec.get('dumps') or [])} stack dump(s) in {seg.stacks}"]
+        if rec.get("skipped"):
+            parts.append(f"{len(rec['skipped'])} process(es) did not answer within the dump timeout and were "
+                         "killed: " + "; ".join(f"pid {x['pid']} on {x['node']} ({x['why']})" for x in rec["skipped"][:3]))
+        if rec.get("silent_nodes"):
+            parts.append(f"node step(s) that did not answer: {', '.join(rec['silent_nodes'])}")
+        if rec.get("suspects"):
+            parts.append(f"suspect node(s): {', '.join(rec['suspects'])}")
+        if rec.get("error"):
+            parts.append(f"dumps failed: {rec['error']}")
+        return "; ".join(parts)
+
     def _finish_now(self, reason: str, detail: str, *, retryable: bool = False) -> int:
         """End a segment that never ran the job."""
         return self._finish(reason, detail, retryable=retryable)
 
     def _finish(self, reason: str, detail: str, *, retryable: bool = True,
-                failed_nodes: list[dict[str, str]] | None = None) -> int:
+                failed_nodes: list[dict[str, str]] | None = None, stall: dict | None = None) -> int:
         """Decide, act, and write the end line; once per segment. ``failed_nodes``: the nodes a
         node failure is blamed on (Slurm runs only), recorded and left out from now on."""
         if self.finished or self._finishing:
@@ -465,7 +526,8 @@ class Segment:
             done = checkpoint_layout.rollouts_done(self.paths.checkpoints)
             metrics = segment_metrics(self.paths, self.metrics_offset)
             outcome = Outcome(reason=reason, rollouts_at_start=self.rollouts_at_start, rollouts_at_end=done,
-                              num_rollout=recipe.num_rollout, rollouts_run=metrics.rollouts_run, retryable=retryable)
+                              num_rollout=recipe.num_rollout, rollouts_run=metrics.rollouts_run, retryable=retryable,
+                              stall=stall)
             failed_nodes = list(failed_nodes or []) if reason == "node-failure" and self.job_id else []
             nodes_short = self._exclusions(failed_nodes)
             decision = decide(outcome, history=self.history, max_segments=recipe.lifecycle.max_segments,
@@ -479,11 +541,13 @@ class Segment:
                 detail=f"{detail} -> {decision.detail}", next_action=decision.action, next_job_id=next_job,
                 rollout_s=metrics.rollout_s, save_s=save_s, rollouts_run=metrics.rollouts_run,
                 ready_s=None if self.runner is None or self.runner.ready_s is None else round(self.runner.ready_s, 3),
-                last_save_at=self._last_save_at(), failed_nodes=failed_nodes))
+                last_save_at=self._last_save_at(), failed_nodes=failed_nodes, stall=stall))
             self.reason = reason
             self.finished = True
             log.info("segment ended: %s (%s); rollouts %d -> %d of %d; next: %s %s", reason, detail,
                      self.rollouts_at_start, done, recipe.num_rollout, decision.action, next_job or "")
+            if reason == "stalled" and decision.action == Action.NONE:
+                log.error("the chain stops: %s", decision.detail)
             return self._exit_code()
         finally:
             self._finishing = False

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-FAILURES = ("error", "node-failure")
+FAILURES = ("error", "node-failure", "stalled")  # a stall is a failure too: it retries once without progress
+STALLED = "stalled"
 
 
 class Action(StrEnum):
@@ -32,6 +33,7 @@ class Outcome:
     num_rollout: int
     rollouts_run: int = 0  # rollout steps finished in this segment (0: failed before its first)
     retryable: bool = True  # False for errors that another segment would repeat (bad input)
+    stall: dict[str, Any] | None = None  # a stalled segment's record (ledger end line "stall": rollout, dumps)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,18 @@ def _failed_without_progress(seg: dict[str, Any]) -> bool:
     if end is None:  # killed hard: its successor cannot tell, so count it as a failure
         return True
     return end.get("reason") in FAILURES and end.get("rollouts_at_end", 0) <= start.get("rollouts_at_start", 0)
+
+
+def _stalled_at(seg: dict[str, Any]) -> int | None:
+    """The rollout a stalled segment was stuck on (None: it did not stall)."""
+    end = seg.get("end") or {}
+    stall = end.get("stall") if end.get("reason") == STALLED else None
+    return stall.get("rollout") if isinstance(stall, dict) else None
+
+
+def _dumps(seg: dict[str, Any]) -> list[str]:
+    stall = (seg.get("end") or {}).get("stall") or {}
+    return [str(d) for d in stall.get("dumps") or []]
 
 
 def decide(
@@ -61,6 +75,9 @@ def decide(
     1. ``num_rollout`` reached -> none; cancelled -> none; not retryable -> none.
     2. ``max_segments`` segments run (this one included) -> none.
     3. preempted -> requeue (same job id), unless the recipe turned requeueing off.
+       stalled, and the segment before stalled at the same rollout -> none: the hang repeats
+       where it is (a third segment would hold its nodes for another timeout); the detail names
+       the rollout and both segments' stack dumps. Otherwise a stall is a failure (4-6).
     4. failed (error, node-failure) without progress: retried once; two such segments in a row
        (e.g. twice before the first rollout) -> none, because a third would fail the same way.
     5. otherwise no progress (the checkpoint did not advance over a whole segment) -> none: the
@@ -97,6 +114,14 @@ def _decide(outcome: Outcome, *, history: list[dict[str, Any]], max_segments: in
         if not requeue_on_preemption:
             return Decision(Action.NONE, "preempted, and lifecycle.requeue_on_preemption is false")
         return Decision(Action.REQUEUE, "preempted: the same job id is requeued and resumes from the last checkpoint")
+    if o.reason == STALLED:
+        repeated = _stalled_at(history[-1]) if history else None
+        if o.stall is not None and repeated is not None and repeated == o.stall.get("rollout"):
+            dumps = list(_dumps(history[-1])) + list(o.stall.get("dumps") or [])
+            return Decision(Action.NONE, f"stalled twice in a row at rollout {repeated} (it never finished, in "
+                                         f"segment {history[-1].get('segment')} and in this one): the hang repeats "
+                                         f"there, so the chain stops; stack dumps: "
+                                         f"{', '.join(dumps) if dumps else 'none could be taken'}")
     if o.reason in FAILURES and not progress:
         before = "before its first rollout" if o.rollouts_run == 0 else "without a new checkpoint"
         if history and _failed_without_progress(history[-1]):

@@ -40,7 +40,7 @@ from typing import IO
 
 from beam_hpc.config.site import Site
 from beam_hpc.errors import RuntimeFailure
-from beam_hpc.node import jit_cache, nvme
+from beam_hpc.node import jit_cache, nvme, stacks
 from beam_hpc.node.container import container_command
 from beam_hpc.node.ray_node import (
     GB,
@@ -58,6 +58,7 @@ from beam_hpc.node.ray_node import (
     ray_start_argv,
     set_parent_death_signal,
     sweep,
+    tagged_pids,
     temp_dir_for,
     write_json_atomic,
 )
@@ -119,6 +120,7 @@ class NodeStep:
         self.stop_reason: str | None = None
         self.jit_env: dict[str, str] = {}
         self.child: subprocess.Popen | None = None
+        self._stacks_answered: str | None = stacks.pending_request(rt.segment_dir, None)  # an old one is not for us
         self.report_path = rt.node_report(group.name, local_index)
         self.report: dict = {
             "group": group.name, "local_index": local_index, "index": self.index,
@@ -255,6 +257,7 @@ class NodeStep:
         python = self.plan.node_python
         env = ray_env(token_path=self.rt.token_path, job_tag=self.rt.job_tag, node_index=self.index)
         env.update(self.jit_env)  # the raylet's environment is every actor's: compilers cache node-locally
+        env[stacks.SEGMENT_DIR_VAR] = self.rt.segment_dir  # where a process that registers dumps its stacks
         binds = [self.plan.output_dir, str(Path(self.rt.token_path).parent)]
         if self.plan.nvme.enabled and self.group.stage_nvme:
             binds.append(self.plan.nvme.root)
@@ -299,11 +302,26 @@ class NodeStep:
         while True:
             if self.stop_reason:
                 return None
+            self._answer_stack_request()
             try:
                 rc = self.child.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
                 continue
             return None if self.stop_reason else rc
+
+    def _answer_stack_request(self) -> None:
+        """The segment stalled and asks for this node's stacks (beam_hpc.node.stacks): dump every
+        Python process of this job on this node, within the dump timeout."""
+        rid = stacks.pending_request(self.rt.segment_dir, self._stacks_answered)
+        if rid is None:
+            return
+        self._stacks_answered = rid
+        pids = tagged_pids(self.rt.job_tag, self.index)
+        log.info("node %s: dumping the stacks of %d processes of this job (the segment stalled)", self.hostname, len(pids))
+        try:
+            stacks.answer_request(self.rt.segment_dir, rid, group=self.group.name, index=self.local_index, pids=pids)
+        except OSError as err:
+            log.warning("node %s: could not write the stack dumps: %s", self.hostname, err)
 
     def _stopped(self) -> int:
         self._stop_child()
@@ -390,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("node %s: %s", host, err)
         return 1
     step.install_signal_handlers()
+    stacks.register(rt.segment_dir)
     return step.run()
 
 

@@ -227,6 +227,7 @@ def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None)
         "goodput": goodput,
         "gpu_hours": _gpu_hours(records, plan, now),
         "excluded_nodes": _excluded_nodes(root, records),
+        "stalls": _stalls(records, paths),
         "eta": _eta(rows, scalars, goodput, done, generated, total, live, now),
         "slurm": live if live is not None else {
             "reachable": None, "job_id": job, "state": None, "reason": None, "components": [],
@@ -302,6 +303,24 @@ def _gpu_hours(records: list[dict[str, Any]], plan: dict[str, Any] | None, now: 
     h = accounting.account(records, gpus, now=now)
     return {"gpus": gpus, "held": h.held_h, "useful": h.useful_h, "lost": dict(h.lost_h), "goodput": h.goodput,
             "partial": h.partial, "basis": "GPUs x segment wall time, from the ledger (beam_hpc.run.accounting)"}
+
+
+def _stalls(records: list[dict[str, Any]], paths: RunPaths) -> list[dict[str, Any]]:
+    """The segments that stalled (beam_hpc.lifecycle.stall): the rollout that never finished, how
+    long nothing finished before the segment acted, and where its stack dumps are."""
+    out = []
+    for r in records:
+        end = r.get("end") or {}
+        stall = end.get("stall")
+        if end.get("reason") != "stalled" or not isinstance(stall, dict):
+            continue
+        since, caught = stall.get("since"), stall.get("caught_at")
+        out.append({"segment": r["segment"], "rollout": stall.get("rollout"), "time": end.get("time"),
+                    "silent_s": round(caught - since, 1) if isinstance(since, (int, float)) and isinstance(caught, (int, float)) else None,
+                    "timeout_s": stall.get("timeout_s"), "dumps": len(stall.get("dumps") or []),
+                    "stacks": str(paths.segment_named(r["segment"]).stacks),
+                    "suspects": list(stall.get("suspects") or []), "next": (end.get("next") or {}).get("action")})
+    return out
 
 
 def _excluded_nodes(root: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]]:

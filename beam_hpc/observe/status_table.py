@@ -86,6 +86,11 @@ def format_status(s: dict[str, Any]) -> str:
     lines += _format_gpu_hours(s.get("gpu_hours"))
     for e in s.get("excluded_nodes") or []:
         lines.append(f"excluded   {e['node']} (since segment {e['segment']}: {e['why']})")
+    for st in s.get("stalls") or []:
+        silent = f"nothing finished for {st['silent_s']:.0f} s" if st.get("silent_s") is not None else "stalled"
+        suspects = f"; suspect {', '.join(st['suspects'])}" if st.get("suspects") else ""
+        lines.append(f"stalled    segment {st['segment']} at rollout {st['rollout']} ({silent}, timeout "
+                     f"{st['timeout_s']} s); {st['dumps']} stack dump(s) in {st['stacks']}{suspects}; next: {st['next']}")
     lines.append("")
     headers = ["segment", "job", "restart", "host", "start", "duration", "rollouts", "reason", "next"]
     table = []

@@ -17,6 +17,9 @@ modules drifts; here each is a property, and everything else asks for it.
         logs/<jobid>-<restart>/           SegmentPaths: one per segment
             segment.log  driver.log  driver.json  ready.json  readiness.log  outcome.json  runtime.json
             node-<group>-<i>.log  srun-<group>.log  nodes/<group>-<i>.json  ray-logs/<group>-<i>/
+            stacks/  <host>-<pid>.txt (a process's stack dump), request.json (the segment asks the
+                     node steps to dump), <group>-<i>.json (a node step's answer), index.json (all of it)
+            test-hang.json                (tests only: the driver hung here on purpose)
 
 Pure names: no I/O, no imports beyond the standard library.
 """
@@ -37,6 +40,8 @@ RAY_AUTH_DIR = ".ray-auth"  # per-segment Ray tokens under the run directory
 SUBMITIT_DIR = "submitit"  # under logs/: submitit's folder (its %j expands per job)
 IDENTITY_FILE = "run_identity.json"  # under checkpoints/
 PLACEMENT_FILE = "placement.json"
+STACKS_DIR = "stacks"  # in each segment directory
+TEST_HANG_FILE = "test-hang.json"  # in a segment directory, tests only
 SEGMENT_DIR_RE = re.compile(r"^(\d+)-(\d+)$")  # logs/<jobid>-<restart>
 
 
@@ -107,6 +112,32 @@ class SegmentPaths:
 
     def ray_logs(self, group: str, index: int) -> Path:
         return self._p("ray-logs", f"{group}-{index}")
+
+    @property
+    def stacks(self) -> Path:
+        """Stack dumps of the segment's processes (beam_hpc.node.stacks), one file per process."""
+        return self._p(STACKS_DIR)
+
+    def stack_file(self, host: str, pid: int) -> Path:
+        return self._p(STACKS_DIR, f"{host}-{pid}.txt")
+
+    @property
+    def stacks_request(self) -> Path:
+        """Written by the segment on a stall: every node step dumps its node's processes."""
+        return self._p(STACKS_DIR, "request.json")
+
+    def stacks_answer(self, group: str, index: int) -> Path:
+        return self._p(STACKS_DIR, f"{group}-{index}.json")
+
+    @property
+    def stacks_index(self) -> Path:
+        """Every process asked for its stacks on a stall, and what came of it (the ledger keeps a summary)."""
+        return self._p(STACKS_DIR, "index.json")
+
+    @property
+    def test_hang_marker(self) -> Path:
+        """Tests only: the reference driver hung in this segment on purpose (BEAM_TEST_HANG_AFTER_ROLLOUT)."""
+        return self._p(TEST_HANG_FILE)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,10 @@ Where the time of a segment goes (ledger end line fields in brackets):
 - failed segments: all of a segment that ended in an error or a node failure without saving any
   progress, and of one killed so hard that it wrote no end line and the next segment found no new
   checkpoint;
+- stalls: of a segment that stalled (no rollout finished within the stall timeout,
+  beam_hpc.lifecycle.stall), the time from its last progress until it ended (the timeout, the stack
+  dumps, the teardown) [``stall.since``], or all of it when it kept no new checkpoint; the rollouts
+  it trained after its last checkpoint count as re-done, as for any segment;
 - useful: the rest (training that was kept, saves, the driver's own start-up; for a running
   segment, nothing yet: its time is held, not yet judged).
 
@@ -36,7 +40,8 @@ REDONE = "rollouts re-done"
 TAIL = "walltime tail after the last save"
 DAMAGED = "checkpoint found damaged"
 FAILED = "failed segments"
-CAUSES = (BRINGUP, REDONE, TAIL, DAMAGED, FAILED)
+STALLED = "stalls"
+CAUSES = (BRINGUP, REDONE, TAIL, DAMAGED, FAILED, STALLED)
 _STOPPED_BY_SLURM = ("walltime", "preempted", "cancelled")
 _FAILURES = ("error", "node-failure")
 
@@ -106,6 +111,8 @@ def segment_time(seg: dict[str, Any], *, next_start: dict[str, Any] | None, now:
     reason = end.get("reason")
     if reason in _FAILURES and kept <= 0:
         return SegmentTime(seg["segment"], wall, {**lost, FAILED: wall})
+    if reason == "stalled" and kept <= 0:
+        return SegmentTime(seg["segment"], wall, {**lost, STALLED: wall})
     ready_s = _num(end.get("ready_s"))
     lost[BRINGUP] = min(wall, ready_s) if ready_s is not None else 0.0
     rollout_s = _num((end.get("timings") or {}).get("rollout_s"))
@@ -116,6 +123,9 @@ def segment_time(seg: dict[str, Any], *, next_start: dict[str, Any] | None, now:
     last_save = _num(end.get("last_save_at"))
     if reason in _STOPPED_BY_SLURM and last_save is not None and t0 <= last_save <= t1:
         lost[TAIL] = max(0.0, (t1 - last_save) - lost[REDONE])
+    stalled_since = _num((end.get("stall") or {}).get("since")) if reason == "stalled" else None
+    if stalled_since is not None:
+        lost[STALLED] = max(0.0, t1 - max(t0, stalled_since))
     attributed = ready_s is not None and rollout_s is not None and run is not None
     total = sum(lost.values())
     if total > wall:  # measurements overlap (e.g. a save counted in a rollout): scale to the wall time

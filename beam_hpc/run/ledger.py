@@ -23,7 +23,7 @@ from typing import Any
 
 from beam_hpc.errors import InputError, shorten
 
-REASONS = ("completed", "walltime", "preempted", "node-failure", "error", "cancelled")
+REASONS = ("completed", "walltime", "preempted", "node-failure", "error", "cancelled", "stalled")
 ACTIONS = ("resubmit", "requeue", "none")
 
 
@@ -102,13 +102,16 @@ def end_record(
     rollouts_run: int | None = None,
     last_save_at: float | None = None,
     failed_nodes: list[dict[str, str]] | None = None,
+    stall: dict[str, Any] | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
     """The segment's end line. Besides what happened and what comes next, it records what
     beam_hpc.run.accounting needs to say where the segment's GPU-hours went: seconds until Ray
     was ready, rollout steps run (kept or not), and when the last checkpoint landed; and the
     nodes the segment failed because of (``[{"node", "why"}]``), which later segments exclude
-    (beam_hpc.lifecycle.exclusions)."""
+    (beam_hpc.lifecycle.exclusions). A ``stalled`` segment also records its ``stall``: the rollout
+    that never finished, since when nothing finished, the timeout, and the stack dumps
+    (beam_hpc.lifecycle.stall, beam_hpc.node.stacks)."""
     if reason not in REASONS:
         raise LedgerError(f"reason {reason!r} is not one of {', '.join(REASONS)}")
     if next_action not in ACTIONS:
@@ -124,6 +127,7 @@ def end_record(
         "rollouts_run": rollouts_run,
         "last_save_at": last_save_at,
         "failed_nodes": [{"node": str(f["node"]), "why": str(f.get("why", ""))} for f in failed_nodes or []],
+        **({"stall": stall} if stall is not None else {}),
     }
 
 
@@ -138,7 +142,9 @@ _FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {  # name -> (typ
               "resume": ((bool,), False), "walltime_s": (_NUM, False), "lead_s": (_NUM, False)},
     "end": {"rollouts_at_end": ((int,), False), "reason": ((str,), False), "detail": ((str,), True),
             "next": ((dict,), True), "timings": ((dict,), True), "ready_s": (_NUM, True),
-            "rollouts_run": ((int,), True), "last_save_at": (_NUM, True)},
+            "rollouts_run": ((int,), True), "last_save_at": (_NUM, True), "stall": ((dict,), True)},
+    "stall": {"rollout": ((int,), False), "last_rollout": ((int,), True), "since": (_NUM, True),
+              "caught_at": (_NUM, True), "timeout_s": (_NUM, True), "dumps": ((list,), True)},
     "next": {"action": ((str,), True), "job_id": ((str,), True)},
     "timings": {"rollout_s": (_NUM, True), "save_s": (_NUM, True)},
 }

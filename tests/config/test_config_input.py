@@ -213,6 +213,10 @@ BAD_VALUES: list[tuple[str, list[str], str, str]] = [
     ("tensor parallel zero", ["model.tensor_parallel=0"], "model.tensor_parallel", "0"),
     ("walltime zero", ["lifecycle.walltime=00:00:00"], "lifecycle.walltime", "00:00:00"),
     ("walltime garbage", ["lifecycle.walltime=noon"], "lifecycle.walltime", "noon"),
+    ("stall timeout negative", ["lifecycle.stall_timeout_s=-5"], "lifecycle.stall_timeout_s", "-5"),
+    ("stall timeout not a number", ["lifecycle.stall_timeout_s=soon"], "lifecycle.stall_timeout_s", "soon"),
+    ("startup timeout negative", ["lifecycle.startup_timeout_s=-1"], "lifecycle.startup_timeout_s", "-1"),
+    ("startup timeout fractional", ["lifecycle.startup_timeout_s=1.5"], "lifecycle.startup_timeout_s", "1.5"),
     ("section replaced by a number", ["training=5"], "training", "5"),
     ("huge bad value shortened", ["num_rollout=" + "9x" * 250_000], "num_rollout", "characters)"),
 ]

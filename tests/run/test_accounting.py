@@ -80,3 +80,31 @@ def test_estimate_states_hours_and_segments_or_says_unknown() -> None:
     unknown = accounting.estimate(gpus=96, rollouts_left=100, walltime_s=3600, lead_s=600, rollout_s=None,
                                   basis="", bringup_s=600)
     assert unknown.gpu_hours is None and "unknown until the first segment" in unknown.describe()
+
+
+def test_a_stall_costs_its_silent_time_or_the_whole_segment_when_it_kept_nothing(tmp_path: Path) -> None:
+    """Stalls are their own cause: a segment that saved progress and then stalled loses the time
+    from its last finished rollout to its end (the timeout, the dumps, the teardown); one that
+    stalled before saving anything loses all of it."""
+    path = tmp_path / "ledger.jsonl"
+    s = dict(host="h", num_rollout=20, resume=False, walltime_s=3600, lead_s=120)
+    ledger.append(path, ledger.start_record(job_id="1", restart=0, rollouts_at_start=0, now=T0, **s))
+    ledger.append(path, {**ledger.end_record(
+        job_id="1", restart=0, rollouts_at_end=4, reason="stalled", detail="d", next_action="resubmit", next_job_id="2",
+        rollout_s=100.0, save_s=10.0, now=T0 + 2000, stall={"rollout": 5, "last_rollout": 4, "since": T0 + 800,
+                                                             "caught_at": T0 + 1990, "timeout_s": 1190, "dumps": []}),
+        "ready_s": 300.0, "rollouts_run": 5, "last_save_at": T0 + 790})
+    ledger.append(path, ledger.start_record(job_id="2", restart=0, rollouts_at_start=4, now=T0 + 2100, **s))
+    ledger.append(path, {**ledger.end_record(
+        job_id="2", restart=0, rollouts_at_end=4, reason="stalled", detail="d", next_action="none", next_job_id=None,
+        rollout_s=None, save_s=None, now=T0 + 2700, stall={"rollout": 4, "last_rollout": None, "since": T0 + 2200,
+                                                             "caught_at": T0 + 2690, "timeout_s": 490, "dumps": []}),
+        "ready_s": 100.0, "rollouts_run": 0})
+    segments, warnings = ledger.read_ledger(path)
+    assert not warnings
+    hours = accounting.account(segments, 8, now=T0 + 3000)
+    h = 8 / 3600
+    assert hours.lost_h[accounting.STALLED] == pytest.approx((1200 + 600) * h)  # 2000 - 800, and all of segment 2
+    assert hours.lost_h[accounting.REDONE] == pytest.approx(100 * h)  # rollout 4 was trained, not saved
+    assert hours.lost_h[accounting.FAILED] == 0 and hours.lost_h[accounting.BRINGUP] == pytest.approx(300 * h)
+    assert hours.useful_h == pytest.approx((2000 - 1200 - 100 - 300) * h)

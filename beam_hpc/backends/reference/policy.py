@@ -28,9 +28,13 @@ def derive_seed(*parts: object) -> int:
 
 def setup_process(threads: int) -> None:
     """Fix what makes float results differ between processes: the intra-op thread count (backward
-    weight-gradients depend on it) and non-deterministic kernels."""
+    weight-gradients depend on it) and non-deterministic kernels. Also register the stack-dump
+    signal, in the driver and every actor alike (each calls this first)."""
     import torch
 
+    from beam_hpc.node import stacks
+
+    stacks.register()  # a stalled segment can read where this process hung (beam_hpc.node.stacks)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local paths; never reach for a hub
     torch.set_num_threads(threads)
