@@ -73,10 +73,10 @@ RECIPE_OVERRIDES = ["eval.interval=0", f"checkpoint.interval={INTERVAL}",
 STEP_TIMEOUT_S = 900  # any one wait; generous: the machine has 2 shared cores
 STOPS = ("walltime", "walltime", "walltime", "preemption", "node-kill", "hang")
 TORN = "torn-checkpoint"
-# Rollouts a chain is expected to keep per stop (measured on the 2-core machine: a walltime stop
-# comes 0-90 s after the lowered limit, about 13 rollouts; the others strike within a few): where
-# the hang's k is set at submission
-EXPECTED_PROGRESS = {"walltime": 16, "preemption": 6, "node-kill": 7, "hang": 5, TORN: -3}
+# Rollouts a chain is expected to keep per stop (on the loaded 2-core machine a rollout takes 3.5-6 s
+# and a walltime stop comes 0-90 s after the lowered limit, about 45 s; the others strike within a
+# few rollouts): where the hang's k is set at submission
+EXPECTED_PROGRESS = {"walltime": 12, "preemption": 6, "node-kill": 7, "hang": 5, TORN: -3}
 # How each fault should end the segment that meets it (ledger reason, next action)
 EXPECTED_END = {"walltime": ("walltime", "resubmit"), "preemption": ("preempted", "requeue"),
                 "node-kill": ("node-failure", "resubmit"), "hang": ("stalled", "resubmit")}
@@ -156,7 +156,7 @@ def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for f in record["faults"]:
         row: dict[str, Any] = {"fault": f["kind"], "injected": f.get("how", ""), "segment": f.get("segment"),
-                               "detected": None, "after_s": None, "redone": None,
+                               "detected": None, "after_s": None, "ended": None, "ended_after_s": None, "redone": None,
                                "lost_h": {c: 0.0 for c in accounting.CAUSES}, "survived": False}
         seg = segs.get(f.get("segment") or "")
         if seg is None:
@@ -166,9 +166,10 @@ def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
         nxt = _next_segment(record, seg["segment"])
         if f["kind"] == TORN:  # met by the segment that resumes: seg is that one
             passed = seg["start"].get("damaged_checkpoints") or []
-            row["detected"] = (f"start line: passed over checkpoint {', '.join(str(d['iteration']) for d in passed)}"
-                               f" ({_short(passed[0]['why'])})" if passed else "not detected")
-            row["after_s"] = round(seg["start"]["time"] - f["at"], 1)
+            row["ended"] = (f"start line: passed over checkpoint {', '.join(str(d['iteration']) for d in passed)}"
+                            f" ({_short(passed[0]['why'])})" if passed else "not detected")
+            row["ended_after_s"] = round(seg["start"]["time"] - f["at"], 1)
+            _noticed(row, f)
             struck = segs.get(f.get("after_segment") or "")
             row["redone"] = (struck["end"]["rollouts_at_end"] - seg["start"]["rollouts_at_start"]) if struck else None
             t = times.get(seg["segment"])
@@ -178,16 +179,19 @@ def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(row)
             continue
         end = seg.get("end") or {}
-        row["detected"] = f"{end.get('reason')}: {_short(end.get('detail', ''))}" if end else "no end line"
-        row["after_s"] = round(end["time"] - f["at"], 1) if end and f.get("at") is not None else None
+        row["ended"] = (f"{end.get('reason')} -> {(end.get('next') or {}).get('action')}: {_short(end.get('detail', ''))}"
+                        if end else "no end line")
+        row["ended_after_s"] = round(end["time"] - f["at"], 1) if end and f.get("at") is not None else None
+        _noticed(row, f)
         if nxt is not None:
             row["redone"] = redone_at(record, nxt)
             if nxt["segment"] in torn_at:  # the torn checkpoint's share of this boundary is its own row
                 row["redone"] -= max(0, end.get("rollouts_at_end", 0) - nxt["start"]["rollouts_at_start"])
         t = times.get(seg["segment"])
-        if t is not None:
-            for cause in (accounting.REDONE, accounting.TAIL, accounting.FAILED):
-                row["lost_h"][cause] = t.lost_s.get(cause, 0.0) * per_h
+        if t is not None:  # what the struck segment lost (its own bring-up and damage were earlier faults')
+            for cause in accounting.CAUSES:
+                if cause not in (accounting.BRINGUP, accounting.DAMAGED):
+                    row["lost_h"][cause] = t.lost_s.get(cause, 0.0) * per_h
         t_next = times.get(nxt["segment"]) if nxt is not None else None
         if t_next is not None:  # the restart this fault caused
             row["lost_h"][accounting.BRINGUP] = t_next.lost_s.get(accounting.BRINGUP, 0.0) * per_h
@@ -199,6 +203,37 @@ def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _noticed(row: dict[str, Any], f: dict[str, Any]) -> None:
+    """The detection: the first warning the segment logged after the fault (see :func:`first_alarm`)."""
+    if f.get("noticed_at") is not None and f.get("at") is not None:
+        row["detected"] = _short(f["noticed"])
+        row["after_s"] = round(f["noticed_at"] - f["at"], 1)
+    else:
+        row["detected"] = "(no warning logged)"
+
+
+def first_alarm(log_path: Path, since: float) -> tuple[float, str] | None:
+    """The first WARNING or ERROR line of a segment.log (``asctime name level message``, local
+    time) at or after ``since``: when and how the segment noticed a fault."""
+    from datetime import datetime
+
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(" ", 4)
+        if len(parts) < 5 or parts[3] not in ("WARNING", "ERROR"):
+            continue
+        try:
+            at = datetime.strptime(f"{parts[0]} {parts[1]}", "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        if at >= since - 0.01:  # asctime keeps milliseconds (truncated)
+            return at, parts[4]
+    return None
+
+
 def _short(text: str, width: int = 70) -> str:
     first = text.split(" -> ")[0].split("; log:")[0]
     return first if len(first) <= width else first[: width - 3] + "..."
@@ -208,13 +243,13 @@ def table(record: dict[str, Any]) -> str:
     from beam_hpc.run import accounting
 
     causes = [c for c in accounting.CAUSES]
-    head = ("| # | fault | injected | segment | detected as | after (s) | rollouts re-done | "
-            + " | ".join(f"GPU-h lost: {c}" for c in causes) + " | survived |")
-    out = [head, "|" + "---|" * (8 + len(causes))]
+    head = ("| # | fault | injected | segment | detected (first warning) | after (s) | recorded in the ledger as "
+            "| after (s) | rollouts re-done | " + " | ".join(f"GPU-h lost: {c}" for c in causes) + " | survived |")
+    out = [head, "|" + "---|" * (10 + len(causes))]
     for i, r in enumerate(rows(record), 1):
         lost = " | ".join(f"{r['lost_h'][c]:.4f}" for c in causes)
         out.append(f"| {i} | {r['fault']} | {r['injected']} | {r['segment']} | {r['detected']} | {r['after_s']} "
-                   f"| {r['redone']} | {lost} | {'yes' if r['survived'] else 'NO'} |")
+                   f"| {r['ended']} | {r['ended_after_s']} | {r['redone']} | {lost} | {'yes' if r['survived'] else 'NO'} |")
     return "\n".join(out)
 
 
@@ -303,12 +338,9 @@ class Campaign:
         return [(m["rollout_id"], m["time"]) for m in rows_ if m.get("kind") == "rollout"]
 
     def wait(self, what: str, predicate, timeout: float = STEP_TIMEOUT_S, poll_s: float = 0.2) -> Any:
-        from run_watch import poll_until
+        from interruptions import wait
 
-        value = poll_until(predicate, timeout, poll_s)
-        if not value:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        return value
+        return wait(what, predicate, timeout, poll_s)
 
     def note(self, text: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
@@ -480,9 +512,11 @@ class Campaign:
                 pending.pop(0)
             self.note(f"{met['kind']}: {met.get('how', '')} -> segment {met['segment']}")
             seg = self.ended(index)
-            if met["kind"] == "hang":  # the fault's moment: the hung rollout's line
-                k_lines = [t for k, t in self.rollouts() if k == hang_k and t >= seg["start"]["time"]]
-                met["at"] = k_lines[0] if k_lines else None
+            if met["kind"] == "hang":  # the fault's moment: when the driver hung (the hook's marker)
+                from beam_hpc.plan.paths import TEST_HANG_FILE
+
+                marker = self.dir / "logs" / seg["segment"] / TEST_HANG_FILE
+                met["at"] = json.loads(marker.read_text())["time"] if marker.is_file() else None
             self.met.append(met)
             end = seg["end"]
             self.note(f"segment {seg['segment']} ended: {end['reason']} ({_short(end['detail'], 120)}); "
@@ -617,6 +651,11 @@ def main(argv: list[str] | None = None) -> int:
             campaign.errors.append(f"{type(err).__name__}: {err}")
         segments = campaign.segments()
         rollouts = campaign.rollouts()
+        for met in campaign.met:
+            found = first_alarm(campaign.dir / "logs" / str(met.get("segment")) / "segment.log", met["at"]) \
+                if met.get("at") is not None else None
+            if found is not None:
+                met["noticed_at"], met["noticed"] = found
         record = {
             "seed": seed, "total": ROLLOUTS, "interval": INTERVAL, "walltime": WALLTIME, "lead_s": LEAD_S,
             "overrides": RECIPE_OVERRIDES, "stall_timeout_s": STALL_TIMEOUT_S if with_stall else None,
@@ -635,14 +674,10 @@ def main(argv: list[str] | None = None) -> int:
         s = summary(record)
         return 0 if s["every_fault_survived"] and s["nothing_lost"] and s["bitwise_equal"] else 1
     finally:
+        from interruptions import clean_up
+
         load.stop.set()
-        if campaign.plan is not None:  # nothing of ours left queued
-            cluster.run("scancel", f"--name={campaign.plan.job_name}", check=False)
-        if args.keep:
-            print(f"run directory: {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-        cluster.leave()
+        clean_up(cluster, root, [campaign.plan.job_name] if campaign.plan is not None else [], keep=args.keep)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def _record(tmp_path: Path) -> dict:
     return {
         "seed": 5, "total": 20, "interval": 5, "gpus": 2, "hang_rollout": None, "planned_faults": 3,
         "schedule": [{"kind": "walltime"}, {"kind": faults.TORN}, {"kind": "preemption"}],
-        "faults": [{"kind": "walltime", "segment": "1-0", "at": t + 30, "how": "scontrol update TimeLimit=2"},
+        "faults": [{"kind": "walltime", "segment": "1-0", "at": t + 30, "how": "scontrol update TimeLimit=2",
+                    "noticed_at": t + 50, "noticed": "interrupt: walltime (USR1)"},
                    {"kind": faults.TORN, "after_segment": "1-0", "iteration": 9, "at": t + 66, "segment": "2-0",
                     "how": "model.pt of checkpoint 9 cut in half"},
                    {"kind": "preemption", "segment": "2-0", "at": t + 130, "how": "urgent job 3"}],
@@ -92,14 +93,15 @@ def test_each_faults_row_says_how_it_was_found_what_it_cost_and_the_goodput_is_t
     h = 2 / 3600
     hours = accounting.account(record["ledger"], 2, now=record["ended_at"])
     by_segment = {s.segment: s for s in hours.segments}
-    assert wall["detected"].startswith("walltime: walltime warning (USR1") and wall["after_s"] == 35.0
+    assert wall["ended"].startswith("walltime -> resubmit: walltime warning (USR1") and wall["ended_after_s"] == 35.0
+    assert wall["detected"] == "interrupt: walltime (USR1)" and wall["after_s"] == 20.0
     # rollout 10 was trained in 1-0 and again in 2-0; rollouts 5-9 again because checkpoint 9 was torn
     assert wall["redone"] == 1 and torn["redone"] == 5 and preempt["redone"] == 0
     assert wall["lost_h"][accounting.REDONE] == pytest.approx(by_segment["1-0"].lost_s[accounting.REDONE] * h)
     assert wall["lost_h"][accounting.REDONE] == pytest.approx(1 * 3.0 * h)
     assert wall["lost_h"][accounting.BRINGUP] == pytest.approx(15.0 * h)  # the restart it caused: 2-0's bring-up
-    assert torn["detected"].startswith("start line: passed over checkpoint 9 (model.pt does not match")
-    assert torn["after_s"] == 14.0 and torn["lost_h"][accounting.DAMAGED] == pytest.approx(5 * 3.0 * h)
+    assert torn["ended"].startswith("start line: passed over checkpoint 9 (model.pt does not match")
+    assert torn["ended_after_s"] == 14.0 and torn["detected"] == "(no warning logged)" and torn["lost_h"][accounting.DAMAGED] == pytest.approx(5 * 3.0 * h)
     assert preempt["lost_h"][accounting.BRINGUP] == pytest.approx(10.0 * h)
     assert all(r["survived"] for r in (wall, torn, preempt))
     s = faults.summary(record)
@@ -132,3 +134,29 @@ def test_reanalyse_prints_the_table_from_a_saved_record_without_running(tmp_path
     saved.write_text(json.dumps(record))
     assert faults.main(["--reanalyse", str(saved)]) == 1
     assert "DIFFERENT (tensor differs at model.pt/w)" in capsys.readouterr().out
+
+
+def test_the_detection_is_the_first_warning_the_segment_logged_after_the_fault(tmp_path: Path) -> None:
+    """segment.log as the segment writes it (beam_hpc.job.segment's format, local time)."""
+    import logging
+    import time
+
+    log_path = tmp_path / "segment.log"
+    handler = logging.FileHandler(log_path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    log = logging.getLogger("beam_hpc.job.segment.test")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        log.warning("took over the run lock of job 1")  # before the fault: not its detection
+        time.sleep(1.1)
+        fault_at = time.time()
+        log.info("rollout 7")
+        log.warning("interrupt: walltime (USR1): walltime warning")
+        log.error("later")
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+    at, message = faults.first_alarm(log_path, fault_at)
+    assert message == "interrupt: walltime (USR1): walltime warning" and -0.01 <= at - fault_at < 1.0
+    assert faults.first_alarm(tmp_path / "missing.log", fault_at) is None
