@@ -229,7 +229,13 @@ class CheckpointSpec(_Strict):
 
 class LifecycleSpec(_Strict):
     """Walltime handling. ``lead_s`` is how long before the walltime the job starts its final save;
-    ``None`` lets beam-hpc compute it from measured rollout and save times (with a floor)."""
+    ``None`` lets beam-hpc compute it from measured rollout and save times (with a floor).
+
+    Hangs: ``stall_timeout_s`` is how long a segment waits for the backend's next finished rollout
+    before it dumps the stacks, stops and resumes in a new segment (``startup_timeout_s`` for a
+    segment's first rollout, model loading included); ``None`` derives both from measured times,
+    ``0`` turns them off (beam_hpc.lifecycle.stall). Miles flushes its TensorBoard events only
+    about every 120 s, so on Miles a ``stall_timeout_s`` under ~150 s can fire on a healthy run."""
 
     walltime: str = "24:00:00"
     lead_s: int | None = Field(None, ge=30)

@@ -339,7 +339,7 @@ class JobRunner:
                   "loaded_modules": env.get("LOADEDMODULES")}
         write_json_atomic(self.seg.driver_record, record)
 
-    def dump_stacks(self, wait_s: float = STACKS_WAIT_S) -> dict[str, Any]:
+    def dump_stacks(self, wait_s: float = STACKS_WAIT_S, dump_timeout_s: float = stacks.DUMP_TIMEOUT_S) -> dict[str, Any]:
         """Every Python process of the job dumps its stacks into ``stacks/`` (beam_hpc.node.stacks):
         the driver's process tree here, each node's processes by its node step, all at once. Returns
         the record the ledger keeps: the dump files, the processes that did not answer in time and
@@ -352,7 +352,7 @@ class JobRunner:
         node_of: dict[int, str] = {}  # index in records -> the Slurm node it ran on
         head = self.rt.node_name(self.plan.groups[0].name, 0) if self.rt is not None else stacks.host_name()
         if self.driver is not None and self.driver.poll() is None:
-            records += stacks.dump_all(stacks.process_tree(self.driver.pid), seg)
+            records += stacks.dump_all(stacks.process_tree(self.driver.pid), seg, timeout_s=dump_timeout_s)
             node_of.update({i: head for i in range(len(records))})
         silent: list[str] = []
         if rid is not None and self.rt is not None:

@@ -56,6 +56,17 @@ def _stalled_at(seg: dict[str, Any]) -> int | None:
     return stall.get("rollout") if isinstance(stall, dict) else None
 
 
+def _name_files(files: list[str], most: int = 8) -> str:
+    """The dump files, each named when few; else the first ones and the directories of the rest
+    (a large job dumps hundreds of processes, and the detail is one ledger line)."""
+    if not files:
+        return "none could be taken"
+    if len(files) <= most:
+        return ", ".join(files)
+    dirs = sorted({f.rsplit("/", 1)[0] for f in files[most:]})
+    return f"{', '.join(files[:most])} and {len(files) - most} more in {', '.join(dirs)}"
+
+
 def _dumps(seg: dict[str, Any]) -> list[str]:
     stall = (seg.get("end") or {}).get("stall") or {}
     return [str(d) for d in stall.get("dumps") or []]
@@ -120,8 +131,7 @@ def _decide(outcome: Outcome, *, history: list[dict[str, Any]], max_segments: in
             dumps = list(_dumps(history[-1])) + list(o.stall.get("dumps") or [])
             return Decision(Action.NONE, f"stalled twice in a row at rollout {repeated} (it never finished, in "
                                          f"segment {history[-1].get('segment')} and in this one): the hang repeats "
-                                         f"there, so the chain stops; stack dumps: "
-                                         f"{', '.join(dumps) if dumps else 'none could be taken'}")
+                                         f"there, so the chain stops; stack dumps: {_name_files(dumps)}")
     if o.reason in FAILURES and not progress:
         before = "before its first rollout" if o.rollouts_run == 0 else "without a new checkpoint"
         if history and _failed_without_progress(history[-1]):

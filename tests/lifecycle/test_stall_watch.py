@@ -166,3 +166,10 @@ def test_no_stall_is_claimed_where_the_progress_cannot_be_read(tmp_path: Path, m
     with caplog.at_level("WARNING"):
         assert watch.check() is None and watch.check() is None
     assert watch.probe.unreadable and caplog.text.count("stall watchdog off") == 1
+
+
+def test_the_stop_message_names_a_few_dumps_and_the_directories_of_many() -> None:
+    many = [f"/r/logs/2-0/stacks/n{i}-1.txt" for i in range(30)]
+    d = _decide(4, 4, {"rollout": 5, "dumps": many}, [_stalled(5, 2, 4, ["/r/logs/1-0/stacks/h-1.txt"])])
+    assert d.action == "none" and "/r/logs/1-0/stacks/h-1.txt" in d.detail and "n6-1.txt" in d.detail
+    assert "and 23 more in /r/logs/2-0/stacks" in d.detail and "n29-1.txt" not in d.detail

@@ -100,3 +100,18 @@ def test_a_node_step_answers_the_segments_request_once(tmp_path: Path, child, mo
     assert p.pid in stacks.process_tree(os.getpid()) and q.pid in stacks.process_tree(os.getpid())
     stacks.drop_empty(seg)
     assert Path(dumped[0]["file"]).exists()  # kept: it holds a dump
+
+
+def test_py_spy_dumps_any_python_process_where_it_is_on_path(tmp_path: Path, child, monkeypatch) -> None:
+    """With py-spy on PATH (the image has it) even a process that registered nothing is dumped,
+    and no signal is sent. Skipped where py-spy is not installed (`pip install py-spy`)."""
+    import shutil
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if shutil.which("py-spy") is None:
+        pytest.skip("py-spy is not installed here")
+    p = child(registered=False)
+    (rec,) = stacks.dump_all([p.pid], str(tmp_path), timeout_s=10.0)
+    assert rec["method"] == "py-spy" and rec["file"], rec
+    text = Path(rec["file"]).read_text()
+    assert "py-spy dump" in text and "hung_in_a_distinctive_function" in text
