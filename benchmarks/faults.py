@@ -48,6 +48,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -235,7 +236,8 @@ def first_alarm(log_path: Path, since: float) -> tuple[float, str] | None:
 
 
 def _short(text: str, width: int = 70) -> str:
-    first = text.split(" -> ")[0].split("; log:")[0]
+    """The first clause of a ledger detail or log message, without the run directory's paths."""
+    first = re.sub(r"\S*/(?=(checkpoints|logs)/)", "", text.split(" -> ")[0].split("; log:")[0])
     return first if len(first) <= width else first[: width - 3] + "..."
 
 
@@ -269,6 +271,14 @@ def summary(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def first_bringup(record: dict[str, Any]) -> float:
+    """GPU-hours of the first segment's bring-up: lost, but to starting at all, not to a fault."""
+    from beam_hpc.run import accounting
+
+    segs = _hours(record).segments
+    return segs[0].lost_s.get(accounting.BRINGUP, 0.0) * record["gpus"] / 3600.0 if segs else 0.0
+
+
 def report(record: dict[str, Any]) -> str:
     s = summary(record)
     loads = record["load"]
@@ -279,7 +289,8 @@ def report(record: dict[str, Any]) -> str:
         "", table(record), "",
         f"GPU-hours: held {s['held_h']:.4f}, useful {s['useful_h']:.4f}, goodput {s['goodput']:.3f}"
         + (" (partial: some ledger lines lack fields)" if s["partial"] else ""),
-        "lost by cause: " + "; ".join(f"{c} {v:.4f}" for c, v in s["lost_h"].items()),
+        "lost by cause: " + "; ".join(f"{c} {v:.4f}" for c, v in s["lost_h"].items())
+        + f" (of which no fault's: the first segment's bring-up {first_bringup(record):.4f})",
         f"final weights vs an uninterrupted run: {'bitwise equal' if s['bitwise_equal'] else 'DIFFERENT'} "
         f"({record['bitwise'].get('detail', '')})",
         "checks: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in record["checks"].items()),
@@ -343,7 +354,7 @@ class Campaign:
         return wait(what, predicate, timeout, poll_s)
 
     def note(self, text: str) -> None:
-        print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
+        print(f"{time.strftime('%H:%M:%S')} [load {os.getloadavg()[0]:.1f}] {text}", flush=True)
 
     # -- the chain -------------------------------------------------------------------------------
     def submit(self, hang_k: int | None, with_stall: bool) -> str:
