@@ -284,8 +284,9 @@ def report(record: dict[str, Any]) -> str:
     loads = record["load"]
     lines = [
         f"seed {record['seed']}: {record['total']} rollouts, checkpoint every {record['interval']}, "
-        f"{record['gpus']} GPUs; schedule: {', '.join(f['kind'] for f in record['schedule'])}"
-        + (f"; hang after rollout {record['hang_rollout']}" if record.get("hang_rollout") is not None else ""),
+        f"{record['gpus']} GPUs; drawn order: {', '.join(f['kind'] for f in record['schedule'])}"
+        + (f"; hang after rollout {record['hang_rollout']}" if record.get("hang_rollout") is not None else "")
+        + " (the table is the order met)",
         "", table(record), "",
         f"GPU-hours: held {s['held_h']:.4f}, useful {s['useful_h']:.4f}, goodput {s['goodput']:.3f}"
         + (" (partial: some ledger lines lack fields)" if s["partial"] else ""),
@@ -419,6 +420,19 @@ class Campaign:
         what, now = self.wait(f"{fault.after} new rollouts in segment {seg['segment']}", ready, poll_s=0.1)
         return now if what == "ended" else None
 
+    def hung_in(self) -> str | None:
+        """The segment whose driver the hook hung (its marker), if one did."""
+        from beam_hpc.plan.paths import TEST_HANG_FILE
+
+        found = sorted(self.dir.glob(f"logs/*/{TEST_HANG_FILE}"))
+        return found[0].parent.name if found else None
+
+    def hang_time(self, segment: str) -> float | None:
+        from beam_hpc.plan.paths import TEST_HANG_FILE
+
+        marker = self.dir / "logs" / segment / TEST_HANG_FILE
+        return json.loads(marker.read_text())["time"] if marker.is_file() else None
+
     def job_nodes(self, job: str) -> list[str]:
         out = self.cluster.run("squeue", "-h", "-j", job, "-o", "%N", check=False).stdout
         return [x.strip() for x in out.split() if x.strip()]
@@ -515,6 +529,12 @@ class Campaign:
                        "how": f"{HANG_VAR}={hang_k} (earlier than drawn)"}
                 if hung is not None:
                     pending.remove(hung)
+            elif fault.kind == "hang" and self.hung_in() is not None:  # during an earlier fault's segment
+                pending.pop(0)
+                done = self.hung_in()
+                self.met.append({"kind": "hang", "segment": done, "how": f"{HANG_VAR}={hang_k} (hung in the segment "
+                                 "of an earlier fault)", "at": self.hang_time(done)})
+                continue
             elif fault.kind == "hang":
                 met = {"kind": "hang", "segment": seg_started["segment"], "how": f"{HANG_VAR}={hang_k}"}
                 pending.pop(0)
@@ -524,10 +544,7 @@ class Campaign:
             self.note(f"{met['kind']}: {met.get('how', '')} -> segment {met['segment']}")
             seg = self.ended(index)
             if met["kind"] == "hang":  # the fault's moment: when the driver hung (the hook's marker)
-                from beam_hpc.plan.paths import TEST_HANG_FILE
-
-                marker = self.dir / "logs" / seg["segment"] / TEST_HANG_FILE
-                met["at"] = json.loads(marker.read_text())["time"] if marker.is_file() else None
+                met["at"] = self.hang_time(seg["segment"])
             self.met.append(met)
             end = seg["end"]
             self.note(f"segment {seg['segment']} ended: {end['reason']} ({_short(end['detail'], 120)}); "
