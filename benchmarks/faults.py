@@ -79,6 +79,9 @@ TORN = "torn-checkpoint"
 # few rollouts): where the hang's k is set at submission
 EXPECTED_PROGRESS = {"walltime": 12, "preemption": 6, "node-kill": 7, "hang": 5, TORN: -3}
 # How each fault should end the segment that meets it (ledger reason, next action)
+# How long each fault takes to end a segment once struck (a walltime stop: 0-90 s): a driver that
+# would reach the hang's rollout within it is left to hang first, alone in its segment
+STRIKE_WINDOW_S = {"walltime": 100, "preemption": 30, "node-kill": 20}
 EXPECTED_END = {"walltime": ("walltime", "resubmit"), "preemption": ("preempted", "requeue"),
                 "node-kill": ("node-failure", "resubmit"), "hang": ("stalled", "resubmit")}
 
@@ -398,10 +401,12 @@ class Campaign:
     def new_rollouts(self, seg: dict[str, Any]) -> int:
         return sum(1 for _, t in self.rollouts() if t >= seg["start"]["time"])
 
-    def strike_point(self, index: int, fault: Fault) -> dict[str, Any] | None:
+    def strike_point(self, index: int, fault: Fault, hang_k: int | None) -> tuple[str, dict[str, Any]]:
         """Wait until segment ``index`` has trained ``fault.after`` new rollouts (and, for a node
-        kill, written a new checkpoint). Returns the segment's ledger entry once it ended by itself
-        instead (the driver hung earlier than planned)."""
+        kill, written a new checkpoint): ``("strike", segment)``. ``("hang", segment)`` instead
+        when the driver is about to reach the hang's rollout ``hang_k`` (None: no hang pending)
+        before this fault would have ended the segment: that segment is then the hang's alone, and
+        the fault waits for the next one. ``("ended", segment)`` when it ended by itself."""
         from beam_hpc.run import checkpoint_layout
 
         seg = self.running(index)
@@ -411,14 +416,25 @@ class Campaign:
             now = self.segments()[index]
             if "end" in now:
                 return ("ended", now)
+            if hang_k is not None and self.hang_imminent(seg, fault, hang_k):
+                return ("hang", now)
             if self.new_rollouts(seg) < fault.after:
                 return None
             if fault.kind == "node-kill" and checkpoint_layout.rollouts_done(self.dir / "checkpoints") <= start_at:
                 return None
             return ("strike", now)
 
-        what, now = self.wait(f"{fault.after} new rollouts in segment {seg['segment']}", ready, poll_s=0.1)
-        return now if what == "ended" else None
+        return self.wait(f"{fault.after} new rollouts in segment {seg['segment']}", ready, poll_s=0.1)
+
+    def hang_imminent(self, seg: dict[str, Any], fault: Fault, hang_k: int) -> bool:
+        """The driver may reach rollout ``hang_k`` within the time ``fault`` takes to end a segment
+        (:data:`STRIKE_WINDOW_S`), at the pace of its last rollouts."""
+        mine = [(k, t) for k, t in self.rollouts() if t >= seg["start"]["time"]]
+        if not mine:
+            return False
+        recent = mine[-4:]
+        step_s = (recent[-1][1] - recent[0][1]) / (len(recent) - 1) if len(recent) > 1 else 5.0
+        return mine[-1][0] + STRIKE_WINDOW_S[fault.kind] / max(step_s, 0.1) >= hang_k
 
     def hung_in(self) -> str | None:
         """The segment whose driver the hook hung (its marker), if one did."""
@@ -515,29 +531,34 @@ class Campaign:
         index = 0
         torn_pending: dict[str, Any] | None = None
         while pending:
+            if pending[0].kind == TORN:  # its stop went to the hang, met earlier: it follows the next stop
+                if len(pending) == 1:
+                    self.errors.append("the torn checkpoint was not met: no segment boundary was left for it")
+                    pending.pop()
+                    break
+                pending[0], pending[1] = pending[1], pending[0]
             fault = pending[0]
-            if fault.kind == TORN:
-                raise RuntimeError("a torn checkpoint is applied at a boundary, never first")
             seg_started = self.running(index)
             if torn_pending is not None:  # the segment that had to find the torn checkpoint
                 torn_pending["segment"] = seg_started["segment"]
                 torn_pending = None
-            ended_early = None if fault.kind == "hang" else self.strike_point(index, fault)
-            if ended_early is not None:  # the driver hung sooner than planned (or something else)
-                hung = next((f for f in pending if f.kind == "hang"), None)
-                met = {"kind": "hang" if hung else "unplanned", "segment": ended_early["segment"],
-                       "how": f"{HANG_VAR}={hang_k} (earlier than drawn)"}
-                if hung is not None:
-                    pending.remove(hung)
-            elif fault.kind == "hang" and self.hung_in() is not None:  # during an earlier fault's segment
+            hang = next((f for f in pending if f.kind == "hang"), None)
+            if fault.kind == "hang" and self.hung_in() is not None:  # it hung in an earlier fault's segment
                 pending.pop(0)
                 done = self.hung_in()
                 self.met.append({"kind": "hang", "segment": done, "how": f"{HANG_VAR}={hang_k} (hung in the segment "
                                  "of an earlier fault)", "at": self.hang_time(done)})
                 continue
-            elif fault.kind == "hang":
-                met = {"kind": "hang", "segment": seg_started["segment"], "how": f"{HANG_VAR}={hang_k}"}
-                pending.pop(0)
+            if fault.kind == "hang":
+                what = "hang"
+            else:
+                what, _ = self.strike_point(index, fault, hang_k if hang is not None else None)
+            if what in ("hang", "ended"):  # this segment is the hang's (what ended it is in the table)
+                if hang is not None:
+                    pending.remove(hang)
+                early = "" if fault.kind == "hang" else f" (reached before the {fault.kind} drawn first)"
+                met = {"kind": "hang" if hang is not None else "unplanned", "segment": seg_started["segment"],
+                       "how": f"{HANG_VAR}={hang_k}{early}"}
             else:
                 met = self.inject(fault, self.segments()[index])
                 pending.pop(0)
