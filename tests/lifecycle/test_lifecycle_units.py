@@ -241,6 +241,16 @@ def test_watchdog_classifies_sigterm(watchdog_factory, tmp_path: Path) -> None:
     wd = watchdog_factory(JobInfo("40", JobState.COMPLETING, 0, 1001.0, None))
     _deliver(signal.SIGTERM)
     assert wd.check().kind == "timelimit"
+    wd = watchdog_factory(JobInfo("40", JobState.COMPLETING, 0, 1001.0, None, limit_end=1001.0))
+    _deliver(signal.SIGTERM)
+    assert wd.check().kind == "timelimit"
+    # a plain scancel: Slurm shows COMPLETING with EndTime moved to the cancel (measured on the local
+    # cluster), while StartTime + TimeLimit is still ahead; it is no time limit (benchmarks/faults.py
+    # found this: the segment recorded a walltime stop and would have resubmitted after progress)
+    wd = watchdog_factory(JobInfo("40", JobState.COMPLETING, 0, 1000.0, None, limit_end=2200.0))
+    _deliver(signal.SIGTERM)
+    stop = wd.check()
+    assert stop.kind == "cancelled" and "scancel" in stop.detail
     wd = watchdog_factory(JobInfo("40", JobState.RUNNING, 0, 1000.0, 980.0))  # a preemption's grace is over
     _deliver(signal.SIGTERM)
     assert wd.check().kind == "requeued"
