@@ -71,6 +71,22 @@ STEP_TIMEOUT_S = 300
 MODES = ("sentinel", "none")
 
 
+def wait(what: str, predicate, timeout: float, poll_s: float = 0.2) -> Any:
+    """The first truthy value of ``predicate()``; TimeoutError naming ``what`` after ``timeout`` s
+    (benchmarks/faults.py too)."""
+    value = poll_until(predicate, timeout, poll_s)
+    if not value:
+        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return value
+
+
+def job_state(cluster: LocalSlurmCluster, job: str) -> str:
+    """Slurm's JobState of ``job`` (of its first component, for a het job), or GONE (benchmarks/faults.py too)."""
+    out = cluster.run("scontrol", "--oneliner", "show", "job", job, check=False).stdout
+    fields = dict(tok.split("=", 1) for tok in out.split("\n")[0].split() if "=" in tok)
+    return fields.get("JobState", "GONE")
+
+
 class MetricsTail(threading.Thread):
     """Time-stamps each whole line of dumps/metrics.jsonl as it appears (the file has no times)."""
 
@@ -115,10 +131,7 @@ class Run:
         return ledger.read_ledger(self.dir / "ledger.jsonl")[0]
 
     def wait(self, what: str, predicate, timeout: float = STEP_TIMEOUT_S, poll_s: float = 0.2) -> Any:
-        value = poll_until(predicate, timeout, poll_s)
-        if not value:
-            raise TimeoutError(f"{self.mode}: timed out after {timeout:.0f} s waiting for {what}")
-        return value
+        return wait(f"{what} ({self.mode})", predicate, timeout, poll_s)
 
     def running_segment(self, count: int) -> dict:
         """Wait for segment number ``count`` (1-based) to be running, and return it."""
@@ -133,11 +146,6 @@ class Run:
     def after_new_rollouts(self, n: int) -> None:
         base = len(self.tail.rollouts())
         self.wait(f"{n} new rollouts", lambda: len(self.tail.rollouts()) >= base + n, poll_s=0.05)
-
-    def job_state(self, job: str) -> str:
-        out = self.cluster.run("scontrol", "--oneliner", "show", "job", job, check=False).stdout
-        fields = dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
-        return fields.get("JobState", "GONE")
 
     def note(self, text: str) -> None:
         self.events.append(f"{time.strftime('%H:%M:%S')} {text}")
@@ -199,7 +207,7 @@ class Run:
     def release_requeued(self, job: str) -> None:
         """A requeued job may start only after cred_expire (10 s here): let it go when it pends,
         as the tests do (a real cluster's queue decides this)."""
-        self.wait(f"job {job} to pend", lambda: self.job_state(job) == "PENDING", timeout=120)
+        self.wait(f"job {job} to pend", lambda: job_state(self.cluster, job) == "PENDING", timeout=120)
         self.cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
 
     # -- the numbers -------------------------------------------------------------------------------
@@ -303,15 +311,20 @@ def main(argv: list[str] | None = None) -> int:
                 "errors": {r.mode: repr(r.error) for r in failed}}, indent=2))
         return 1 if failed else 0
     finally:
-        for r in runs:  # nothing of ours left queued
-            if r.plan is not None:
-                subprocess.run(["scancel", f"--name={r.plan.job_name}"], env={**os.environ, **cluster.env},
-                               capture_output=True, check=False)
-        if args.keep:
-            print(f"run directories: {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-        cluster.leave()
+        clean_up(cluster, root, [r.plan.job_name for r in runs if r.plan is not None], keep=args.keep)
+
+
+def clean_up(cluster: LocalSlurmCluster, root: Path, job_names: list[str], *, keep: bool) -> None:
+    """Nothing of ours left queued, the run directories kept (printed) or removed, the cluster left
+    (stopped only if no one else uses it). benchmarks/faults.py ends the same way."""
+    for name in job_names:
+        subprocess.run(["scancel", f"--name={name}"], env={**os.environ, **cluster.env}, capture_output=True,
+                       check=False)
+    if keep:
+        print(f"run directories: {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    cluster.leave()
 
 
 if __name__ == "__main__":

@@ -258,8 +258,10 @@ def module_name_in(path: Path, root: Path) -> str:
 # -- tests/ mirrors beam_hpc/ ---------------------------------------------------------------------
 
 TESTS_DIR = Path(__file__).resolve().parent
-# Test directories that are not a sub-package: the shared helpers (on pytest's pythonpath).
-NOT_A_PACKAGE = {"support"}
+# Test directories that are not a sub-package: the shared helpers (on pytest's pythonpath), and the
+# tests of the repository's benchmarks/ scripts (their pure parts: a schedule, a table), which
+# belong to no stage of the package.
+NOT_A_PACKAGE = {"support", "benchmarks"}
 
 
 def test_tests_mirror_the_package() -> None:
@@ -273,6 +275,10 @@ def test_tests_mirror_the_package() -> None:
     strays = sorted(d for d in test_dirs if d not in packages and d.split("/")[0] not in NOT_A_PACKAGE)
     assert not strays, f"test directories with no beam_hpc sub-package of that name: {strays}"
     assert not list((TESTS_DIR / "support").glob("test_*.py")), "tests/support/ holds helpers, not tests"
+    scripts = PACKAGE_DIR.parent / "benchmarks"
+    orphans = sorted(p.name for p in (TESTS_DIR / "benchmarks").glob("test_*.py")
+                     if not (scripts / p.name.removeprefix("test_")).is_file())
+    assert not orphans, f"tests/benchmarks/test_X.py tests benchmarks/X.py, which is missing for: {orphans}"
 
 
 def test_only_slurm_environment_reads_slurm_variables() -> None:

@@ -222,6 +222,7 @@ class Segment:
             self._set_num_rollout(self.num_rollout_arg)
         recipe = self.plan.recipe
         ckpt = self.paths.checkpoints
+        damaged = self._pass_over_damaged_checkpoints()
         self.rollouts_at_start = checkpoint_layout.rollouts_done(ckpt)
         has_ckpt = checkpoint_layout.latest_iteration(ckpt) is not None
         resume = self.want_resume or (self.restart > 0 and has_ckpt)
@@ -235,7 +236,7 @@ class Segment:
         ledger.append(self.paths.ledger, ledger.start_record(
             job_id=self.ledger_job_id, restart=self.restart, host=socket.gethostname(),
             rollouts_at_start=self.rollouts_at_start, num_rollout=recipe.num_rollout, resume=resume,
-            walltime_s=self.plan.walltime_s, lead_s=self.lead_s))
+            walltime_s=self.plan.walltime_s, lead_s=self.lead_s, damaged_checkpoints=damaged))
         save.clear_save_request(self.paths)  # left by a killed segment: it no longer applies
         if self._cancelled():
             return self._finish_now("cancelled", "the run was cancelled (beam-hpc cancel); not starting")
@@ -261,6 +262,28 @@ class Segment:
                      f"resuming from checkpoint {checkpoint_layout.latest_iteration(ckpt)}" if has_ckpt
                      else "no checkpoint yet, starting from the beginning")
         return None
+
+    def _pass_over_damaged_checkpoints(self) -> list[dict]:
+        """The newest checkpoints that fail their manifest (a file truncated or changed since it was
+        published), passed over: the pointer is moved back to the newest complete checkpoint, with
+        the run lock held, before anything counts progress from it. Why here and not only in the
+        backend (which walks back too): the start line's rollouts, the decision after the segment
+        (progress is the pointer's) and ``status`` all read the pointer, and a pointer that names a
+        damaged checkpoint would count rollouts the run no longer has. Returns what was passed over
+        (the start line records it). With no complete checkpoint at all, the pointer is left as it
+        is and the resume is refused with the reasons."""
+        ckpt = self.paths.checkpoints
+        complete, damaged = checkpoint_layout.newest_complete(ckpt)
+        if not damaged:
+            return []
+        why = "; ".join(f"checkpoint {d['iteration']}: {d['why']}" for d in damaged)
+        if complete is None:
+            log.error("no complete checkpoint to resume from: %s", why)
+            return damaged
+        checkpoint_layout.mark_latest(ckpt, complete)
+        log.warning("passed over damaged checkpoint(s) for complete checkpoint %d (the pointer now names it; "
+                    "rollouts %d-%d are trained again): %s", complete, complete + 1, damaged[0]["iteration"], why)
+        return damaged
 
     def _set_num_rollout(self, n: int) -> None:
         """``--num-rollout N`` on a resubmission: the seed lets it change (total, done included).

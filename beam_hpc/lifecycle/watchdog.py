@@ -180,8 +180,14 @@ class Watchdog:
                              f"{source}: the grace time of the preemption at {fmt_clock(info.preempt_time)} is over; "
                              f"Slurm requeues job {self.job_id}")
         end = info.end_time if info is not None and info.end_time is not None else self.end_time
+        limit = info.limit_end if info is not None else None
         if end is not None and self._clock() >= end - 5:
-            return Interrupt(InterruptKind.TIMELIMIT, source, self._clock(), f"{source} at the time limit ({fmt_clock(end)})")
+            if limit is None or self._clock() >= limit - 5:
+                return Interrupt(InterruptKind.TIMELIMIT, source, self._clock(),
+                                 f"{source} at the time limit ({fmt_clock(end)})")
+            # scancel: Slurm moves EndTime to the moment of the cancel, while the limit is still ahead
+            return Interrupt(InterruptKind.CANCELLED, source, self._clock(),
+                             f"{source}: the job was cancelled (scancel; its time limit was {fmt_clock(limit)})")
         return Interrupt(InterruptKind.CANCELLED, source, self._clock(), f"{source}: the job was cancelled")
 
 

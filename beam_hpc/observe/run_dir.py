@@ -65,16 +65,11 @@ def checkpoint_problems(ckpt_dir: Path, iteration: int) -> list[str]:
     """Why the checkpoint ``iteration`` cannot be resumed from: the layout's rules, then its files
     against their manifest (size and sha256) where the backend wrote one, so that a truncated
     model file is reported rather than shown as fine."""
-    from beam_hpc.backends.reference.checkpoint import MANIFEST_FILE, verify
-
     problems = checkpoint_layout.resume_problems(ckpt_dir)
     it_dir = checkpoint_layout.iteration_dir(ckpt_dir, iteration)
-    if it_dir.is_dir() and (it_dir / MANIFEST_FILE).exists():
-        try:
-            bad = verify(it_dir)
-        except (OSError, ValueError, TypeError, AttributeError) as err:
-            bad = f"{it_dir / MANIFEST_FILE} is malformed ({type(err).__name__})"
+    if it_dir.is_dir():
+        bad = checkpoint_layout.manifest_problem(it_dir)
         if bad is not None:
-            problems.append(f"checkpoint {iteration}: {bad}; resume from an older checkpoint by writing "
-                            f"its number into {checkpoint_layout.LATEST_FILE}")
+            problems.append(f"checkpoint {iteration}: {bad}; the next segment resumes from the newest complete "
+                            f"checkpoint before it (beam_hpc.run.checkpoint_layout.newest_complete)")
     return problems

@@ -12,6 +12,9 @@ Where the time of a segment goes (ledger end line fields in brackets):
   again [``rollouts_run`` minus the checkpointed progress, times ``timings.rollout_s``];
 - walltime tail after the last save: from the last checkpoint to the end of a segment that Slurm
   stopped (walltime, preemption, cancel), less the re-done rollouts already counted [``last_save_at``];
+- checkpoint found damaged: rollouts trained again, and kept, because the newest checkpoint
+  failed its manifest when a segment started, which then resumed from an older one [the start
+  line's ``damaged_checkpoints``, times ``timings.rollout_s``];
 - failed segments: all of a segment that ended in an error or a node failure without saving any
   progress, and of one killed so hard that it wrote no end line and the next segment found no new
   checkpoint;
@@ -35,9 +38,10 @@ from typing import Any
 BRINGUP = "bring-up and restart"
 REDONE = "rollouts re-done"
 TAIL = "walltime tail after the last save"
+DAMAGED = "checkpoint found damaged"
 FAILED = "failed segments"
 STALLED = "stalls"
-CAUSES = (BRINGUP, REDONE, TAIL, FAILED, STALLED)
+CAUSES = (BRINGUP, REDONE, TAIL, DAMAGED, FAILED, STALLED)
 _STOPPED_BY_SLURM = ("walltime", "preempted", "cancelled")
 _FAILURES = ("error", "node-failure")
 
@@ -115,6 +119,7 @@ def segment_time(seg: dict[str, Any], *, next_start: dict[str, Any] | None, now:
     run = _num(end.get("rollouts_run"))
     if rollout_s is not None and run is not None:
         lost[REDONE] = max(0.0, run - max(kept, 0)) * rollout_s
+    lost[DAMAGED] = min(_damaged_rollouts(start), max(kept, 0)) * (rollout_s or 0.0)
     last_save = _num(end.get("last_save_at"))
     if reason in _STOPPED_BY_SLURM and last_save is not None and t0 <= last_save <= t1:
         lost[TAIL] = max(0.0, (t1 - last_save) - lost[REDONE])
@@ -126,6 +131,16 @@ def segment_time(seg: dict[str, Any], *, next_start: dict[str, Any] | None, now:
     if total > wall:  # measurements overlap (e.g. a save counted in a rollout): scale to the wall time
         lost = {k: v * wall / total for k, v in lost.items()}
     return SegmentTime(seg["segment"], wall, lost, attributed=attributed)
+
+
+def _damaged_rollouts(start: dict[str, Any]) -> int:
+    """Rollouts a segment trains again because it passed over damaged checkpoints: from where it
+    resumed up to the newest one it passed over (of which it counts those it kept; those it ran
+    past its own last checkpoint are re-done rollouts already)."""
+    passed = [_num(d.get("iteration")) for d in start.get("damaged_checkpoints") or [] if isinstance(d, dict)]
+    newest = max((p for p in passed if p is not None), default=None)
+    at_start = _num(start.get("rollouts_at_start")) or 0
+    return 0 if newest is None else max(0, int(newest) + 1 - int(at_start))
 
 
 def account(segments: list[dict[str, Any]], gpus: int, *, now: float) -> RunHours:

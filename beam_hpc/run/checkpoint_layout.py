@@ -17,11 +17,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from beam_hpc.errors import InputError, shorten
-from beam_hpc.run.files import write_atomic  # re-exported: callers that write layout files use it from here
+from beam_hpc.run.files import (
+    sha256_file,
+    write_atomic,  # re-exported: callers that write layout files use it from here
+)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
+# In an iteration directory: {file name: [size, sha256]} of every file it was published with. The
+# reference backend writes one (beam_hpc.backends.reference.checkpoint); Miles does not, and a
+# checkpoint without one is taken as complete (the layout's rules are all that can be checked).
+MANIFEST_FILE = "manifest.json"
 
 
 def iteration_dir(ckpt_dir: str | Path, iteration: int) -> Path:
@@ -90,6 +98,59 @@ def resume_problems(ckpt_dir: str | Path) -> list[str]:
     if not dataset_state_path(ckpt_dir, it).is_file():
         problems.append(f"checkpoint {it}: its dataset state {dataset_state_path(ckpt_dir, it)} is missing")
     return problems
+
+
+def file_digest(path: str | Path) -> list[Any]:
+    """What a manifest records of one file: ``[size, sha256]``."""
+    return [Path(path).stat().st_size, sha256_file(path)]
+
+
+def manifest_problem(it_dir: str | Path) -> str | None:
+    """Why the files of the iteration directory ``it_dir`` do not match its manifest (a file
+    truncated, changed or missing since it was published), or None when they do or when there is
+    no manifest to check them against."""
+    path = Path(it_dir) / MANIFEST_FILE
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+        wanted = [(str(name), list(want)) for name, want in manifest.items()]
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        return f"{path} unreadable ({type(err).__name__}: {err})"
+    for name, want in wanted:
+        f = Path(it_dir) / name
+        if not f.is_file():
+            return f"{f} is missing"
+        if file_digest(f) != want:
+            return f"{f} does not match its manifest (truncated or changed)"
+    return None
+
+
+def newest_complete(ckpt_dir: str | Path) -> tuple[int | None, list[dict[str, Any]]]:
+    """The newest checkpoint at or below the pointer that can be resumed from (its directory and
+    dataset state are there and its files match their manifest), and the newer ones passed over
+    on the way as ``[{"iteration", "why"}]``, newest first. ``(None, [])`` without a pointer;
+    ``(None, [...])`` when the pointer names something but no checkpoint is complete.
+
+    Why walk back rather than refuse: the pointer is written last and atomically, so a checkpoint
+    it names was complete once; damage found later (a truncated copy, a disk) costs the rollouts
+    since the previous checkpoint, not the run."""
+    latest = latest_iteration(ckpt_dir)
+    if latest is None:
+        return None, []
+    passed: list[dict[str, Any]] = []
+    for it in sorted({i for i in saved_iterations(ckpt_dir) if i <= latest} | {latest}, reverse=True):
+        it_dir = iteration_dir(ckpt_dir, it)
+        if not it_dir.is_dir():
+            why: str | None = f"{it_dir} is missing"
+        elif not dataset_state_path(ckpt_dir, it).is_file():
+            why = f"its dataset state {dataset_state_path(ckpt_dir, it)} is missing"
+        else:
+            why = manifest_problem(it_dir)
+        if why is None:
+            return it, passed
+        passed.append({"iteration": it, "why": why})
+    return None, passed
 
 
 # What the lifecycle writes into the save sentinel to ask for an exit after the save (a beam-hpc

@@ -67,8 +67,13 @@ def start_record(
     resume: bool,
     walltime_s: int,
     lead_s: int,
+    damaged_checkpoints: list[dict[str, Any]] | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
+    """The segment's start line. ``damaged_checkpoints`` (``[{"iteration", "why"}]``): the newest
+    checkpoints this segment found damaged and passed over, moving the pointer back to the one it
+    resumes from (``rollouts_at_start``); the rollouts between are trained again
+    (beam_hpc.run.accounting counts them)."""
     return {
         **_head("start", job_id, restart, now),
         "host": host,
@@ -77,6 +82,8 @@ def start_record(
         "resume": bool(resume),
         "walltime_s": int(walltime_s),
         "lead_s": int(lead_s),
+        "damaged_checkpoints": [{"iteration": int(d["iteration"]), "why": str(d.get("why", ""))}
+                                for d in damaged_checkpoints or []],
     }
 
 

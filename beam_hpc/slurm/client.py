@@ -198,6 +198,9 @@ class JobInfo:
     end_time: float | None  # when Slurm will stop the job (moves to now + GraceTime on preemption)
     preempt_time: float | None  # set once the job was chosen for preemption
     submit_time: float | None = None  # when it was (re)submitted; a requeue resets it
+    # StartTime + TimeLimit: when the time limit falls. Not EndTime: scancel moves EndTime to the
+    # moment of the cancel, so only this tells a cancel's SIGTERM from the time limit's
+    limit_end: float | None = None
 
 
 def slurm_time(value: str | None) -> float | None:
@@ -232,8 +235,23 @@ def parse_show_job(text: str) -> JobInfo | None:
             end_time=slurm_time(fields.get("EndTime")),
             preempt_time=slurm_time(fields.get("PreemptTime")),
             submit_time=slurm_time(fields.get("SubmitTime")),
+            limit_end=_limit_end(fields),
         )
     return None
+
+
+def _limit_end(fields: dict[str, str]) -> float | None:
+    """StartTime + TimeLimit (None while pending, for UNLIMITED, or when Slurm says something else)."""
+    from beam_hpc.config.recipe import parse_walltime
+
+    start = slurm_time(fields.get("StartTime"))
+    limit = fields.get("TimeLimit")
+    if start is None or not limit or not limit[0].isdigit():
+        return None
+    try:
+        return start + parse_walltime(limit)
+    except ValueError:
+        return None
 
 
 def _show_job_text(job_id: str, timeout: float | None) -> str | None:

@@ -56,7 +56,7 @@ def test_ledger_lines_follow_the_contract_and_merge_by_segment(tmp_path: Path) -
     ledger.append(path, _end("101", 1, 10, reason="completed", action="none", nxt=None))
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert set(lines[0]) == {"event", "segment", "job_id", "restart", "time", "host", "rollouts_at_start",
-                             "num_rollout", "resume", "walltime_s", "lead_s"}
+                             "num_rollout", "resume", "walltime_s", "lead_s", "damaged_checkpoints"}
     assert set(lines[1]) == {"event", "segment", "job_id", "restart", "time", "rollouts_at_end", "reason",
                              "detail", "next", "timings", "ready_s", "rollouts_run", "last_save_at",
                              "failed_nodes"}
@@ -241,6 +241,16 @@ def test_watchdog_classifies_sigterm(watchdog_factory, tmp_path: Path) -> None:
     wd = watchdog_factory(JobInfo("40", JobState.COMPLETING, 0, 1001.0, None))
     _deliver(signal.SIGTERM)
     assert wd.check().kind == "timelimit"
+    wd = watchdog_factory(JobInfo("40", JobState.COMPLETING, 0, 1001.0, None, limit_end=1001.0))
+    _deliver(signal.SIGTERM)
+    assert wd.check().kind == "timelimit"
+    # a plain scancel: Slurm shows COMPLETING with EndTime moved to the cancel (measured on the local
+    # cluster), while StartTime + TimeLimit is still ahead; it is no time limit (benchmarks/faults.py
+    # found this: the segment recorded a walltime stop and would have resubmitted after progress)
+    wd = watchdog_factory(JobInfo("40", JobState.COMPLETING, 0, 1000.0, None, limit_end=2200.0))
+    _deliver(signal.SIGTERM)
+    stop = wd.check()
+    assert stop.kind == "cancelled" and "scancel" in stop.detail
     wd = watchdog_factory(JobInfo("40", JobState.RUNNING, 0, 1000.0, 980.0))  # a preemption's grace is over
     _deliver(signal.SIGTERM)
     assert wd.check().kind == "requeued"
@@ -420,6 +430,46 @@ def test_segment_resume_needs_checkpoint_and_dataset_state_and_says_which(tiny_p
     _checkpoint(plan.paths, 4, dataset_state=False)
     code, seg = _run_segment(plan, resume=True)
     assert code == 2 and "its dataset state" in seg["end"]["detail"] and "global_dataset_state_dict_4.pt" in seg["end"]["detail"]
+
+
+def _published(paths: RunPaths, iteration: int) -> Path:
+    """A checkpoint as the reference backend publishes it: files, their manifest, dataset state, pointer."""
+    _checkpoint(paths, iteration)
+    it_dir = checkpoint_layout.iteration_dir(paths.checkpoints, iteration)
+    (it_dir / "model.pt").write_bytes(bytes(range(256)) * 8)
+    manifest = {"model.pt": checkpoint_layout.file_digest(it_dir / "model.pt")}
+    (it_dir / checkpoint_layout.MANIFEST_FILE).write_text(json.dumps(manifest))
+    return it_dir
+
+
+def test_a_segment_passes_over_a_torn_newest_checkpoint_and_counts_from_the_complete_one(tiny_plan) -> None:
+    """A file of the newest checkpoint truncated after it was published (between two segments):
+    the next segment finds it by the manifest, moves the pointer back to the newest complete
+    checkpoint, and its start line counts from there and names what it passed over, so the
+    decision after the segment and the GPU-hours (rollouts trained again) see the truth. Found by
+    benchmarks/faults.py: the start line used to claim the torn checkpoint's rollouts."""
+    from beam_hpc.job.segment import Segment
+    from beam_hpc.run import accounting
+
+    plan, _ = tiny_plan("num_rollout=40")
+    _published(plan.paths, 4)
+    torn = _published(plan.paths, 9) / "model.pt"
+    torn.write_bytes(torn.read_bytes()[:100])
+    seg = Segment(plan.paths.plan, resume=True, env={"SLURM_JOB_ID": "81"},
+                  query=lambda j: JobInfo(j, JobState.RUNNING, 0, time.time() + 3600, None))
+    assert seg._prepare() is None  # resumes (from 4)
+    assert checkpoint_layout.latest_iteration(plan.paths.checkpoints) == 4
+    start = ledger.read_ledger(plan.paths.ledger)[0][-1]["start"]
+    assert start["rollouts_at_start"] == 5
+    (passed,) = start["damaged_checkpoints"]
+    assert passed["iteration"] == 9 and "model.pt does not match its manifest" in passed["why"]
+    # the segment then trains 5.. again and saves at 12: rollouts 5-9 (5 of them) were trained before
+    end = ledger.end_record(job_id="81", restart=0, rollouts_at_end=13, reason="walltime", detail="d",
+                            next_action="resubmit", next_job_id="82", rollout_s=10.0, save_s=1.0, ready_s=0.0,
+                            rollouts_run=8, last_save_at=start["time"] + 99, now=start["time"] + 100)
+    hours = accounting.account([{"segment": "81-0", "start": start, "end": end}], 3600, now=start["time"] + 200)
+    assert hours.lost_h[accounting.DAMAGED] == pytest.approx(5 * 10.0)
+    assert hours.lost_h[accounting.REDONE] == 0
 
 
 def test_segment_refuses_a_fresh_start_onto_checkpoints_and_a_total_already_reached(tiny_plan) -> None:

@@ -489,7 +489,8 @@ def test_status_shows_gpu_hours_lost_by_cause_and_the_excluded_nodes(tmp_path: P
     assert gh["gpus"] == gpus and gh["partial"] is True
     assert gh["held"] == pytest.approx((3600 + 100 + 1000) * h)
     assert gh["lost"] == pytest.approx({"bring-up and restart": 360 * h, "rollouts re-done": 300 * h,
-                                        "walltime tail after the last save": 300 * h, "failed segments": 100 * h, "stalls": 0})
+                                        "walltime tail after the last save": 300 * h,
+                                        "checkpoint found damaged": 0.0, "failed segments": 100 * h, "stalls": 0.0})
     assert gh["useful"] == pytest.approx((3600 - 960 + 1000) * h)
     assert gh["goodput"] == pytest.approx(gh["useful"] / gh["held"])
     assert s["excluded_nodes"] == [{"node": "n3", "why": "node step failed: NVMe check", "segment": "201-0",

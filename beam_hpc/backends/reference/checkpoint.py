@@ -26,29 +26,18 @@ from beam_hpc.run import files
 
 DRIVER_FILE = "driver.pt"
 META_FILE = "meta.json"
-MANIFEST_FILE = "manifest.json"  # size + sha256 of every file: how a truncated checkpoint is told
+MANIFEST_FILE = layout.MANIFEST_FILE  # size + sha256 of every file: how a truncated checkpoint is told
 
 log = logging.getLogger("beam_hpc.reference.checkpoint")
 
 
-def _digest(path: Path) -> list:
-    return [path.stat().st_size, files.sha256_file(path)]
-
-
 def verify(it_dir: Path) -> str | None:
     """Why the checkpoint in ``it_dir`` is not complete, or None when every file it was published
-    with is there with its size and sha256."""
-    try:
-        manifest = json.loads((it_dir / MANIFEST_FILE).read_text())
-    except (OSError, ValueError) as err:
-        return f"{it_dir / MANIFEST_FILE} unreadable ({err})"
-    for name, want in manifest.items():
-        f = it_dir / name
-        if not f.is_file():
-            return f"{f} is missing"
-        if _digest(f) != want:
-            return f"{f} does not match its manifest (truncated or changed)"
-    return None
+    with is there with its size and sha256 (this backend always writes the manifest, so a
+    checkpoint of its without one is not complete)."""
+    if not (it_dir / MANIFEST_FILE).exists():
+        return f"{it_dir / MANIFEST_FILE} unreadable (missing)"
+    return layout.manifest_problem(it_dir)
 
 
 def staging_dir(ckpt_dir: str, iteration: int) -> Path:
@@ -67,7 +56,7 @@ def torch_bytes(obj: Any) -> bytes:
 def publish(ckpt_dir: str, iteration: int, staged: Path, dataset_state: dict[str, Any], keep_last: int | None) -> Path:
     """Make ``staged`` checkpoint ``iteration``: rename, dataset state, pointer (in that order)."""
     final = layout.iteration_dir(ckpt_dir, iteration)
-    manifest = {f.name: _digest(f) for f in sorted(staged.iterdir()) if f.is_file()}
+    manifest = {f.name: layout.file_digest(f) for f in sorted(staged.iterdir()) if f.is_file()}
     layout.write_atomic(staged / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True))
     # Renamed whole (the trainer's files fsync'ed first: it wrote them from another process); a
     # directory already at ``final`` was left by a save that died before its pointer was written.

@@ -1,0 +1,733 @@
+"""A fault campaign: one tiny-recipe chain meets every fault beam-hpc claims to survive (issue 23, item 4).
+
+    python benchmarks/faults.py --seed N [--json FILE] [--keep] [--reference DIR]
+    python benchmarks/faults.py --reanalyse FILE
+
+The tiny recipe (its own batch, evaluation off) with the reference backend on the local Slurm
+cluster (tests/support/slurm_cluster.py), submitted once, the user's way (``beam_hpc.submission.submit``,
+``via="sbatch"``), with its total of :data:`ROLLOUTS` rollouts: plan.json is never touched again. The
+chain then meets, in an order drawn from ``--seed`` (printed, with the schedule):
+
+- 3 walltime stops: the running job's TimeLimit is lowered with ``scontrol update`` (which users may
+  do to their own jobs) so that its end comes 60-120 s later; the product's walltime path does the
+  rest (USR1 or its own deadline, the lead's save, a resubmission with ``--resume``);
+- a preemption: a job on the ``urgent`` partition takes the segment's nodes (USR1, 20 s grace, the
+  save, the requeue of the same job id);
+- a killed node step: SIGKILL to the node step process of one node (a node failure: the node is
+  excluded, the chain resubmits);
+- a hung driver, when the stall watchdog is there (``stalled`` is a ledger reason): the reference
+  backend's tests-only hook ``BEAM_TEST_HANG_AFTER_ROLLOUT=k`` in the job's environment at
+  submission, so the driver stops making progress after rollout ``k``;
+- a torn latest checkpoint: between two segments (the next one held with ``scontrol hold``), a
+  file of the newest checkpoint is cut to half its size; the next segment must find it by the
+  manifest and resume from the previous checkpoint.
+
+The torn checkpoint is drawn into one of the boundaries after a stop (it is only ever found by the
+segment that resumes). The hang's ``k`` is fixed at submission from the drawn order and the
+expected progress of the stops before it (:data:`EXPECTED_PROGRESS`); where the chain runs faster
+than that, the driver hangs in an earlier segment and the table shows the order that happened.
+
+Per fault it prints how it was detected (the ledger line of the segment that noticed it) and after
+how many seconds (from the fault to that line), the rollouts re-done (from ``dumps/metrics.jsonl``:
+rollouts trained before the next segment that it trains again), and the GPU-hours lost by cause
+as :mod:`beam_hpc.run.accounting` attributes them (the struck segment's re-done rollouts, walltime
+tail and failed time, the next segment's bring-up, and the rollouts trained again after a
+damaged checkpoint). Then the campaign's goodput (useful / held GPU-hours, the same module) and
+whether the final checkpoint equals an uninterrupted run's bitwise (the reference backend alone,
+on a local Ray head: ``--reference DIR`` reuses one, since it depends on the recipe only).
+
+The bar: every fault survived (each struck segment ended as that fault should end it and the chain
+went on to complete), nothing lost (every rollout trained, the final checkpoint at the total, the
+dataset cursor exact, each segment resumed where its start line says), and the final weights bitwise
+equal. The machine is shared: its load (``os.getloadavg``) is sampled and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support"), str(ROOT / "benchmarks")]
+
+ROLLOUTS = 80  # the chain's total: room for every stop's progress, and a last segment that completes
+INTERVAL = 5  # periodic checkpoints
+WALLTIME, LEAD_S = "00:20:00", 60  # only the campaign's faults stop a segment
+MAX_SEGMENTS = 30
+STALL_TIMEOUT_S, STARTUP_TIMEOUT_S = 45, 400  # the stall watchdog's (when there is one)
+HANG_VAR = "BEAM_TEST_HANG_AFTER_ROLLOUT"  # the reference backend's tests-only hook
+GPUS_PER_NODE = 1  # the local cluster's fake GPUs, one per group node: GPU-hours are counted
+RECIPE_OVERRIDES = ["eval.interval=0", f"checkpoint.interval={INTERVAL}",
+                    f"topology.trainer.gpus_per_node={GPUS_PER_NODE}", f"topology.rollout.gpus_per_node={GPUS_PER_NODE}"]
+STEP_TIMEOUT_S = 900  # any one wait; generous: the machine has 2 shared cores
+STOPS = ("walltime", "walltime", "walltime", "preemption", "node-kill", "hang")
+TORN = "torn-checkpoint"
+# Rollouts a chain is expected to keep per stop (on the loaded 2-core machine a rollout takes 3.5-6 s
+# and a walltime stop comes 0-90 s after the lowered limit, about 45 s; the others strike within a
+# few rollouts): where the hang's k is set at submission
+EXPECTED_PROGRESS = {"walltime": 12, "preemption": 6, "node-kill": 7, "hang": 5, TORN: -3}
+# How each fault should end the segment that meets it (ledger reason, next action)
+# How long each fault takes to end a segment once struck (a walltime stop: 0-90 s): a driver that
+# would reach the hang's rollout within it is left to hang first, alone in its segment
+STRIKE_WINDOW_S = {"walltime": 100, "preemption": 30, "node-kill": 20}
+EXPECTED_END = {"walltime": ("walltime", "resubmit"), "preemption": ("preempted", "requeue"),
+                "node-kill": ("node-failure", "resubmit"), "hang": ("stalled", "resubmit")}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One planned fault. ``after``: new rollouts the segment trains before it strikes (a
+    node kill also waits for the segment's first new checkpoint, so that the failure is one
+    after progress); ``pick``: a draw in [0, 1) for the fault's own choice (the node step's group,
+    the checkpoint file to tear)."""
+
+    kind: str
+    after: int
+    pick: float
+
+
+def schedule(seed: int, *, hang: bool) -> list[Fault]:
+    """The faults in the order the chain meets them, from ``seed`` alone: the stops shuffled, the
+    torn checkpoint at one of the boundaries after a stop."""
+    rng = random.Random(seed)
+    stops = [k for k in STOPS if hang or k != "hang"]
+    rng.shuffle(stops)
+    faults = [Fault(k, rng.randint(2, 4), round(rng.random(), 3)) for k in stops]
+    faults.insert(rng.randint(1, len(faults)), Fault(TORN, 0, round(rng.random(), 3)))
+    return faults
+
+
+def hang_rollout(faults: list[Fault]) -> int | None:
+    """The rollout after which the driver hangs: the progress expected before the hang's turn,
+    plus its own ``after`` (None without a hang in the schedule)."""
+    before = 0
+    for f in faults:
+        if f.kind == "hang":
+            return max(INTERVAL, before + f.after)
+        before += EXPECTED_PROGRESS[f.kind]
+    return None
+
+
+# -- the record's analysis (pure: --reanalyse prints it again from a saved record) ---------------------------
+
+
+def _segments_by_name(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {s["segment"]: s for s in record["ledger"]}
+
+
+def _next_segment(record: dict[str, Any], name: str) -> dict[str, Any] | None:
+    names = [s["segment"] for s in record["ledger"]]
+    i = names.index(name)
+    return record["ledger"][i + 1] if i + 1 < len(names) else None
+
+
+def redone_at(record: dict[str, Any], nxt: dict[str, Any]) -> int:
+    """Rollouts trained before segment ``nxt`` started that it trains again (from metrics.jsonl)."""
+    t = nxt["start"]["time"]
+    before = [k for k, at in record["rollouts"] if at < t]
+    after = [k for k, at in record["rollouts"] if at >= t]
+    if not before or not after:
+        return 0
+    return max(0, max(before) + 1 - after[0])
+
+
+def _hours(record: dict[str, Any]):  # -> accounting.RunHours
+    from beam_hpc.run import accounting
+
+    return accounting.account(record["ledger"], record["gpus"], now=record["ended_at"])
+
+
+def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per fault met: detection (how, seconds), rollouts re-done, GPU-hours lost by cause."""
+    from beam_hpc.run import accounting
+
+    segs = _segments_by_name(record)
+    times = {t.segment: t for t in _hours(record).segments}
+    per_h = record["gpus"] / 3600.0
+    torn_at = {f["segment"]: f for f in record["faults"] if f["kind"] == TORN and f.get("segment")}
+    out = []
+    for f in record["faults"]:
+        row: dict[str, Any] = {"fault": f["kind"], "injected": f.get("how", ""), "segment": f.get("segment"),
+                               "detected": None, "after_s": None, "ended": None, "ended_after_s": None, "redone": None,
+                               "lost_h": {c: 0.0 for c in accounting.CAUSES}, "survived": False}
+        seg = segs.get(f.get("segment") or "")
+        if seg is None:
+            row["detected"] = f.get("error", "not met")
+            out.append(row)
+            continue
+        nxt = _next_segment(record, seg["segment"])
+        if f["kind"] == TORN:  # met by the segment that resumes: seg is that one
+            passed = seg["start"].get("damaged_checkpoints") or []
+            row["ended"] = (f"start line: passed over checkpoint {', '.join(str(d['iteration']) for d in passed)}"
+                            f" ({_short(passed[0]['why'])})" if passed else "not detected")
+            row["ended_after_s"] = round(seg["start"]["time"] - f["at"], 1)
+            _noticed(row, f)
+            struck = segs.get(f.get("after_segment") or "")
+            row["redone"] = (struck["end"]["rollouts_at_end"] - seg["start"]["rollouts_at_start"]) if struck else None
+            t = times.get(seg["segment"])
+            if t is not None:
+                row["lost_h"][accounting.DAMAGED] = t.lost_s.get(accounting.DAMAGED, 0.0) * per_h
+            row["survived"] = bool(passed) and any(d["iteration"] == f["iteration"] for d in passed)
+            out.append(row)
+            continue
+        end = seg.get("end") or {}
+        row["ended"] = (f"{end.get('reason')} -> {(end.get('next') or {}).get('action')}: {_short(end.get('detail', ''))}"
+                        if end else "no end line")
+        row["ended_after_s"] = round(end["time"] - f["at"], 1) if end and f.get("at") is not None else None
+        _noticed(row, f)
+        if nxt is not None:
+            row["redone"] = redone_at(record, nxt)
+            if nxt["segment"] in torn_at:  # the torn checkpoint's share of this boundary is its own row
+                row["redone"] -= max(0, end.get("rollouts_at_end", 0) - nxt["start"]["rollouts_at_start"])
+        t = times.get(seg["segment"])
+        if t is not None:  # what the struck segment lost (its own bring-up and damage were earlier faults')
+            for cause in accounting.CAUSES:
+                if cause not in (accounting.BRINGUP, accounting.DAMAGED):
+                    row["lost_h"][cause] = t.lost_s.get(cause, 0.0) * per_h
+        t_next = times.get(nxt["segment"]) if nxt is not None else None
+        if t_next is not None:  # the restart this fault caused
+            row["lost_h"][accounting.BRINGUP] = t_next.lost_s.get(accounting.BRINGUP, 0.0) * per_h
+        want = EXPECTED_END.get(f["kind"])
+        row["survived"] = (end.get("reason"), (end.get("next") or {}).get("action")) == want and nxt is not None
+        if f["kind"] == "node-kill":
+            row["survived"] = row["survived"] and f.get("node") in [n["node"] for n in end.get("failed_nodes", [])]
+        out.append(row)
+    return out
+
+
+def _noticed(row: dict[str, Any], f: dict[str, Any]) -> None:
+    """The detection: the first warning the segment logged after the fault (see :func:`first_alarm`)."""
+    if f.get("noticed_at") is not None and f.get("at") is not None:
+        row["detected"] = _short(f["noticed"])
+        row["after_s"] = round(f["noticed_at"] - f["at"], 1)
+    else:
+        row["detected"] = "(no warning logged)"
+
+
+def first_alarm(log_path: Path, since: float) -> tuple[float, str] | None:
+    """The first WARNING or ERROR line of a segment.log (``asctime name level message``, local
+    time) at or after ``since``: when and how the segment noticed a fault."""
+    from datetime import datetime
+
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(" ", 4)
+        if len(parts) < 5 or parts[3] not in ("WARNING", "ERROR"):
+            continue
+        try:
+            at = datetime.strptime(f"{parts[0]} {parts[1]}", "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        if at >= since - 0.01:  # asctime keeps milliseconds (truncated)
+            return at, parts[4]
+    return None
+
+
+def _short(text: str, width: int = 70) -> str:
+    """The first clause of a ledger detail or log message, without the run directory's paths."""
+    first = re.sub(r"\S*/(?=(checkpoints|logs)/)", "", text.split(" -> ")[0].split("; log:")[0])
+    return first if len(first) <= width else first[: width - 3] + "..."
+
+
+def table(record: dict[str, Any]) -> str:
+    from beam_hpc.run import accounting
+
+    causes = [c for c in accounting.CAUSES]
+    head = ("| # | fault | injected | segment | detected (first warning) | after (s) | recorded in the ledger as "
+            "| after (s) | rollouts re-done | " + " | ".join(f"GPU-h lost: {c}" for c in causes) + " | survived |")
+    out = [head, "|" + "---|" * (10 + len(causes))]
+    for i, r in enumerate(rows(record), 1):
+        lost = " | ".join(f"{r['lost_h'][c]:.4f}" for c in causes)
+        out.append(f"| {i} | {r['fault']} | {r['injected']} | {r['segment']} | {r['detected']} | {r['after_s']} "
+                   f"| {r['ended']} | {r['ended_after_s']} | {r['redone']} | {lost} | {'yes' if r['survived'] else 'NO'} |")
+    return "\n".join(out)
+
+
+def summary(record: dict[str, Any]) -> dict[str, Any]:
+    """Goodput and the bar's three parts, from the record."""
+    h = _hours(record)
+    rs = rows(record)
+    checks = record["checks"]
+    return {
+        "held_h": h.held_h, "useful_h": h.useful_h, "goodput": h.goodput, "lost_h": dict(h.lost_h),
+        "partial": h.partial,
+        "every_fault_survived": bool(rs) and all(r["survived"] for r in rs) and checks.get("completed", False)
+                                and len(rs) == record["planned_faults"],
+        "nothing_lost": all(checks.get(k, False) for k in ("all_rollouts_trained", "final_checkpoint",
+                                                              "dataset_cursor", "resumed_where_recorded")),
+        "bitwise_equal": bool(record["bitwise"].get("equal")),
+    }
+
+
+def first_bringup(record: dict[str, Any]) -> float:
+    """GPU-hours of the first segment's bring-up: lost, but to starting at all, not to a fault."""
+    from beam_hpc.run import accounting
+
+    segs = _hours(record).segments
+    return segs[0].lost_s.get(accounting.BRINGUP, 0.0) * record["gpus"] / 3600.0 if segs else 0.0
+
+
+def report(record: dict[str, Any]) -> str:
+    s = summary(record)
+    loads = record["load"]
+    lines = [
+        f"seed {record['seed']}: {record['total']} rollouts, checkpoint every {record['interval']}, "
+        f"{record['gpus']} GPUs; drawn order: {', '.join(f['kind'] for f in record['schedule'])}"
+        + (f"; hang after rollout {record['hang_rollout']}" if record.get("hang_rollout") is not None else "")
+        + " (the table is the order met)",
+        "", table(record), "",
+        f"GPU-hours: held {s['held_h']:.4f}, useful {s['useful_h']:.4f}, goodput {s['goodput']:.3f}"
+        + (" (partial: some ledger lines lack fields)" if s["partial"] else ""),
+        "lost by cause: " + "; ".join(f"{c} {v:.4f}" for c, v in s["lost_h"].items())
+        + f" (of which no fault's: the first segment's bring-up {first_bringup(record):.4f})",
+        f"final weights vs an uninterrupted run: {'bitwise equal' if s['bitwise_equal'] else 'DIFFERENT'} "
+        f"({record['bitwise'].get('detail', '')})",
+        "checks: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in record["checks"].items()),
+        f"bar: every fault survived {'yes' if s['every_fault_survived'] else 'NO'}; nothing lost "
+        f"{'yes' if s['nothing_lost'] else 'NO'}; final weights bitwise equal {'yes' if s['bitwise_equal'] else 'NO'}",
+        f"wall {record['wall_s']:.0f} s; load (1-min average) min {min(loads):.2f} mean {sum(loads) / len(loads):.2f} "
+        f"max {max(loads):.2f} over {len(loads)} samples" if loads else f"wall {record['wall_s']:.0f} s",
+    ]
+    if record.get("errors"):
+        lines.append("errors: " + "; ".join(record["errors"]))
+    return "\n".join(lines)
+
+
+# -- the campaign --------------------------------------------------------------------------------------------
+
+
+class LoadSampler(threading.Thread):
+    """os.getloadavg() every 10 s while the campaign runs (the machine is shared)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append(round(os.getloadavg()[0], 2))
+            self.stop.wait(10)
+
+
+class Campaign:
+    """One chain and its faults, driven from the main thread."""
+
+    def __init__(self, run_dir: Path, faults: list[Fault], cluster: Any, seed: int) -> None:
+        self.dir, self.faults, self.cluster, self.seed = run_dir, faults, cluster, seed
+        self.rng = random.Random(seed + 1)
+        self.met: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+        self.plan: Any = None
+
+    # -- reading the run -------------------------------------------------------------------------
+    def segments(self) -> list[dict[str, Any]]:
+        from beam_hpc.run import ledger
+
+        return ledger.read_ledger(self.dir / "ledger.jsonl")[0]
+
+    def rollouts(self) -> list[tuple[int, float]]:
+        """(rollout id, wall time) of every rollout trained, in order (a re-done one twice)."""
+        from beam_hpc.run import metric_names
+
+        try:
+            lines = (self.dir / "dumps" / metric_names.METRICS_FILE).read_text().splitlines(keepends=True)
+        except FileNotFoundError:
+            return []
+        rows_ = [json.loads(x) for x in lines if x.endswith("\n")]
+        return [(m["rollout_id"], m["time"]) for m in rows_ if m.get("kind") == "rollout"]
+
+    def wait(self, what: str, predicate, timeout: float = STEP_TIMEOUT_S, poll_s: float = 0.2) -> Any:
+        from interruptions import wait
+
+        return wait(what, predicate, timeout, poll_s)
+
+    def note(self, text: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} [load {os.getloadavg()[0]:.1f}] {text}", flush=True)
+
+    # -- the chain -------------------------------------------------------------------------------
+    def submit(self, hang_k: int | None, with_stall: bool) -> str:
+        from reference_harness import build_tiny_assets
+
+        from beam_hpc.submission.submit import submit
+
+        assets = build_tiny_assets()
+        overrides = [f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *RECIPE_OVERRIDES,
+                     f"lifecycle.walltime={WALLTIME}", f"lifecycle.lead_s={LEAD_S}",
+                     f"lifecycle.max_segments={MAX_SEGMENTS}"]
+        if with_stall:
+            overrides += [f"lifecycle.stall_timeout_s={STALL_TIMEOUT_S}",
+                          f"lifecycle.startup_timeout_s={STARTUP_TIMEOUT_S}"]
+        saved = os.environ.get(HANG_VAR)
+        if hang_k is not None:  # exported to the job by sbatch (and from it to its resubmissions)
+            os.environ[HANG_VAR] = str(hang_k)
+        try:
+            sub = submit(ROOT / "recipes" / "tiny.yaml", ROOT / "env" / "local.yaml", overrides=overrides,
+                         output_dir=str(self.dir), num_rollout=ROLLOUTS, via="sbatch")
+        finally:
+            if saved is None:
+                os.environ.pop(HANG_VAR, None)
+            else:
+                os.environ[HANG_VAR] = saved
+        self.plan = sub.plan
+        self.note(f"submitted job {sub.job_id}: {ROLLOUTS} rollouts into {self.dir}")
+        return str(sub.job_id)
+
+    def running(self, index: int) -> dict[str, Any]:
+        """Segment number ``index`` (0-based) once it has a start line."""
+        return self.wait(f"segment {index + 1} to start",
+                         lambda: (s := self.segments()) and len(s) > index and s[index])
+
+    def ended(self, index: int, timeout: float = STEP_TIMEOUT_S) -> dict[str, Any]:
+        return self.wait(f"the end line of segment {index + 1}",
+                         lambda: (s := self.segments()) and len(s) > index and "end" in s[index] and s[index],
+                         timeout=timeout)
+
+    def new_rollouts(self, seg: dict[str, Any]) -> int:
+        return sum(1 for _, t in self.rollouts() if t >= seg["start"]["time"])
+
+    def strike_point(self, index: int, fault: Fault, hang_k: int | None) -> tuple[str, dict[str, Any]]:
+        """Wait until segment ``index`` has trained ``fault.after`` new rollouts (and, for a node
+        kill, written a new checkpoint): ``("strike", segment)``. ``("hang", segment)`` instead
+        when the driver is about to reach the hang's rollout ``hang_k`` (None: no hang pending)
+        before this fault would have ended the segment: that segment is then the hang's alone, and
+        the fault waits for the next one. ``("ended", segment)`` when it ended by itself."""
+        from beam_hpc.run import checkpoint_layout
+
+        seg = self.running(index)
+        start_at = seg["start"]["rollouts_at_start"]
+
+        def ready() -> Any:
+            now = self.segments()[index]
+            if "end" in now:
+                return ("ended", now)
+            if hang_k is not None and self.hang_imminent(seg, fault, hang_k):
+                return ("hang", now)
+            if self.new_rollouts(seg) < fault.after:
+                return None
+            if fault.kind == "node-kill" and checkpoint_layout.rollouts_done(self.dir / "checkpoints") <= start_at:
+                return None
+            return ("strike", now)
+
+        return self.wait(f"{fault.after} new rollouts in segment {seg['segment']}", ready, poll_s=0.1)
+
+    def hang_imminent(self, seg: dict[str, Any], fault: Fault, hang_k: int) -> bool:
+        """The driver may reach rollout ``hang_k`` within the time ``fault`` takes to end a segment
+        (:data:`STRIKE_WINDOW_S`), at the pace of its last rollouts."""
+        mine = [(k, t) for k, t in self.rollouts() if t >= seg["start"]["time"]]
+        if not mine:
+            return False
+        recent = mine[-4:]
+        step_s = (recent[-1][1] - recent[0][1]) / (len(recent) - 1) if len(recent) > 1 else 5.0
+        return mine[-1][0] + STRIKE_WINDOW_S[fault.kind] / max(step_s, 0.1) >= hang_k
+
+    def hung_in(self) -> str | None:
+        """The segment whose driver the hook hung (its marker), if one did."""
+        from beam_hpc.plan.paths import TEST_HANG_FILE
+
+        found = sorted(self.dir.glob(f"logs/*/{TEST_HANG_FILE}"))
+        return found[0].parent.name if found else None
+
+    def hang_time(self, segment: str) -> float | None:
+        from beam_hpc.plan.paths import TEST_HANG_FILE
+
+        marker = self.dir / "logs" / segment / TEST_HANG_FILE
+        return json.loads(marker.read_text())["time"] if marker.is_file() else None
+
+    def job_nodes(self, job: str) -> list[str]:
+        out = self.cluster.run("squeue", "-h", "-j", job, "-o", "%N", check=False).stdout
+        return [x.strip() for x in out.split() if x.strip()]
+
+    def inject(self, fault: Fault, seg: dict[str, Any]) -> dict[str, Any]:
+        job = seg["start"]["job_id"]
+        met: dict[str, Any] = {"kind": fault.kind, "segment": seg["segment"]}
+        if fault.kind == "walltime":
+            info = dict(tok.split("=", 1) for tok in self.cluster.run(
+                "scontrol", "--oneliner", "show", "job", job).stdout.split("\n")[0].split() if "=" in tok)
+            from datetime import datetime
+
+            started = datetime.strptime(info["StartTime"], "%Y-%m-%dT%H:%M:%S").timestamp()
+            minutes = int((time.time() + LEAD_S - started) // 60) + 1  # the end 60-120 s from now
+            self.cluster.run("scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}")
+            met["how"] = f"scontrol update TimeLimit={minutes} (ends in {started + minutes * 60 - time.time():.0f} s)"
+        elif fault.kind == "preemption":
+            nodes = self.job_nodes(job)
+            urgent = self.cluster.run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={','.join(nodes)}",
+                                      "--exclusive", "-t", "1", "-o", "/dev/null", "--wrap", "sleep 2").stdout.strip()
+            met["how"] = f"urgent job {urgent} on {','.join(nodes)}"
+        elif fault.kind == "node-kill":
+            steps = self.wait("the node steps", self.node_steps, timeout=30)
+            group = sorted(steps)[int(fault.pick * len(steps))]
+            pid, node = steps[group]
+            os.kill(pid, signal.SIGKILL)
+            met["how"], met["node"] = f"SIGKILL node step of group {group} on {node}", node
+        met["at"] = time.time()
+        return met
+
+    def node_steps(self) -> dict[str, tuple[int, str]]:
+        """{group: (pid, node)} of this run's node step processes (the fake nodes share this host)."""
+        found: dict[str, tuple[int, str]] = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+                env = dict(e.split("=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().decode(
+                    errors="replace").split("\0") if "=" in e)
+            except OSError:
+                continue
+            if argv[1:3] == ["-m", "beam_hpc.node.step"] and self.plan.paths.plan in argv and "--group" in argv:
+                found[argv[argv.index("--group") + 1]] = (int(pid), env.get("SLURMD_NODENAME", "?"))
+        return found
+
+    def hold_and_tear(self, fault: Fault, after: dict[str, Any]) -> dict[str, Any]:
+        """Between segments: hold the next job, cut a file of the newest checkpoint to half its size."""
+        from beam_hpc.run import checkpoint_layout
+
+        nxt = after["end"]["next"]
+        if nxt["action"] == "resubmit" and nxt["job_id"]:
+            self.cluster.run("scontrol", "hold", nxt["job_id"], check=False)
+        ckpt = self.dir / "checkpoints"
+        it = checkpoint_layout.latest_iteration(ckpt)
+        files = sorted(checkpoint_layout.iteration_dir(ckpt, it).glob("*.pt"))
+        victim = files[int(fault.pick * len(files))]
+        size = victim.stat().st_size
+        with open(victim, "r+b") as fh:
+            fh.truncate(size // 2)
+        met = {"kind": TORN, "after_segment": after["segment"], "iteration": it, "at": time.time(),
+               "how": f"{victim.name} of checkpoint {it} cut to {size // 2} of {size} bytes"}
+        if nxt["action"] == "resubmit" and nxt["job_id"]:
+            self.cluster.run("scontrol", "release", nxt["job_id"], check=False)
+        return met
+
+    def release_requeued(self, job: str) -> None:
+        """A requeued job may start only after cred_expire (10 s here): let it go once it pends,
+        as the tests do (a real cluster's queue decides this)."""
+        from interruptions import job_state
+
+        self.wait(f"job {job} to pend", lambda: job_state(self.cluster, job) == "PENDING", timeout=180)
+        self.cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
+
+    def run(self, hang_k: int | None, with_stall: bool) -> None:
+        from run_watch import chain_finished
+
+        self.submit(hang_k, with_stall)
+        pending = list(self.faults)
+        index = 0
+        torn_pending: dict[str, Any] | None = None
+        while pending:
+            if pending[0].kind == TORN:  # its stop went to the hang, met earlier: it follows the next stop
+                if len(pending) == 1:
+                    self.errors.append("the torn checkpoint was not met: no segment boundary was left for it")
+                    pending.pop()
+                    break
+                pending[0], pending[1] = pending[1], pending[0]
+            fault = pending[0]
+            seg_started = self.running(index)
+            if torn_pending is not None:  # the segment that had to find the torn checkpoint
+                torn_pending["segment"] = seg_started["segment"]
+                torn_pending = None
+            hang = next((f for f in pending if f.kind == "hang"), None)
+            if fault.kind == "hang" and self.hung_in() is not None:  # it hung in an earlier fault's segment
+                pending.pop(0)
+                done = self.hung_in()
+                self.met.append({"kind": "hang", "segment": done, "how": f"{HANG_VAR}={hang_k} (hung in the segment "
+                                 "of an earlier fault)", "at": self.hang_time(done)})
+                continue
+            if fault.kind == "hang":
+                what = "hang"
+            else:
+                what, _ = self.strike_point(index, fault, hang_k if hang is not None else None)
+            if what in ("hang", "ended"):  # this segment is the hang's (what ended it is in the table)
+                if hang is not None:
+                    pending.remove(hang)
+                early = "" if fault.kind == "hang" else f" (reached before the {fault.kind} drawn first)"
+                met = {"kind": "hang" if hang is not None else "unplanned", "segment": seg_started["segment"],
+                       "how": f"{HANG_VAR}={hang_k}{early}"}
+            else:
+                met = self.inject(fault, self.segments()[index])
+                pending.pop(0)
+            self.note(f"{met['kind']}: {met.get('how', '')} -> segment {met['segment']}")
+            seg = self.ended(index)
+            if met["kind"] == "hang":  # the fault's moment: when the driver hung (the hook's marker)
+                met["at"] = self.hang_time(seg["segment"])
+            self.met.append(met)
+            end = seg["end"]
+            self.note(f"segment {seg['segment']} ended: {end['reason']} ({_short(end['detail'], 120)}); "
+                      f"next {end['next']['action']} {end['next']['job_id'] or ''}")
+            if pending and pending[0].kind == TORN:
+                torn_pending = self.hold_and_tear(pending.pop(0), seg)
+                self.met.append(torn_pending)
+                self.note(f"{TORN}: {torn_pending['how']}")
+            if end["next"]["action"] == "requeue":
+                self.release_requeued(end["next"]["job_id"])
+            elif end["next"]["action"] == "none":
+                if pending:
+                    self.errors.append(f"the chain ended ({end['reason']}) with {len(pending)} fault(s) not met: "
+                                       + ", ".join(f.kind for f in pending))
+                break
+            index += 1
+        if torn_pending is not None:  # torn after the last stop: the last segment finds it
+            torn_pending["segment"] = self.running(index)["segment"]
+        self.wait("the chain to complete", lambda: chain_finished(self.dir))
+        last = self.segments()[-1]
+        self.note(f"chain ended: {last['end']['reason']} at {last['end']['rollouts_at_end']} of {ROLLOUTS}")
+
+
+def check_run(run_dir: Path, plan: Any, segments: list[dict[str, Any]], rollouts: list[tuple[int, float]]) -> dict[str, bool]:
+    """Nothing lost: what a complete, exact run directory shows."""
+    import torch
+
+    from beam_hpc.run import checkpoint_layout
+
+    ckpt = run_dir / "checkpoints"
+    cursor_ok = False
+    with_state = checkpoint_layout.dataset_state_path(ckpt, ROLLOUTS - 1)
+    if with_state.is_file():
+        cursor = torch.load(with_state, weights_only=True)
+        cursor_ok = cursor["sample_offset"] == ROLLOUTS * plan.recipe.batch.prompts
+    resumed_ok = True
+    for seg in segments:  # each segment's first rollout is where its start line says it resumed
+        t0 = seg["start"]["time"]
+        t1 = seg["end"]["time"] if "end" in seg else float("inf")
+        mine = [k for k, t in rollouts if t0 <= t <= t1]
+        if mine and mine[0] != seg["start"]["rollouts_at_start"]:
+            resumed_ok = False
+    last = segments[-1] if segments else {}
+    return {
+        "completed": bool(last) and last.get("end", {}).get("reason") == "completed",
+        "all_rollouts_trained": sorted({k for k, _ in rollouts}) == list(range(ROLLOUTS)),
+        "final_checkpoint": checkpoint_layout.latest_iteration(ckpt) == ROLLOUTS - 1,
+        "dataset_cursor": cursor_ok,
+        "resumed_where_recorded": resumed_ok,
+    }
+
+
+def reference_run(ref_dir: Path) -> Path:
+    """The uninterrupted run (the reference backend alone, on a local Ray head), or the one already
+    in ``ref_dir`` when it was made with the same total and overrides."""
+    from reference_harness import LocalRayHead, build_tiny_assets, make_plan, run_backend
+
+    from beam_hpc.run import checkpoint_layout
+
+    marker = ref_dir / "faults-reference.json"
+    want = {"rollouts": ROLLOUTS, "overrides": RECIPE_OVERRIDES}
+    if marker.is_file() and json.loads(marker.read_text()) == want and \
+            checkpoint_layout.latest_iteration(ref_dir / "checkpoints") == ROLLOUTS - 1:
+        print(f"reusing the uninterrupted run in {ref_dir}", flush=True)
+        return ref_dir
+    shutil.rmtree(ref_dir, ignore_errors=True)
+    assets = build_tiny_assets()
+    t0 = time.time()
+    with LocalRayHead() as address:
+        run_backend(make_plan(ref_dir, assets, [*RECIPE_OVERRIDES, f"num_rollout={ROLLOUTS}"]), address, timeout=3000)
+    marker.write_text(json.dumps(want))
+    print(f"uninterrupted run: {time.time() - t0:.0f} s in {ref_dir}", flush=True)
+    return ref_dir
+
+
+def compare(run_dir: Path, ref_dir: Path) -> dict[str, Any]:
+    from reference_harness import assert_bitwise_equal, load_checkpoint
+
+    last = f"iter_{ROLLOUTS - 1:07d}"
+    try:
+        n = assert_bitwise_equal(load_checkpoint(ref_dir / "checkpoints" / last),
+                                 load_checkpoint(run_dir / "checkpoints" / last), last)
+    except (AssertionError, OSError, RuntimeError) as err:
+        return {"equal": False, "detail": str(err)[:300]}
+    return {"equal": n > 0, "detail": f"{n} tensors of {last} compared with torch.equal"}
+
+
+def stall_watchdog_available() -> bool:
+    from beam_hpc.run import ledger
+
+    return "stalled" in ledger.REASONS
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seed", type=int, default=None, help="draws the fault order and points (printed)")
+    p.add_argument("--json", type=Path, help="write the raw record here (for --reanalyse)")
+    p.add_argument("--reanalyse", type=Path, help="print the table again from a saved record; runs nothing")
+    p.add_argument("--keep", action="store_true", help="keep the run directory (printed)")
+    p.add_argument("--reference", type=Path, help="the uninterrupted run's directory: reused when it matches, "
+                                                  "else made there (default: a temporary one)")
+    args = p.parse_args(argv)
+    if args.reanalyse:
+        record = json.loads(args.reanalyse.read_text())
+        print(report(record))
+        return 0 if all(summary(record)[k] for k in ("every_fault_survived", "nothing_lost", "bitwise_equal")) else 1
+    from slurm_cluster import LocalSlurmCluster
+
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    with_stall = stall_watchdog_available()
+    faults = schedule(seed, hang=with_stall)
+    hang_k = hang_rollout(faults)
+    print(f"seed {seed}: " + ", ".join(f"{f.kind}" + (f" after {f.after}" if f.kind != TORN else "") for f in faults)
+          + (f"; the driver hangs after rollout {hang_k}" if hang_k is not None else
+             "; no hung driver (this beam-hpc has no stall watchdog)")
+          + f"; load {os.getloadavg()[0]:.2f}", flush=True)
+    root = Path(tempfile.mkdtemp(prefix="beam-faults-", dir="/tmp"))
+    ref_dir = args.reference or root / "uninterrupted"
+    cluster = LocalSlurmCluster()
+    cluster.join()
+    campaign = Campaign(root / "chain", faults, cluster, seed)
+    load = LoadSampler()
+    load.start()
+    t0 = time.time()
+    try:
+        cluster.up(started_by_tests=True)
+        os.environ.update(cluster.env)
+        reference_run(ref_dir)
+        try:
+            campaign.run(hang_k, with_stall)
+        except (TimeoutError, RuntimeError, OSError) as err:
+            campaign.errors.append(f"{type(err).__name__}: {err}")
+        segments = campaign.segments()
+        rollouts = campaign.rollouts()
+        for met in campaign.met:
+            found = first_alarm(campaign.dir / "logs" / str(met.get("segment")) / "segment.log", met["at"]) \
+                if met.get("at") is not None else None
+            if found is not None:
+                met["noticed_at"], met["noticed"] = found
+        record = {
+            "seed": seed, "total": ROLLOUTS, "interval": INTERVAL, "walltime": WALLTIME, "lead_s": LEAD_S,
+            "overrides": RECIPE_OVERRIDES, "stall_timeout_s": STALL_TIMEOUT_S if with_stall else None,
+            "schedule": [asdict(f) for f in faults], "planned_faults": len(faults), "hang_rollout": hang_k,
+            "gpus": sum(g.nodes * g.gpus_per_node for g in campaign.plan.groups) if campaign.plan else 0,
+            "faults": campaign.met, "ledger": segments, "rollouts_trained": len(rollouts),
+            "rollouts": [[k, round(t, 3)] for k, t in rollouts], "ended_at": time.time(),
+            "checks": check_run(campaign.dir, campaign.plan, segments, rollouts) if campaign.plan else {},
+            "bitwise": compare(campaign.dir, ref_dir), "wall_s": round(time.time() - t0, 1),
+            "load": load.samples, "errors": campaign.errors,
+            "command": "python benchmarks/faults.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        }
+        print("\n" + report(record), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(record, indent=1))
+        s = summary(record)
+        return 0 if s["every_fault_survived"] and s["nothing_lost"] and s["bitwise_equal"] else 1
+    finally:
+        from interruptions import clean_up
+
+        load.stop.set()
+        clean_up(cluster, root, [campaign.plan.job_name] if campaign.plan is not None else [], keep=args.keep)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

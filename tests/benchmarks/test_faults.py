@@ -1,0 +1,162 @@
+"""benchmarks/faults.py's pure parts: the seeded schedule, and the table, goodput and bar it prints
+from a record (the same code ``--reanalyse`` runs). The campaign itself runs on the local Slurm
+cluster for 10-15 minutes and is a benchmark, not a test; its results are in benchmarks/results/."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from beam_hpc.run import accounting, ledger
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("faults", ROOT / "benchmarks" / "faults.py")
+assert _spec is not None and _spec.loader is not None
+faults = importlib.util.module_from_spec(_spec)
+sys.modules["faults"] = faults  # (dataclasses look their module up there)
+_spec.loader.exec_module(faults)
+
+
+def test_the_schedule_is_drawn_from_the_seed_and_holds_every_fault_once() -> None:
+    drawn = {seed: faults.schedule(seed, hang=True) for seed in range(20)}
+    assert drawn[7] == faults.schedule(7, hang=True)  # the seed alone decides
+    for plan in drawn.values():
+        assert Counter(f.kind for f in plan) == {"walltime": 3, "preemption": 1, "node-kill": 1, "hang": 1,
+                                                 faults.TORN: 1}
+        assert plan[0].kind != faults.TORN  # a torn checkpoint is found at a boundary, after a stop
+        assert all(2 <= f.after <= 4 for f in plan if f.kind != faults.TORN)
+    assert len({tuple(f.kind for f in plan) for plan in drawn.values()}) > 10  # orders differ
+    assert "hang" not in [f.kind for f in faults.schedule(7, hang=False)]
+
+
+def test_the_hang_is_set_after_the_progress_expected_before_its_turn() -> None:
+    plan = [faults.Fault("walltime", 3, 0.5), faults.Fault(faults.TORN, 0, 0.5), faults.Fault("preemption", 2, 0.1),
+            faults.Fault("hang", 4, 0.2), faults.Fault("node-kill", 2, 0.9)]
+    expected = faults.EXPECTED_PROGRESS
+    assert faults.hang_rollout(plan) == expected["walltime"] + expected[faults.TORN] + expected["preemption"] + 4
+    assert faults.hang_rollout([f for f in plan if f.kind != "hang"]) is None
+
+
+def _record(tmp_path: Path) -> dict:
+    """A campaign of two faults, written through the real ledger writer: segment 1-0 stopped at
+    its walltime after rollouts 0-9 (checkpoint 9; 10 trained but not kept), checkpoint 9 torn,
+    segment 2-0 passes over it, resumes from 4, is preempted after rollout 12 (its checkpoint)
+    and requeued as 2-1, which completes rollouts 13-19."""
+    path = tmp_path / "ledger.jsonl"
+    s = dict(host="h", num_rollout=20, walltime_s=1200, lead_s=60)
+    t = 1000.0
+    ledger.append(path, ledger.start_record(job_id="1", restart=0, rollouts_at_start=0, resume=False, now=t, **s))
+    ledger.append(path, ledger.end_record(job_id="1", restart=0, rollouts_at_end=10, reason="walltime",
+                                          detail="walltime warning (USR1, lead 60 s); saved on request -> continuing",
+                                          next_action="resubmit", next_job_id="2", rollout_s=3.0, save_s=1.0,
+                                          ready_s=20.0, rollouts_run=11, last_save_at=t + 60, now=t + 65))
+    ledger.append(path, ledger.start_record(job_id="2", restart=0, rollouts_at_start=5, resume=True, now=t + 80,
+                                            damaged_checkpoints=[{"iteration": 9, "why": "model.pt does not match "
+                                                                  "its manifest (truncated or changed)"}], **s))
+    ledger.append(path, ledger.end_record(job_id="2", restart=0, rollouts_at_end=13, reason="preempted",
+                                          detail="preempted at 10:00:00; saved on request -> requeue",
+                                          next_action="requeue", next_job_id="2", rollout_s=3.0, save_s=1.0,
+                                          ready_s=15.0, rollouts_run=8, last_save_at=t + 140, now=t + 142))
+    ledger.append(path, ledger.start_record(job_id="2", restart=1, rollouts_at_start=13, resume=True, now=t + 160, **s))
+    ledger.append(path, ledger.end_record(job_id="2", restart=1, rollouts_at_end=20, reason="completed",
+                                          detail="20 of 20 rollouts done -> num_rollout 20 reached",
+                                          next_action="none", next_job_id=None, rollout_s=3.0, save_s=1.0,
+                                          ready_s=10.0, rollouts_run=7, last_save_at=t + 195, now=t + 196))
+    segments, warnings = ledger.read_ledger(path)
+    assert not warnings
+    trained = ([(k, t + 21 + 3 * k) for k in range(11)] + [(k, t + 100 + 3 * (k - 5)) for k in range(5, 13)]
+               + [(k, t + 172 + 3 * (k - 13)) for k in range(13, 20)])
+    return {
+        "seed": 5, "total": 20, "interval": 5, "gpus": 2, "hang_rollout": None, "planned_faults": 3,
+        "schedule": [{"kind": "walltime"}, {"kind": faults.TORN}, {"kind": "preemption"}],
+        "faults": [{"kind": "walltime", "segment": "1-0", "at": t + 30, "how": "scontrol update TimeLimit=2",
+                    "noticed_at": t + 50, "noticed": "interrupt: walltime (USR1)"},
+                   {"kind": faults.TORN, "after_segment": "1-0", "iteration": 9, "at": t + 66, "segment": "2-0",
+                    "how": "model.pt of checkpoint 9 cut in half"},
+                   {"kind": "preemption", "segment": "2-0", "at": t + 130, "how": "urgent job 3"}],
+        "ledger": segments, "rollouts": [[k, at] for k, at in trained], "ended_at": t + 300,
+        "checks": {"completed": True, "all_rollouts_trained": True, "final_checkpoint": True, "dataset_cursor": True,
+                   "resumed_where_recorded": True},
+        "bitwise": {"equal": True, "detail": "71 tensors compared"}, "wall_s": 300.0, "load": [3.5, 4.0],
+        "errors": [],
+    }
+
+
+def test_each_faults_row_says_how_it_was_found_what_it_cost_and_the_goodput_is_the_ledgers(tmp_path: Path) -> None:
+    record = _record(tmp_path)
+    wall, torn, preempt = faults.rows(record)
+    h = 2 / 3600
+    hours = accounting.account(record["ledger"], 2, now=record["ended_at"])
+    by_segment = {s.segment: s for s in hours.segments}
+    assert wall["ended"].startswith("walltime -> resubmit: walltime warning (USR1") and wall["ended_after_s"] == 35.0
+    assert wall["detected"] == "interrupt: walltime (USR1)" and wall["after_s"] == 20.0
+    # rollout 10 was trained in 1-0 and again in 2-0; rollouts 5-9 again because checkpoint 9 was torn
+    assert wall["redone"] == 1 and torn["redone"] == 5 and preempt["redone"] == 0
+    assert wall["lost_h"][accounting.REDONE] == pytest.approx(by_segment["1-0"].lost_s[accounting.REDONE] * h)
+    assert wall["lost_h"][accounting.REDONE] == pytest.approx(1 * 3.0 * h)
+    assert wall["lost_h"][accounting.BRINGUP] == pytest.approx(15.0 * h)  # the restart it caused: 2-0's bring-up
+    assert torn["ended"].startswith("start line: passed over checkpoint 9 (model.pt does not match")
+    assert torn["ended_after_s"] == 14.0 and torn["detected"] == "(no warning logged)" and torn["lost_h"][accounting.DAMAGED] == pytest.approx(5 * 3.0 * h)
+    assert preempt["lost_h"][accounting.BRINGUP] == pytest.approx(10.0 * h)
+    assert all(r["survived"] for r in (wall, torn, preempt))
+    s = faults.summary(record)
+    assert s["goodput"] == pytest.approx(hours.goodput) and 0 < s["goodput"] < 1
+    assert s["every_fault_survived"] and s["nothing_lost"] and s["bitwise_equal"]
+    text = faults.report(record)
+    assert "| 2 | torn-checkpoint |" in text and f"goodput {hours.goodput:.3f}" in text
+
+
+def test_the_bar_fails_on_a_fault_that_ended_the_wrong_way_or_a_missing_rollout(tmp_path: Path) -> None:
+    record = _record(tmp_path)
+    record["faults"][2]["kind"] = "node-kill"  # a preempted segment is not what a killed node step does
+    assert not faults.summary(record)["every_fault_survived"]
+    record = _record(tmp_path)
+    record["checks"]["all_rollouts_trained"] = False
+    assert not faults.summary(record)["nothing_lost"] and faults.summary(record)["every_fault_survived"]
+    record = _record(tmp_path)
+    record["planned_faults"] = 4  # a fault never met
+    assert not faults.summary(record)["every_fault_survived"]
+
+
+def test_reanalyse_prints_the_table_from_a_saved_record_without_running(tmp_path: Path, capsys) -> None:
+    saved = tmp_path / "record.json"
+    saved.write_text(json.dumps(_record(tmp_path)))
+    assert faults.main(["--reanalyse", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "| 1 | walltime |" in out and "bar: every fault survived yes; nothing lost yes" in out
+    record = _record(tmp_path)
+    record["bitwise"] = {"equal": False, "detail": "tensor differs at model.pt/w"}
+    saved.write_text(json.dumps(record))
+    assert faults.main(["--reanalyse", str(saved)]) == 1
+    assert "DIFFERENT (tensor differs at model.pt/w)" in capsys.readouterr().out
+
+
+def test_the_detection_is_the_first_warning_the_segment_logged_after_the_fault(tmp_path: Path) -> None:
+    """segment.log as the segment writes it (beam_hpc.job.segment's format, local time)."""
+    import logging
+    import time
+
+    log_path = tmp_path / "segment.log"
+    handler = logging.FileHandler(log_path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    log = logging.getLogger("beam_hpc.job.segment.test")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        log.warning("took over the run lock of job 1")  # before the fault: not its detection
+        time.sleep(1.1)
+        fault_at = time.time()
+        log.info("rollout 7")
+        log.warning("interrupt: walltime (USR1): walltime warning")
+        log.error("later")
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+    at, message = faults.first_alarm(log_path, fault_at)
+    assert message == "interrupt: walltime (USR1): walltime warning" and -0.01 <= at - fault_at < 1.0
+    assert faults.first_alarm(tmp_path / "missing.log", fault_at) is None
