@@ -314,13 +314,18 @@ def ray_env(*, token_path: str, job_tag: str, node_index: int | None = None) -> 
     return env
 
 
+def make_private_dir(path: str | Path) -> None:
+    """``path`` as a directory only its owner can enter (0700), whatever the umask."""
+    Path(path).mkdir(mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
 def write_token(directory: str | Path) -> Path:
     """A fresh random token in ``directory/token`` (file 0600, directory 0700), written atomically."""
     d = Path(directory)
     d.parent.mkdir(parents=True, exist_ok=True)
     for p in (d.parent, d):
-        p.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(p, 0o700)
+        make_private_dir(p)
     target = d / "token"
     write_atomic(target, secrets.token_hex(32), mode=0o600)
     return target

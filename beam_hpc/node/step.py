@@ -53,6 +53,7 @@ from beam_hpc.node.ray_node import (
     cpus_from_slurm,
     gpus_from_slurm,
     loopback_ip,
+    make_private_dir,
     node_ip,
     node_private_dir,
     ray_env,
@@ -209,8 +210,7 @@ class NodeStep:
         self._warm_caches(cleanup)  # entered before the sweep below: saved after Ray's workers are gone
         private = node_private_dir(rt.job_id, rt.restart, self.index, rt.temp_root)
         shutil.rmtree(private, ignore_errors=True)  # left by a requeued segment's SIGKILL
-        os.mkdir(private, mode=0o700)
-        os.chmod(private, 0o700)  # whatever the umask: Ray's temp dir inside is made 0777 by Ray
+        make_private_dir(private)  # Ray makes its temp dir inside 0777: only this keeps others out
         cleanup.callback(shutil.rmtree, private, True)
         cleanup.callback(self._sweep)
         self._check_stop()

@@ -172,7 +172,7 @@ class LocalSlurmCluster:
         out = self.run("squeue", "--noheader", "--Format=JobID:30,STDOUT:1000,WorkDir:1000", check=False).stdout
         prefixes = tuple(str(Path(r).resolve()).rstrip("/") + "/" for r in roots)
         ids = sorted({line.split()[0].split("+")[0] for line in out.splitlines()
-                      if line.split() and any(f.rstrip("/") + "/" == pre or f.startswith(pre)
+                      if line.split() and any((f.rstrip("/") + "/").startswith(pre)
                                               for f in line.split()[1:] for pre in prefixes)})
         if ids:
             self.run("scancel", *ids, check=False)
