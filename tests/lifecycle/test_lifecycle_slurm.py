@@ -7,10 +7,15 @@ up through ``beam_hpc.job.runner``, runs the backend, and resubmits or requeues 
 wait, interfere the way Slurm or a user would (a preempting job, ``scontrol requeue``, SIGKILL,
 a second submission, ``beam-hpc cancel``) and read the run directory.
 
-Signals and time limits have a 30 s granularity in slurmctld (local-slurm-cluster.md 4 and 9), so
-the walltime test uses a 3-minute limit with a 60 s lead: USR1 or the job's own deadline comes
-90-120 s after the start. (With 2 minutes, a bring-up of 45 s and a driver start of over a minute,
-both seen at load 20 on 2 cores, left no first rollout to save, which ends the chain as "no progress".)
+The walltime test does not wait out a limit: once the first segment trains, the test lowers its
+time limit (``scontrol update``, LocalSlurmCluster.end_soon) to end 45-105 s later, inside the
+recipe's 150 s lead, so Slurm's USR1 comes at its next time check (30 s granularity in slurmctld,
+local-slurm-cluster.md 4 and 9) and the job's own deadline has passed. (A fixed short limit was
+either slow, or, at load 20 on 2 cores, over before the first rollout: a bring-up of 45 s and a
+driver start of over a minute left nothing to save, which ends the chain as "no progress".)
+
+The preemption test runs in the cluster's ``spot`` partition (whole nodes, no other test's jobs):
+its ``urgent`` job preempts that test's segment and nothing else, also under pytest-xdist.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from reference_harness import (
 from reference_harness import make_plan as reference_plan
 from run_watch import chain_finished, diagnostics, segments
 from run_watch import read_text as _read
+from slurm_cluster import spot_site
 
 from beam_hpc.plan.plan import Plan
 from beam_hpc.run import checkpoint_layout, metric_names
@@ -177,15 +183,17 @@ def change_the_total(run_dir: Path, assets: TinyAssets, *, more: int, **submit_k
 
 
 def test_walltime_chain_resubmits_with_resume_until_num_rollout(slurm_cluster, tiny_assets, runs) -> None:
-    """A 3-minute limit, 60 s lead: the segment saves the rollout in flight on USR1 or its own
-    deadline and resubmits itself with --resume (same script, dependency afterany on itself). The
-    first target is out of reach, so the interrupt always lands mid-run however fast the machine;
+    """The limit lowered into the 150 s lead once the segment trains: the segment saves the rollout
+    in flight on USR1 or its own deadline and resubmits itself with --resume (same script, dependency
+    afterany on itself). The first target is out of reach, so the interrupt always lands mid-run;
     the user then gives the chain a total (cancel + ``submit --resume --num-rollout N``, see
     change_the_total) and that segment completes the run. Nothing is trained twice or skipped.
     (The resubmitted segment itself running with --resume and the total passed on:
     tests/submission/test_submission_launch_parity.py.)"""
     run = runs / "walltime"
-    plan, first = submit_run(run, tiny_assets, num_rollout=100_000, interval=1000, walltime="00:03:00", lead_s=60)
+    plan, first = submit_run(run, tiny_assets, num_rollout=100_000, interval=1000, walltime="00:10:00", lead_s=150)
+    wait_for("a first trained rollout", lambda: rollout_ids(run), run)
+    slurm_cluster.end_soon(first)  # its walltime, now: inside the 150 s lead
     second = wait_for("the walltime resubmission",
                       lambda: (s := segments(run)) and "end" in s[0] and s[0]["end"]["next"].get("job_id"), run,
                       poll_s=0.1)
@@ -217,13 +225,14 @@ def _nodes_of(job_id: str) -> str:
 
 
 def test_preemption_requeues_the_same_job_and_the_run_completes(slurm_cluster, tiny_assets, runs) -> None:
-    """Submitted to `debug`; an `urgent` job that needs its nodes preempts it (USR1 with a 20 s
+    """Submitted to `spot`; an `urgent` job that needs its nodes preempts it (USR1 with a 20 s
     GraceTime): the segment saves if the grace allows, else relies on the last checkpoint, and
     the same job id comes back with SLURM_RESTART_COUNT 1 and resumes. The target is out of reach (a
     fast machine would otherwise finish before the urgent job is scheduled); once the requeued segment
     has started, the user gives the run a total (change_the_total) and that segment completes it."""
     run = runs / "preempt"
-    plan, job = submit_run(run, tiny_assets, num_rollout=100_000, interval=3)
+    site = spot_site(SITE, runs / "spot.yaml")
+    plan, job = submit_run(run, tiny_assets, num_rollout=100_000, interval=3, site=site)
     wait_for("a first checkpoint", lambda: checkpoint_layout.latest_iteration(run / "checkpoints") is not None, run)
     nodes = wait_for("the job's nodes", lambda: _nodes_of(job), run)
     urgent = slurm_cluster.run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={nodes}", "--exclusive",
@@ -237,7 +246,7 @@ def test_preemption_requeues_the_same_job_and_the_run_completes(slurm_cluster, t
     wait_for("the requeued job to pend", lambda: job_state(job) in ("PENDING", "RUNNING"), run, timeout=60)
     slurm_cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
     wait_for("the requeued segment to start", lambda: len(segments(run)) > 1, run)
-    n, last = change_the_total(run, tiny_assets, more=5, interval=3)
+    n, last = change_the_total(run, tiny_assets, more=5, interval=3, site=site)
     wait_for("the new segment to finish the run", lambda: finished_by(run, last), run)
     segs = segments(run)
     print(f"\npreempted run ({n} rollouts):\n{timeline(run)}")

@@ -66,6 +66,14 @@ class ClusterSpec:
     tmp_disk_mb: int = 3_000_000
     small_disk_nodes: int = 2
     small_tmp_disk_mb: int = 100_000
+    # Nodes n<first>..n<first+spot_nodes-1> form the ``spot`` partition and no other but ``urgent``:
+    # the only place a test sends work it will preempt, so an urgent job aimed at one job's nodes
+    # preempts that job alone, never a job of another test running beside it (pytest-xdist). The
+    # tests' jobs there take whole nodes (env/local.yaml's cpus_per_node is the nodes' 2 CPUs), so
+    # two of them never share a node. (Not OverSubscribe=EXCLUSIVE: that hands a job every GPU of
+    # its nodes, which a segment refuses when its plan asked for fewer.)
+    spot_first: int = 7
+    spot_nodes: int = 4
     ctld_port: int = DEFAULT_CTLD_PORT
     cluster_name: str = "beamlab"
 
@@ -81,13 +89,23 @@ class ClusterSpec:
     def node_range(self) -> str:
         return f"n[1-{self.nodes}]" if self.nodes > 1 else "n1"
 
+    @property
+    def spot_names(self) -> list[str]:
+        return [f"n{i}" for i in range(self.spot_first, self.spot_first + self.spot_nodes)]
+
+    @property
+    def debug_names(self) -> list[str]:
+        return [n for n in self.node_names if n not in self.spot_names]
+
 
 @dataclass
 class LocalSlurmCluster:
     """Brings the cluster of `spec` up and down and answers questions about its jobs.
 
     `env` is what a Slurm client needs (SLURM_CONF); `partitions` lists `debug` (default,
-    PriorityTier 1, GraceTime 20) and `urgent` (PriorityTier 10, preempts `debug` with requeue).
+    PriorityTier 1, GraceTime 20), `spot` (its own nodes, otherwise as `debug`: where preemption
+    tests put their victims) and `urgent` (every node, PriorityTier 10,
+    preempts both with requeue).
     """
 
     spec: ClusterSpec = field(default_factory=ClusterSpec)
@@ -111,7 +129,7 @@ class LocalSlurmCluster:
 
     @property
     def partitions(self) -> list[str]:
-        return ["debug", "urgent"]
+        return ["debug", "spot", "urgent"]
 
     def _pidfile(self, daemon: str) -> Path:
         return self.lab / "run" / f"{daemon}.pid"
@@ -211,6 +229,21 @@ class LocalSlurmCluster:
             time.sleep(poll_s)
         raise TimeoutError(f"job {job_id} not finished after {timeout:.0f} s (states {states})")
 
+    def end_soon(self, job_id: str, *, left_s: float = 45) -> str:
+        """Lower running job ``job_id``'s time limit so that it ends ``left_s`` to ``left_s`` + 60 s
+        from now (``scontrol update TimeLimit``, as a user or an admin does; Slurm counts limits in
+        whole minutes). A job whose walltime lead is more than ``left_s`` + 60 s is then inside
+        it: Slurm sends its ``--signal`` at its next time check (every 30 s here) and the job's
+        own deadline (EndTime - lead) has passed. The walltime tests enter the walltime this way
+        once the job trains, instead of waiting out a limit long enough for a slow bring-up.
+        Returns the new limit as scontrol took it."""
+        fields = dict(tok.split("=", 1) for tok in self.run("scontrol", "--oneliner", "show", "job", str(job_id))
+                      .stdout.splitlines()[0].split() if "=" in tok)
+        start = time.mktime(time.strptime(fields["StartTime"], "%Y-%m-%dT%H:%M:%S"))
+        minutes = max(1, -int(-(time.time() + left_s - start) // 60))  # rounded up
+        self.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}")
+        return str(minutes)
+
     def status(self) -> str:
         """Human-readable snapshot: controller, nodes, queue."""
         if not self.controller_up():
@@ -277,7 +310,9 @@ class LocalSlurmCluster:
                 f"Port={s.first_slurmd_port + i} CPUs={s.cpus_per_node} "
                 f"RealMemory={s.real_memory_mb} TmpDisk={tmp} Gres=gpu:{s.gpus_per_node} State=UNKNOWN")
         lines += [
-            f"PartitionName=debug Nodes={s.node_range} Default=YES MaxTime=INFINITE State=UP "
+            f"PartitionName=debug Nodes={','.join(s.debug_names)} Default=YES MaxTime=INFINITE State=UP "
+            "PriorityTier=1 GraceTime=20",
+            f"PartitionName=spot Nodes={','.join(s.spot_names)} MaxTime=INFINITE State=UP "
             "PriorityTier=1 GraceTime=20",
             f"PartitionName=urgent Nodes={s.node_range} MaxTime=INFINITE State=UP PriorityTier=10",
         ]
@@ -460,6 +495,17 @@ class LocalSlurmCluster:
 
 
 # -- process helpers ---------------------------------------------------------------------------
+def spot_site(site: Path, dst: Path) -> Path:
+    """A copy of beam-hpc site profile ``site`` (env/local.yaml or one made from it) whose groups
+    run in the ``spot`` partition: what a test that preempts its own job submits with."""
+    text = site.read_text()
+    debug = "partitions: {trainer: debug, rollout: debug}"
+    if debug not in text:
+        raise ValueError(f"{site}: no '{debug}' line to move to the spot partition")
+    dst.write_text(text.replace(debug, "partitions: {trainer: spot, rollout: spot}"))
+    return dst
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
