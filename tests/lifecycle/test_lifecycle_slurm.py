@@ -7,15 +7,15 @@ up through ``beam_hpc.job.runner``, runs the backend, and resubmits or requeues 
 wait, interfere the way Slurm or a user would (a preempting job, ``scontrol requeue``, SIGKILL,
 a second submission, ``beam-hpc cancel``) and read the run directory.
 
-The walltime test does not wait out a limit: once the first segment trains, the test lowers its
-time limit (``scontrol update``, LocalSlurmCluster.end_soon) to end 45-105 s later, inside the
+The walltime-and-preemption chain does not wait out a limit: once the first segment trains, the
+test lowers its time limit (``scontrol update``, LocalSlurmCluster.end_soon) to end 45-105 s later, inside the
 recipe's 150 s lead, so Slurm's USR1 comes at its next time check (30 s granularity in slurmctld,
 local-slurm-cluster.md 4 and 9) and the job's own deadline has passed. (A fixed short limit was
 either slow, or, at load 20 on 2 cores, over before the first rollout: a bring-up of 45 s and a
 driver start of over a minute left nothing to save, which ends the chain as "no progress".)
 
-The preemption test runs in the cluster's ``spot`` partition (whole nodes, no other test's jobs):
-its ``urgent`` job preempts that test's segment and nothing else, also under pytest-xdist.
+That chain runs in the cluster's ``spot`` partition (no other test's jobs on its nodes): its
+``urgent`` job preempts that chain's segment and nothing else, also under pytest-xdist.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def nothing_queued(plan: Plan) -> bool:
     return not out.strip()
 
 
-# -- walltime ---------------------------------------------------------------------------------------------
+# -- walltime and preemption, in one chain ----------------------------------------------------------------
 def finished_by(run_dir: Path, job: str) -> bool:
     """The chain is over and its last segment is ``job``'s (a cancelled segment also ends a chain)."""
     return chain_finished(run_dir) and segments(run_dir)[-1]["start"]["job_id"] == job
@@ -182,79 +182,75 @@ def change_the_total(run_dir: Path, assets: TinyAssets, *, more: int, **submit_k
             time.sleep(1)
 
 
-def test_walltime_chain_resubmits_with_resume_until_num_rollout(slurm_cluster, tiny_assets, runs) -> None:
-    """The limit lowered into the 150 s lead once the segment trains: the segment saves the rollout
-    in flight on USR1 or its own deadline and resubmits itself with --resume (same script, dependency
-    afterany on itself). The first target is out of reach, so the interrupt always lands mid-run;
-    the user then gives the chain a total (cancel + ``submit --resume --num-rollout N``, see
-    change_the_total) and that segment completes the run. Nothing is trained twice or skipped.
-    (The resubmitted segment itself running with --resume and the total passed on:
-    tests/submission/test_submission_launch_parity.py.)"""
-    run = runs / "walltime"
-    plan, first = submit_run(run, tiny_assets, num_rollout=100_000, interval=1000, walltime="00:10:00", lead_s=150)
-    wait_for("a first trained rollout", lambda: rollout_ids(run), run)
-    slurm_cluster.end_soon(first)  # its walltime, now: inside the 150 s lead
-    second = wait_for("the walltime resubmission",
-                      lambda: (s := segments(run)) and "end" in s[0] and s[0]["end"]["next"].get("job_id"), run,
-                      poll_s=0.1)
-    n, last = change_the_total(run, tiny_assets, more=5, interval=1000, walltime="00:10:00", lead_s=60)
-    wait_for("the new segment to finish the run", lambda: finished_by(run, last), run)
-    segs = segments(run)
-    print(f"\nwalltime chain ({n} rollouts):\n{timeline(run)}\n{diagnostics(run)}")
-    assert segs[0]["start"]["job_id"] == first and not segs[0]["start"]["resume"], diagnostics(run)
-    assert segs[0]["end"]["reason"] == "walltime" and "saved on request" in segs[0]["end"]["detail"]
-    assert segs[0]["end"]["next"] == {"action": "resubmit", "job_id": second}
-    for middle in segs[1:-1]:  # the resubmitted job, if it started before the cancel: ended in its bring-up
-        assert middle["start"]["job_id"] == second and middle["start"]["resume"], diagnostics(run)
-        assert middle["end"]["reason"] == "cancelled" and middle["end"]["rollouts_at_end"] == middle["start"]["rollouts_at_start"]
-    assert segs[-1]["start"]["job_id"] == last and segs[-1]["start"]["resume"] and segs[-1]["start"]["num_rollout"] == n
-    counts = assert_complete_and_exact(run, Plan.load(plan.paths.plan), n)
-    # none: the sentinel says "then stop", so the reference backend exits right after that save (the
-    # rollout generated in flight is dropped untrained; a Miles run may train on until it is stopped)
-    assert redone(counts) == 0, f"re-done rollouts: {[k for k, c in counts.items() if c > 1]}"
-    t = segs[0]["end"]["timings"]
-    assert t["save_s"] is not None and t["rollout_s"] > 0
-    assert wait_for("the queue to empty", lambda: nothing_queued(plan), run, timeout=60)
-    assert not (run / "run.lock").exists() and not (run / "SAVE_NOW").exists()
-
-
-# -- preemption -------------------------------------------------------------------------------------------
 def _nodes_of(job_id: str) -> str:
     out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, check=False).stdout
     return ",".join(x.strip() for x in out.split() if x.strip())
 
 
-def test_preemption_requeues_the_same_job_and_the_run_completes(slurm_cluster, tiny_assets, runs) -> None:
-    """Submitted to `spot`; an `urgent` job that needs its nodes preempts it (USR1 with a 20 s
-    GraceTime): the segment saves if the grace allows, else relies on the last checkpoint, and
-    the same job id comes back with SLURM_RESTART_COUNT 1 and resumes. The target is out of reach (a
-    fast machine would otherwise finish before the urgent job is scheduled); once the requeued segment
-    has started, the user gives the run a total (change_the_total) and that segment completes it."""
-    run = runs / "preempt"
+def test_walltime_then_preemption_then_a_new_total_complete_the_run(slurm_cluster, tiny_assets, runs) -> None:
+    """One chain meets the two interruptions of a run's life, in the cluster's ``spot`` partition:
+
+    1. walltime: once the first segment trains, its limit is lowered into the 150 s lead; it saves
+       the rollout in flight on USR1 or its own deadline and resubmits itself with --resume (same
+       script, dependency afterany on itself);
+    2. preemption: once the resubmitted segment trains, an ``urgent`` job that needs its nodes
+       preempts it (USR1 with a 20 s GraceTime): it saves if the grace allows, else relies on the
+       last periodic checkpoint (interval 3), and the same job id comes back with
+       SLURM_RESTART_COUNT 1 and resumes;
+    3. the user gives the run a total (cancel + ``submit --resume --num-rollout N``, see
+       change_the_total) and that segment completes it.
+
+    The first target is out of reach, so each interruption lands mid-run however fast the machine.
+    Nothing is skipped; nothing is trained twice but what a preemption without a save may cost.
+    (The resubmitted segment's own command line, and the requeued one's: test_submission_launch_parity.py.)"""
+    run = runs / "chain"
     site = spot_site(SITE, runs / "spot.yaml")
-    plan, job = submit_run(run, tiny_assets, num_rollout=100_000, interval=3, site=site)
-    wait_for("a first checkpoint", lambda: checkpoint_layout.latest_iteration(run / "checkpoints") is not None, run)
-    nodes = wait_for("the job's nodes", lambda: _nodes_of(job), run)
+    plan, first = submit_run(run, tiny_assets, num_rollout=100_000, interval=3, walltime="00:10:00", lead_s=150,
+                             site=site)
+    wait_for("a first trained rollout", lambda: rollout_ids(run), run)
+    slurm_cluster.end_soon(first)  # its walltime, now: inside the 150 s lead
+    second = wait_for("the walltime resubmission",
+                      lambda: (s := segments(run)) and "end" in s[0] and s[0]["end"]["next"].get("job_id"), run,
+                      poll_s=0.1)
+    at_walltime = segments(run)[0]["end"]["rollouts_at_end"]
+    wait_for("the resubmitted segment to train", lambda: len(segments(run)) > 1 and len(rollout_ids(run)) > at_walltime,
+             run)
+    nodes = wait_for("the resubmitted job's nodes", lambda: _nodes_of(second), run)
     urgent = slurm_cluster.run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={nodes}", "--exclusive",
                                "-t", "1", "-o", "/dev/null", "--wrap", "sleep 3").stdout.strip()
-    wait_for("the preempted segment's end line", lambda: any("end" in s for s in segments(run)), run)
-    seg0 = segments(run)[0]
-    assert seg0["end"]["reason"] == "preempted", diagnostics(run)
-    assert seg0["end"]["next"] == {"action": "requeue", "job_id": job}
+    wait_for("the preempted segment's end line", lambda: "end" in segments(run)[1], run)
     wait_for("the urgent job to finish", lambda: job_state(urgent) in ("COMPLETED", "GONE"), run, timeout=120)
     # a requeued job may start again after cred_expire (10 s here); let it go at once
-    wait_for("the requeued job to pend", lambda: job_state(job) in ("PENDING", "RUNNING"), run, timeout=60)
-    slurm_cluster.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
-    wait_for("the requeued segment to start", lambda: len(segments(run)) > 1, run)
+    wait_for("the requeued job to pend", lambda: job_state(second) in ("PENDING", "RUNNING"), run, timeout=60)
+    slurm_cluster.run("scontrol", "update", f"jobid={second}", "StartTime=now", check=False)
+    wait_for("the requeued segment to start", lambda: len(segments(run)) > 2, run)
     n, last = change_the_total(run, tiny_assets, more=5, interval=3, site=site)
     wait_for("the new segment to finish the run", lambda: finished_by(run, last), run)
     segs = segments(run)
-    print(f"\npreempted run ({n} rollouts):\n{timeline(run)}")
-    assert [s["segment"] for s in segs] == [f"{job}-0", f"{job}-1", f"{last}-0"], diagnostics(run)
-    assert segs[1]["end"]["reason"] == "cancelled" and segs[2]["start"]["num_rollout"] == n
-    assert segs[1]["start"]["restart"] == 1 and segs[1]["start"]["resume"]
+    print(f"\nwalltime, preemption, a new total ({n} rollouts):\n{timeline(run)}\n{diagnostics(run)}")
+    assert [s["segment"] for s in segs] == [f"{first}-0", f"{second}-0", f"{second}-1", f"{last}-0"], diagnostics(run)
+    walltime, preempted, requeued, final = segs
+    # 1. the walltime: saved on request, resubmitted with --resume
+    assert not walltime["start"]["resume"], diagnostics(run)
+    assert walltime["end"]["reason"] == "walltime" and "saved on request" in walltime["end"]["detail"]
+    assert walltime["end"]["next"] == {"action": "resubmit", "job_id": second}
+    t = walltime["end"]["timings"]
+    assert t["save_s"] is not None and t["rollout_s"] > 0
+    assert preempted["start"]["resume"] and preempted["start"]["restart"] == 0
+    assert preempted["start"]["rollouts_at_start"] == walltime["end"]["rollouts_at_end"]  # nothing lost at the walltime
+    # 2. the preemption: the same job id requeued, restart 1 resumes
+    assert preempted["end"]["reason"] == "preempted", diagnostics(run)
+    assert preempted["end"]["next"] == {"action": "requeue", "job_id": second}
+    assert requeued["start"]["restart"] == 1 and requeued["start"]["resume"]
+    assert requeued["end"]["reason"] == "cancelled"
+    # 3. the new total
+    assert final["start"]["resume"] and final["start"]["num_rollout"] == n
     counts = assert_complete_and_exact(run, Plan.load(plan.paths.plan), n)
-    assert redone(counts) <= interval_after(seg0), f"re-done rollouts {counts}"
+    # the walltime costs none (the sentinel says "then stop": the reference backend exits right after
+    # that save; a Miles run may train on until it is stopped); the preemption at most an interval
+    assert redone(counts) <= interval_after(preempted), f"re-done rollouts {counts}"
+    assert wait_for("the queue to empty", lambda: nothing_queued(plan), run, timeout=60)
+    assert not (run / "run.lock").exists() and not (run / "SAVE_NOW").exists()
 
 
 def interval_after(seg: dict) -> int:

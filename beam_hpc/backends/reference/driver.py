@@ -499,7 +499,7 @@ def run(plan_path: str, ray_address: str, *, num_rollout: int | None = None) -> 
     plan = Plan.load(plan_path)
     if num_rollout is not None:
         plan = plan.with_num_rollout(num_rollout)
-    setup_process(threads_of(plan.recipe))
+    setup_process(threads_of(plan.recipe), runs_the_model=False)
     loop = Loop(plan)
     connect(ray_address)
     try:

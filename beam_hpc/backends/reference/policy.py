@@ -26,10 +26,15 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
-def setup_process(threads: int) -> None:
+def setup_process(threads: int, *, runs_the_model: bool = True) -> None:
     """Fix what makes float results differ between processes: the intra-op thread count (backward
     weight-gradients depend on it) and non-deterministic kernels. Also register the stack-dump
-    signal, in the driver and every actor alike (each calls this first)."""
+    signal, in the driver and every actor alike (each calls this first).
+
+    ``runs_the_model=False`` (the driver, whose torch work is a few small reductions: advantages)
+    leaves the kernels as they are: ``torch.use_deterministic_algorithms`` imports torch's compiler
+    stack (torch._dynamo, about 0.8 s of CPU in every process that sets it), which the actors load
+    anyway with the model and the driver never needs."""
     import torch
 
     from beam_hpc.node import stacks
@@ -38,7 +43,8 @@ def setup_process(threads: int) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local paths; never reach for a hub
     torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
+    if runs_the_model:
+        torch.use_deterministic_algorithms(True)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
