@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -352,6 +353,10 @@ def test_three_random_requeues_and_a_killed_driver_lose_at_most_what_was_unsaved
     n, interval = 24, 2  # each segment trains at most ~5 before it is struck: 4 hits fit in any order
     run = runs / "requeue"
     plan, first = submit_run(run, tiny_assets, num_rollout=n, interval=interval)
+    # the same recipe and seed in one go, through the backend alone, while the chain waits on Slurm
+    whole = runs / "uninterrupted"
+    uninterrupted = ThreadPoolExecutor(1).submit(run_backend, reference_plan(
+        whole, tiny_assets, [*SMALL, f"num_rollout={n}", f"checkpoint.interval={interval}"]), reference_ray)
     sent = []
     for hit in hits:
         what, name = _strike(hit, run, plan, slurm_cluster)
@@ -381,9 +386,7 @@ def test_three_random_requeues_and_a_killed_driver_lose_at_most_what_was_unsaved
             assert after["start"]["job_id"] == before["end"]["next"]["job_id"] and after["start"]["restart"] == 0
     counts = assert_complete_and_exact(run, plan, n)
     assert redone(counts) <= interval * len(hits), f"re-done rollouts {counts}"  # at most an interval per hard stop
-    whole = runs / "uninterrupted"  # the same recipe and seed in one go, through the backend alone
-    run_backend(reference_plan(whole, tiny_assets, [*SMALL, f"num_rollout={n}", f"checkpoint.interval={interval}"]),
-                reference_ray)
+    uninterrupted.result()
     last = f"iter_{n - 1:07d}"
     compared = assert_bitwise_equal(load_checkpoint(whole / "checkpoints" / last),
                                     load_checkpoint(run / "checkpoints" / last), last)

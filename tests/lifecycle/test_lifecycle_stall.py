@@ -18,7 +18,8 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +86,18 @@ def chains(slurm_cluster, tiny_assets) -> Iterator[dict[str, Chain]]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(chains, tiny_assets, reference_ray) -> Iterator[Callable[[], Path]]:
+    """The ``once`` chain's recipe and seed in one go, through the backend alone: started beside the
+    chains (which mostly wait on Slurm and on the stall timeout); calling the fixture's value waits
+    for it and gives its run directory."""
+    whole = chains["once"].run.parent / "uninterrupted"
+    with ThreadPoolExecutor(1) as pool:
+        done = pool.submit(run_backend, reference_plan(
+            whole, tiny_assets, [*SMALL, f"num_rollout={N}", f"checkpoint.interval={INTERVAL}"]), reference_ray)
+        yield lambda: (done.result(), whole)[1]
+
+
 def wait_for(what: str, predicate, run_dir: Path, timeout: float = RUN_TIMEOUT_S, poll_s: float = 0.5):
     return run_watch.wait_for(what, predicate, run_dir, timeout, poll_s)
 
@@ -125,8 +138,7 @@ def check_stall(seg: dict, *, rollout: int, finished_at: float, run_dir: Path) -
     return stall
 
 
-def test_a_hung_driver_is_caught_dumped_and_the_next_segment_completes_the_run(chains, tiny_assets,
-                                                                              reference_ray) -> None:
+def test_a_hung_driver_is_caught_dumped_and_the_next_segment_completes_the_run(chains, uninterrupted) -> None:
     """The driver hangs after rollout 1 (checkpointed). Within the stall timeout + 30 s the
     segment dumps the stacks of the driver and of every node's Python processes, stops the driver
     and Ray, records ``stalled`` with the dump files, and resubmits; the next segment resumes at
@@ -148,9 +160,7 @@ def test_a_hung_driver_is_caught_dumped_and_the_next_segment_completes_the_run(c
     assert second["end"]["reason"] == "completed" and second["end"]["rollouts_at_end"] == N, diagnostics(c.run)
     assert {k: len(v) for k, v in times.items()} == {0: 1, 1: 1, 2: 1, 3: 1}  # nothing re-done: 1 was saved
     assert checkpoint_layout.latest_iteration(c.run / "checkpoints") == N - 1
-    whole = c.run.parent / "uninterrupted"
-    run_backend(reference_plan(whole, tiny_assets, [*SMALL, f"num_rollout={N}", f"checkpoint.interval={INTERVAL}"]),
-                reference_ray)
+    whole = uninterrupted()
     last = f"iter_{N - 1:07d}"
     assert assert_bitwise_equal(load_checkpoint(whole / "checkpoints" / last),
                                 load_checkpoint(c.run / "checkpoints" / last), last) > 50

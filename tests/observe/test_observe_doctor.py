@@ -53,7 +53,7 @@ def test_doctor_passes_on_the_local_cluster(tmp_path: Path, capsys: pytest.Captu
             "tmp disk debug"} <= by_where["login"]
     tmp = next(c for c in checks if c["name"] == "tmp disk debug")  # what the cluster's slurm.conf declares
     assert tmp["status"] == "pass" and tmp["detail"].startswith(
-        "TmpDisk 3000000 MB (2929G) on 6 node(s), 100000 MB (97G) on 2 node(s)"), tmp
+        "TmpDisk 3000000 MB (2929G) on 10 node(s), 100000 MB (97G) on 2 node(s)"), tmp
     # the run dir's "usually node-local" warning was settled by the canary
     assert next(c for c in checks if c["name"].startswith("shared "))["status"] == "pass"
     assert not list((tmp_path / "runs").glob(".beam-doctor-*"))  # canary cleaned up

@@ -181,7 +181,7 @@ def test_controller_partitions_and_hostnames(slurm_cluster) -> None:  # type: ig
     assert client.expand_hostnames("") == []
     spec = slurm_cluster.spec  # TmpDisk as the cluster's slurm.conf declares it
     small = set(spec.node_names[-spec.small_disk_nodes:])
-    want = {n: spec.small_tmp_disk_mb if n in small else spec.tmp_disk_mb for n in spec.debug_names}
+    want = {n: spec.small_tmp_disk_mb if n in small else spec.tmp_disk_mb for n in spec.node_names}
     assert client.tmp_disk("debug") == client.PartitionTmpDisk("debug", want)
     assert client.tmp_disk(None) == client.PartitionTmpDisk("debug", want)  # the default partition, by name
     assert client.tmp_disk("nosuch") is None

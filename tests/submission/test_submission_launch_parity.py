@@ -15,7 +15,8 @@ launched by
 2. a hand ``sbatch x.sbatch --num-rollout 1`` of a ``beam-hpc render -o`` script (the run directory
    does not exist yet; the plan's own total is 3),
 3. ``beam-hpc submit --num-rollout 1`` (submitit),
-4. ``beam_hpc.submit(..., num_rollout=1)`` from Python (submitit),
+4. ``beam_hpc.submit(..., num_rollout=1)`` from Python (submitit): its submitit Job handle's state,
+   done() and result() follow the job without sacct, and the run it drives is checkpointed,
 5. ``beam-hpc execute --num-rollout 1`` (no Slurm: no batch script, so only the driver's argv and
    total count; the laptop site, which has no GPUs).
 
@@ -41,6 +42,7 @@ from slurm_cluster import spot_site
 
 import beam_hpc
 from beam_hpc.cli.app import main as cli_main
+from beam_hpc.run import checkpoint_layout
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e]
@@ -229,8 +231,10 @@ def test_five_launch_ways_a_resubmission_and_a_requeue_run_the_same_job(
     args = recipe_args(tiny_assets, runs["python"])
     sub = beam_hpc.submit(tiny, str(site), output_dir=str(runs["python"]), num_rollout=SEGMENT_TOTAL,
                           overrides=[args[i + 1] for i, a in enumerate(args) if a == "--set"])
+    assert sub.job is not None and str(sub.job.job_id) == sub.job_id  # a submitit Job handle
     has_extra_line(str(sub.job_id))
-    wait("the Python-submitted job's Ray", lambda: ready(runs["python"]), runs["python"])
+    states = set()  # what the handle said while it ran (from squeue: the local cluster keeps no accounts)
+    wait("the Python-submitted job's Ray", lambda: states.add(sub.job.state) or ready(runs["python"]), runs["python"])
     # 5. execute, on this machine (the laptop site: no GPUs, so none asked for)
     execute = subprocess.Popen([sys.executable, "-m", "beam_hpc.cli.app", "execute", tiny, "--quiet",
                                 *recipe_args(tiny_assets, runs["execute"], gpus=False),
@@ -244,10 +248,14 @@ def test_five_launch_ways_a_resubmission_and_a_requeue_run_the_same_job(
 
     for name in ("hand", "via-submitit", "python"):
         wait(f"the {name} run to end", lambda name=name: done(name), runs[name])
-    wait("the python job's handle to say done", lambda: sub.job.done(), runs["python"])
-    # the handle follows the first segment (its exit status); a bring-up the lifecycle retried is 1
+    wait("the python job's handle to say done", lambda: states.add(sub.job.state) or sub.job.done(), runs["python"])
+    # the handle follows the first segment (its exit status: 0 = completed, then COMPLETED); a bring-up
+    # the lifecycle retried is 1
     first_end = segments(runs["python"])[0]["end"]
-    assert sub.job.task(0).result() == (0 if first_end["reason"] == "completed" else 1), diagnostics(runs["python"])
+    completed = first_end["reason"] == "completed"
+    assert sub.job.task(0).result() == (0 if completed else 1), diagnostics(runs["python"])
+    assert sub.job.state == ("COMPLETED" if completed else "FAILED") and {"PENDING", "RUNNING"} & states, states
+    assert checkpoint_layout.rollouts_done(runs["python"] / "checkpoints") == SEGMENT_TOTAL
     wait("execute to end", lambda: execute.poll() is not None, runs["execute"])
     assert execute.returncode == 0, (tmp_path / "execute.out").read_text()[-3000:]
     wait("the chain to be over", lambda: chain.state == "over", runs["chain"])

@@ -2,22 +2,19 @@
 
 - `--smoke --via sbatch`: the real rendered hetjob brings Ray up on both groups and writes
   smoke.json (every task on its own group's nodes), touching no lock, ledger or checkpoint;
-- `beam_hpc.submission.submit.submit(..., via="submitit")`: the same heterogeneous job through beam-hpc's
-  submitit executor returns a submitit Job whose state / done() / result() work without sacct,
-  and the run it drives (the tiny recipe, reference backend) completes with its checkpoint.
+- through submitit (`beam_hpc.submit`, whose Job handle's state / done() / result() work without
+  sacct, and whose run completes with its checkpoint): launch 4 of
+  tests/submission/test_submission_launch_parity.py, which runs that job beside the other ways in.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from beam_hpc.cli.app import main
-from beam_hpc.run import checkpoint_layout
-from beam_hpc.submission.submit import submit
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.ray]
@@ -45,23 +42,3 @@ def test_submit_smoke_via_sbatch(tmp_path: Path, tiny_assets, slurm_cluster, cap
     trainer_nodes = set(smoke["groups"]["trainer"]["nodes"])
     assert trainer_nodes.isdisjoint(smoke["groups"]["rollout"]["nodes"])
     assert not (run / "ledger.jsonl").exists() and not (run / "checkpoints").exists()
-
-
-def test_submit_via_submitit_returns_a_working_job(tmp_path: Path, tiny_assets, slurm_cluster) -> None:  # type: ignore[no-untyped-def]
-    run = tmp_path / "run"
-    sub = submit(REPO / "recipes" / "tiny.yaml", REPO / "env" / "local.yaml", output_dir=str(run),
-                 num_rollout=2, overrides=tiny_overrides(tiny_assets), via="submitit")
-    job = sub.job
-    assert job is not None and str(job.job_id) == sub.job_id
-    seen = set()
-    deadline = time.time() + 400
-    while not job.done() and time.time() < deadline:
-        seen.add(job.state)
-        time.sleep(1)
-    assert job.done(), f"job {job.job_id} not done; states seen {seen}"
-    # One task runs the segment (it starts the node steps itself); its result is the segment's
-    # exit status: 0 = completed.
-    assert job.task(0).result() == 0
-    assert job.state == "COMPLETED"
-    assert "RUNNING" in seen or "PENDING" in seen, seen
-    assert checkpoint_layout.rollouts_done(run / "checkpoints") == 2

@@ -66,13 +66,13 @@ class ClusterSpec:
     tmp_disk_mb: int = 3_000_000
     small_disk_nodes: int = 2
     small_tmp_disk_mb: int = 100_000
-    # Nodes n<first>..n<first+spot_nodes-1> form the ``spot`` partition and no other but ``urgent``:
+    # Nodes n<nodes+1>..n<nodes+spot_nodes> form the ``spot`` partition and no other but ``urgent``:
     # the only place a test sends work it will preempt, so an urgent job aimed at one job's nodes
-    # preempts that job alone, never a job of another test running beside it (pytest-xdist). The
-    # tests' jobs there take whole nodes (env/local.yaml's cpus_per_node is the nodes' 2 CPUs), so
-    # two of them never share a node. (Not OverSubscribe=EXCLUSIVE: that hands a job every GPU of
-    # its nodes, which a segment refuses when its plan asked for fewer.)
-    spot_first: int = 7
+    # preempts that job alone, never a job of another test (pytest-xdist), not even one that got
+    # the nodes between the victim's end and the urgent job's start. ``debug`` keeps its own nodes
+    # (the seed scripts' --test-only needs all twelve). The tests' jobs in spot take whole nodes
+    # (env/local.yaml's cpus_per_node is the nodes' 2 CPUs). (Not OverSubscribe=EXCLUSIVE: that
+    # hands a job every GPU of its nodes, which a segment refuses when its plan asked for fewer.)
     spot_nodes: int = 4
     ctld_port: int = DEFAULT_CTLD_PORT
     cluster_name: str = "beamlab"
@@ -91,11 +91,16 @@ class ClusterSpec:
 
     @property
     def spot_names(self) -> list[str]:
-        return [f"n{i}" for i in range(self.spot_first, self.spot_first + self.spot_nodes)]
+        return [f"n{i}" for i in range(self.nodes + 1, self.nodes + self.spot_nodes + 1)]
 
     @property
-    def debug_names(self) -> list[str]:
-        return [n for n in self.node_names if n not in self.spot_names]
+    def every_name(self) -> list[str]:
+        """Every node's name: ``debug``'s (node_names), then ``spot``'s."""
+        return self.node_names + self.spot_names
+
+    @property
+    def every_range(self) -> str:
+        return f"n[1-{len(self.every_name)}]" if len(self.every_name) > 1 else "n1"
 
 
 @dataclass
@@ -125,7 +130,7 @@ class LocalSlurmCluster:
 
     @property
     def nodes(self) -> list[str]:
-        return self.spec.node_names
+        return self.spec.every_name
 
     @property
     def partitions(self) -> list[str]:
@@ -303,25 +308,25 @@ class LocalSlurmCluster:
             # with GraceTime, preempted jobs get submitit's USR2 before SIGTERM
             "SlurmctldParameters=preempt_send_user_signal",
         ]
-        for i, name in enumerate(s.node_names):
-            tmp = s.small_tmp_disk_mb if i >= s.nodes - s.small_disk_nodes else s.tmp_disk_mb
+        for i, name in enumerate(s.every_name):
+            tmp = s.small_tmp_disk_mb if s.nodes - s.small_disk_nodes <= i < s.nodes else s.tmp_disk_mb
             lines.append(
                 f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 "
                 f"Port={s.first_slurmd_port + i} CPUs={s.cpus_per_node} "
                 f"RealMemory={s.real_memory_mb} TmpDisk={tmp} Gres=gpu:{s.gpus_per_node} State=UNKNOWN")
         lines += [
-            f"PartitionName=debug Nodes={','.join(s.debug_names)} Default=YES MaxTime=INFINITE State=UP "
+            f"PartitionName=debug Nodes={s.node_range} Default=YES MaxTime=INFINITE State=UP "
             "PriorityTier=1 GraceTime=20",
             f"PartitionName=spot Nodes={','.join(s.spot_names)} MaxTime=INFINITE State=UP "
             "PriorityTier=1 GraceTime=20",
-            f"PartitionName=urgent Nodes={s.node_range} MaxTime=INFINITE State=UP PriorityTier=10",
+            f"PartitionName=urgent Nodes={s.every_range} MaxTime=INFINITE State=UP PriorityTier=10",
         ]
         return "\n".join(lines) + "\n"
 
     def gres_conf_text(self) -> str:
         last = self.spec.gpus_per_node - 1
         files = f"{self.lab}/dev/nvidia[0-{last}]" if last > 0 else f"{self.lab}/dev/nvidia0"
-        return f"AutoDetect=off\nNodeName={self.spec.node_range} Name=gpu File={files}\n"
+        return f"AutoDetect=off\nNodeName={self.spec.every_range} Name=gpu File={files}\n"
 
     def _write_config(self, fresh_state: bool) -> None:
         lab = self.lab
@@ -396,7 +401,7 @@ class LocalSlurmCluster:
                     # Own UTS namespace: `hostname` in a job on this node prints its node name.
                     self._spawn(["unshare", "--uts", "sh", "-c",
                                  f"hostname {name} && exec slurmd -N {name}"], f"slurmd_{name}")
-            _wait_until(self._nodes_ready, timeout, f"nodes {self.spec.node_range} to be ready",
+            _wait_until(self._nodes_ready, timeout, f"nodes {self.spec.every_range} to be ready",
                         self.lab / "log" / f"slurmd_{self.nodes[0]}.log")
             return started
 
