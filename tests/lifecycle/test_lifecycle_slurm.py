@@ -459,6 +459,8 @@ def test_a_stale_lock_of_a_killed_job_is_taken_over(slurm_cluster, tiny_assets, 
     assert [s["segment"] for s in segs] == [f"{job}-0", f"{second}-0"]
     assert f"took over the run lock of job {job}" in _read(run / "logs" / f"{second}-0" / "segment.log")
     assert_complete_and_exact(run, plan, n)
+    # the segment writes its end line, then lets the lock go as its job ends (seconds later under load)
+    assert wait_for("the queue to empty", lambda: nothing_queued(plan), run, timeout=60)
     assert not (run / "run.lock").exists()
 
 
