@@ -457,14 +457,8 @@ class Campaign:
         job = seg["start"]["job_id"]
         met: dict[str, Any] = {"kind": fault.kind, "segment": seg["segment"]}
         if fault.kind == "walltime":
-            info = dict(tok.split("=", 1) for tok in self.cluster.run(
-                "scontrol", "--oneliner", "show", "job", job).stdout.split("\n")[0].split() if "=" in tok)
-            from datetime import datetime
-
-            started = datetime.strptime(info["StartTime"], "%Y-%m-%dT%H:%M:%S").timestamp()
-            minutes = int((time.time() + LEAD_S - started) // 60) + 1  # the end 60-120 s from now
-            self.cluster.run("scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}")
-            met["how"] = f"scontrol update TimeLimit={minutes} (ends in {started + minutes * 60 - time.time():.0f} s)"
+            minutes, ends = self.cluster.end_soon(job, left_s=LEAD_S)  # the end 60-120 s from now
+            met["how"] = f"scontrol update TimeLimit={minutes} (ends in {ends - time.time():.0f} s)"
         elif fault.kind == "preemption":
             nodes = self.job_nodes(job)
             urgent = self.cluster.run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={','.join(nodes)}",

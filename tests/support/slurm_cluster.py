@@ -109,8 +109,7 @@ class LocalSlurmCluster:
 
     `env` is what a Slurm client needs (SLURM_CONF); `partitions` lists `debug` (default,
     PriorityTier 1, GraceTime 20), `spot` (its own nodes, otherwise as `debug`: where preemption
-    tests put their victims) and `urgent` (every node, PriorityTier 10,
-    preempts both with requeue).
+    tests put their victims) and `urgent` (every node, PriorityTier 10, preempts both with requeue).
     """
 
     spec: ClusterSpec = field(default_factory=ClusterSpec)
@@ -234,20 +233,23 @@ class LocalSlurmCluster:
             time.sleep(poll_s)
         raise TimeoutError(f"job {job_id} not finished after {timeout:.0f} s (states {states})")
 
-    def end_soon(self, job_id: str, *, left_s: float = 45) -> str:
-        """Lower running job ``job_id``'s time limit so that it ends ``left_s`` to ``left_s`` + 60 s
-        from now (``scontrol update TimeLimit``, as a user or an admin does; Slurm counts limits in
-        whole minutes). A job whose walltime lead is more than ``left_s`` + 60 s is then inside
-        it: Slurm sends its ``--signal`` at its next time check (every 30 s here) and the job's
-        own deadline (EndTime - lead) has passed. The walltime tests enter the walltime this way
-        once the job trains, instead of waiting out a limit long enough for a slow bring-up.
-        Returns the new limit as scontrol took it."""
-        fields = dict(tok.split("=", 1) for tok in self.run("scontrol", "--oneliner", "show", "job", str(job_id))
-                      .stdout.splitlines()[0].split() if "=" in tok)
-        start = time.mktime(time.strptime(fields["StartTime"], "%Y-%m-%dT%H:%M:%S"))
-        minutes = max(1, -int(-(time.time() + left_s - start) // 60))  # rounded up
+    def end_soon(self, job_id: str, *, left_s: float = 45) -> tuple[int, float]:
+        """Lower running job ``job_id``'s time limit so that it ends more than ``left_s`` and at most
+        ``left_s`` + 60 s from now (``scontrol update TimeLimit``, as a user or an admin does; Slurm
+        counts limits in whole minutes). A job whose walltime lead is longer than that is then inside
+        it: Slurm sends its ``--signal`` at its next time check (every 30 s here) and the job's own
+        deadline (EndTime - lead) has passed. The walltime tests and benchmarks/faults.py enter the
+        walltime this way instead of waiting out a limit long enough for a slow bring-up. Returns
+        the new limit (minutes) and the job's new end (epoch seconds)."""
+        from beam_hpc.slurm.client import parse_key_values, slurm_time
+
+        shown = self.run("scontrol", "--oneliner", "show", "job", str(job_id)).stdout.splitlines()[0]
+        start = slurm_time(parse_key_values(shown).get("StartTime"))
+        if start is None:
+            raise SlurmClusterError(f"job {job_id} has no start time yet: {shown[:200]}")
+        minutes = int((time.time() + left_s - start) // 60) + 1
         self.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}")
-        return str(minutes)
+        return minutes, start + minutes * 60
 
     def status(self) -> str:
         """Human-readable snapshot: controller, nodes, queue."""
@@ -499,7 +501,7 @@ class LocalSlurmCluster:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-# -- process helpers ---------------------------------------------------------------------------
+# -- sites for the cluster ---------------------------------------------------------------------
 def spot_site(site: Path, dst: Path) -> Path:
     """A copy of beam-hpc site profile ``site`` (env/local.yaml or one made from it) whose groups
     run in the ``spot`` partition: what a test that preempts its own job submits with."""
@@ -511,6 +513,7 @@ def spot_site(site: Path, dst: Path) -> Path:
     return dst
 
 
+# -- process helpers ---------------------------------------------------------------------------
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
