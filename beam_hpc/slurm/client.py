@@ -319,9 +319,22 @@ def cancel(job_ids: Sequence[str] = (), *, name: str | None = None, signal: str 
         raise SlurmError(argv, (proc.stderr or "").strip(), proc.returncode)
 
 
+# A job that requeues itself is answered by Slurm with SIGTERM to every process of the job, the
+# scontrol that asked included ("CANCELLED ... DUE TO JOB REQUEUE", then SIGTERM: submitit issue
+# 1708 shows that order). When that SIGTERM beats scontrol's exit (a loaded controller or node),
+# scontrol dies of it and a requeue that happened reads as a failure: submitit 1.5's own
+# ``_requeue`` then records the job as failed. The shell sets SIGTERM to ignored, which exec keeps,
+# so scontrol lives to report Slurm's answer; SIGKILL after KillWait still ends it.
+_IMMUNE_TO_SIGTERM = ["sh", "-c", 'trap "" TERM; exec "$@"', "scontrol"]
+
+
 def requeue(job_id: str, *, env: Mapping[str, str] | None = None, timeout: float | None = 60) -> None:
-    """``scontrol requeue <job>`` (same id, restart count + 1); SlurmError with Slurm's words."""
-    _checked(["scontrol", "requeue", str(job_id)], env=env, timeout=timeout)
+    """``scontrol requeue <job>`` (same id, restart count + 1); SlurmError with Slurm's words.
+    Safe to call from inside the job being requeued (see ``_IMMUNE_TO_SIGTERM``)."""
+    argv = ["scontrol", "requeue", str(job_id)]
+    proc = _call([*_IMMUNE_TO_SIGTERM, *argv], env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise SlurmError(argv, _words(proc), proc.returncode)
 
 
 # -- scontrol show hostnames ------------------------------------------------------------------------

@@ -108,6 +108,25 @@ def test_errors_carry_slurms_words(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         client.show_job("5")
 
 
+def test_a_requeue_from_inside_the_job_survives_the_sigterm_it_causes(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm answers a job's own requeue with SIGTERM to the job's processes, the asking scontrol
+    included; under load that signal lands before scontrol exits (seen in CI: submitit's own
+    requeue died of it and the job was recorded as failed). The stand-in does what that race does,
+    deterministically: it signals itself before it answers. A real job cannot be made to lose the
+    race on demand; the real requeue is in test_sbatch_show_requeue_cancel_on_the_cluster."""
+    script = tmp_path / "scontrol"
+    script.write_text(f"#!/bin/sh\nkill -TERM $$\necho \"$@\" > {tmp_path}/asked\nexit 0\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    client.requeue("41")
+    assert (tmp_path / "asked").read_text().split() == ["requeue", "41"]
+    script.write_text("#!/bin/sh\necho 'Requested operation is presently disabled' >&2\nexit 1\n")
+    with pytest.raises(SlurmError, match="presently disabled") as refused:
+        client.requeue("41")
+    assert refused.value.argv == ["scontrol", "requeue", "41"]
+
+
 # -- against the local cluster ---------------------------------------------------------------------------
 
 
