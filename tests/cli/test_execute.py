@@ -2,7 +2,9 @@
 
 Real parts: the tiny model and data (built by the project's code), two local node steps with
 token-authenticated Ray on loopback addresses, the reference backend's RL loop, the ledger and
-checkpoints. Sized down (4 prompts x 4 responses) so it fits CI on 2 cores.
+checkpoints. The run is README's main command as shipped (recipes/tiny.yaml: 20 rollouts of
+32 x 8, async), only with the test session's model and data directories, and it must learn: this is
+the suite's one 20-rollout async run (the in-turn one is in tests/backends/reference).
 """
 
 from __future__ import annotations
@@ -23,22 +25,22 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.ray
 @pytest.mark.e2e
 def test_execute_tiny_end_to_end(tmp_path: Path, tiny_assets, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
-    from reference_harness import SMALL
+    from reference_harness import assert_learned
 
     run = tmp_path / "run"
-    args = ["execute", str(REPO / "recipes" / "tiny.yaml"), "--output-dir", str(run), "--num-rollout", "3",
+    args = ["execute", str(REPO / "recipes" / "tiny.yaml"), "--output-dir", str(run),
             "--set", f"model.path={tiny_assets.model_dir}", "--set", f"data.dir={tiny_assets.data_dir}"]
-    for item in [*SMALL, "eval.interval=2", "eval.samples_per_prompt=1"]:
-        args += ["--set", item]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "rollout 3/3" in out, out  # the live one-line-per-rollout view
+    assert "rollout 20/20" in out, out  # the live one-line-per-rollout view
     # what the eval measures, by its name (data.eval_name), in the live view and the metrics
-    assert "eval every 2 rollouts on tiny two-digit addition (held-out) (tiny-add: " in out, out
-    assert "eval after 2 rollouts: tiny-add accuracy " in out and "aime25" not in out and "AIME" not in out
+    assert "eval every 5 rollouts on tiny two-digit addition (held-out) (tiny-add: " in out, out
+    assert "eval after 20 rollouts: tiny-add accuracy " in out and "aime25" not in out and "AIME" not in out
     evals = [json.loads(x) for x in (run / "dumps" / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
     assert evals and all("eval/tiny-add" in m and "eval/tiny-add/response_len/mean" in m for m in evals)
-    assert checkpoint_layout.rollouts_done(run / "checkpoints") == 3
+    assert_learned(run, "eval/tiny-add")  # the embedded default as shipped learns
+    assert checkpoint_layout.rollouts_done(run / "checkpoints") == 20
+    assert checkpoint_layout.latest_iteration(run / "checkpoints") == 19
     assert checkpoint_layout.resume_problems(run / "checkpoints") == []
     segments, warnings = read_ledger(run / "ledger.jsonl")
     assert not warnings
@@ -62,7 +64,7 @@ def test_execute_tiny_end_to_end(tmp_path: Path, tiny_assets, capsys: pytest.Cap
         return [(str(p), p.read_bytes() if p.is_file() else b"") for p in sorted(run.rglob("*"))]
 
     before = digest()
-    assert main([*args, "--resume", "--num-rollout", "5", "--set", "model.path=/elsewhere/model"]) == 2
+    assert main([*args, "--resume", "--num-rollout", "25", "--set", "model.path=/elsewhere/model"]) == 2
     err = capsys.readouterr().err
     assert "identity" in err and "model.path" in err and "Traceback" not in err
     assert digest() == before

@@ -281,9 +281,11 @@ class Hit:
 
 
 def interruption_points(rng: random.Random) -> list[Hit]:
-    """Three requeues and one driver kill in a random order, each at a random point of its segment;
-    at least one lands in a rollout and one in a save (random, not only at quiet boundaries)."""
-    actions = ["requeue", "requeue", "requeue", "kill"]
+    """Two requeues and one driver kill in a random order, each at a random point of its segment;
+    at least one lands in a rollout and one in a save (random, not only at quiet boundaries). (A
+    third requeue, as this test once had, repeated the first two's path for another segment's
+    start-up: about 20 s of CPU in CI.)"""
+    actions = ["requeue", "requeue", "kill"]
     rng.shuffle(actions)
     during = [rng.choice(("rollout", "save")) for _ in actions]
     if len(set(during)) == 1:
@@ -338,9 +340,9 @@ def _last_rollout_s(run_dir: Path) -> float:
     return float([m[metric_names.ROLLOUT_TIME] for m in whole if m.get("kind") == "rollout"][-1])
 
 
-def test_three_random_requeues_and_a_killed_driver_lose_at_most_what_was_unsaved(slurm_cluster, tiny_assets, runs,
-                                                                                 reference_ray) -> None:
-    """Three `scontrol requeue` (SIGTERM, no time to save: the segment records it, Slurm requeues
+def test_two_random_requeues_and_a_killed_driver_lose_at_most_what_was_unsaved(slurm_cluster, tiny_assets, runs,
+                                                                               reference_ray) -> None:
+    """Two `scontrol requeue` (SIGTERM, no time to save: the segment records it, Slurm requeues
     the same job id, which resumes from the last complete checkpoint) and one SIGKILLed driver (an
     error: the segment resubmits with --resume), each at a random point while a rollout is in
     flight or a checkpoint is being written. The run still ends exact, and its final checkpoint
@@ -350,7 +352,7 @@ def test_three_random_requeues_and_a_killed_driver_lose_at_most_what_was_unsaved
     seed = int(os.environ.get(SEED_ENV) or random.SystemRandom().randrange(1 << 31))
     hits = interruption_points(random.Random(seed))
     print(f"\n{SEED_ENV}={seed}: " + "; ".join(map(str, hits)))
-    n, interval = 24, 2  # each segment trains at most ~5 before it is struck: 4 hits fit in any order
+    n, interval = 18, 2  # each segment trains at most ~5 before it is struck: 3 hits fit in any order
     run = runs / "requeue"
     plan, first = submit_run(run, tiny_assets, num_rollout=n, interval=interval)
     # the same recipe and seed in one go, through the backend alone, while the chain waits on Slurm
@@ -374,7 +376,7 @@ def test_three_random_requeues_and_a_killed_driver_lose_at_most_what_was_unsaved
             assert seg["end"]["next"]["action"] == "resubmit"
     wait_for("the run to complete", lambda: chain_finished(run), run)
     segs = segments(run)
-    print("\n".join(sent) + f"\nrequeued x3 + killed driver ({n} rollouts):\n{timeline(run)}")
+    print("\n".join(sent) + f"\nrequeued x2 + killed driver ({n} rollouts):\n{timeline(run)}")
     assert len(segs) == len(hits) + 1 and segs[0]["segment"] == f"{first}-0", diagnostics(run)
     for hit, before, after in zip(hits, segs, segs[1:], strict=False):  # each hit's own follow-up
         # resuming whenever a checkpoint exists (a hit during the first save leaves none: a fresh start)
