@@ -536,6 +536,12 @@ class Segment:
                               nodes_short=nodes_short)
             decision, next_job = self._act(decision)
             save_s = self.save_result.seconds if self.save_result and self.save_result.saved else metrics.save_s
+            # Logged before the end line: whoever sees the end line (status, a test, the next
+            # segment) then finds the segment's log complete.
+            log.info("segment ended: %s (%s); rollouts %d -> %d of %d; next: %s %s", reason, detail,
+                     self.rollouts_at_start, done, recipe.num_rollout, decision.action, next_job or "")
+            if reason == "stalled" and decision.action == Action.NONE:
+                log.error("the chain stops: %s", decision.detail)
             ledger.append(self.paths.ledger, ledger.end_record(
                 job_id=self.ledger_job_id, restart=self.restart, rollouts_at_end=done, reason=reason,
                 detail=f"{detail} -> {decision.detail}", next_action=decision.action, next_job_id=next_job,
@@ -544,10 +550,6 @@ class Segment:
                 last_save_at=self._last_save_at(), failed_nodes=failed_nodes, stall=stall))
             self.reason = reason
             self.finished = True
-            log.info("segment ended: %s (%s); rollouts %d -> %d of %d; next: %s %s", reason, detail,
-                     self.rollouts_at_start, done, recipe.num_rollout, decision.action, next_job or "")
-            if reason == "stalled" and decision.action == Action.NONE:
-                log.error("the chain stops: %s", decision.detail)
             return self._exit_code()
         finally:
             self._finishing = False

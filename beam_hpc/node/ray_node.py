@@ -277,8 +277,11 @@ def ray_start_argv(node: RayNode, python: str) -> list[str]:
         "--log-color=false",
     ]
     if node.is_head:
+        # --no-monitor: the autoscaler's monitor process has nothing to scale in a Slurm
+        # allocation (its nodes are fixed for the job's life); it is one Python process polling
+        # the GCS for as long as the job runs.
         argv += ["--head", f"--port={p.gcs}", f"--ray-client-server-port={p.client_server}",
-                 "--include-dashboard=false"]
+                 "--include-dashboard=false", "--no-monitor"]
     else:
         argv.append(f"--address={node.gcs_address}")
     if str(node.index) in os.environ.get(TEST_HANG_RAY_START_VAR, "").split(","):  # tests only, see above
@@ -306,6 +309,11 @@ def ray_env(*, token_path: str, job_tag: str, node_index: int | None = None) -> 
         # and a timeout there fails the node ("The current node timed out during startup").
         "RAY_raylet_start_wait_time_s": str(RAYLET_START_WAIT_S),
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+        # When the first driver connects, a raylet starts idle Python workers (one per CPU, up to a
+        # limit) in case tasks follow. beam-hpc's drivers start actors, each of which gets a worker
+        # of its own when it is created, so the idle ones only cost CPU and memory at every start
+        # (in the test suite: ~90 CPU-s of 1,460, ray::IDLE plus their setup).
+        "RAY_prestart_worker_first_driver": "false",
         "PYTHONUNBUFFERED": "1",
         JOB_TAG_VAR: job_tag,
     }
