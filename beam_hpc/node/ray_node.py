@@ -311,8 +311,7 @@ def ray_env(*, token_path: str, job_tag: str, node_index: int | None = None) -> 
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         # When the first driver connects, a raylet starts idle Python workers (one per CPU, up to a
         # limit) in case tasks follow. beam-hpc's drivers start actors, each of which gets a worker
-        # of its own when it is created, so the idle ones only cost CPU and memory at every start
-        # (in the test suite: ~90 CPU-s of 1,460, ray::IDLE plus their setup).
+        # of its own when it is created, so the idle ones only cost CPU and memory at every start.
         "RAY_prestart_worker_first_driver": "false",
         "PYTHONUNBUFFERED": "1",
         JOB_TAG_VAR: job_tag,
