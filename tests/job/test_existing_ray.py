@@ -44,8 +44,9 @@ from beam_hpc.node.ray_node import (
     write_token,
 )
 
-# Ports below the ephemeral range and above the bands of env/local.yaml (21000-28999) and its
-# weight-sync band (29000-29999), which concurrent job tests use.
+# Ports below the ephemeral range and above the bands of env/local.yaml (21000-25499, with its
+# weight-sync band) and of the tests' local runs (25500-29999, job_plans.LOCAL_RUN_PORTS), which
+# concurrent job tests use.
 PORTS = RayPortSpec(gcs_port_base=30000, port_span=300)
 HEAD_IP, WORKER_IP = "127.0.0.40", "127.0.0.41"  # outside the jobs' 127.0.0.10-25
 START_TIMEOUT_S = 90.0
@@ -127,7 +128,7 @@ def test_job_uses_the_sites_cluster_names_a_lacking_group_and_leaves_it_running(
     site_cluster.start_node(0, "trainer", HEAD_IP)
 
     # Only the trainer node is there: the job says what the rollout group lacks, and how to fix it.
-    lacking = make_test_plan(tmp_path / "lacking", trainer_nodes=1, rollout_nodes=1, gpus=1, site=site)
+    lacking = make_test_plan(tmp_path / "lacking", trainer_nodes=1, rollout_nodes=1, gpus=1, site=site, local_run=True)
     outcome = run_local(lacking, driver_argv=smoke_driver_argv(lacking), ready_timeout_s=1)
     assert outcome.status == "not-ready", outcome.message
     msg = outcome.message
@@ -144,7 +145,7 @@ def test_job_uses_the_sites_cluster_names_a_lacking_group_and_leaves_it_running(
     site_cluster.start_node(1, "rollout", WORKER_IP)
     raylets = site_cluster.raylet_pids()
     assert len(raylets) == 2
-    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1, site=site)
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1, site=site, local_run=True)
     outcome = run_local(plan, driver_argv=smoke_driver_argv(plan), ready_timeout_s=60)
     assert outcome.status == "completed", outcome.message
     smoke = json.loads(Path(plan.output_dir, "smoke.json").read_text())

@@ -26,7 +26,7 @@ from beam_hpc.node.ray_node import TEST_HANG_RAY_START_VAR, tagged_pids
 @pytest.mark.slow
 def test_run_local_brings_up_both_groups_places_work_and_cleans_up(tmp_path):
     """On the host; the Apptainer case is test_jit_cache_and_image_copy_carry_over_to_another_node."""
-    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1)
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1, local_run=True)
     outcome = run_local(plan, driver_argv=smoke_driver_argv(plan), ready_timeout_s=300)
     assert outcome.status == "completed", outcome.message
     assert outcome.ready_s and outcome.ready_s > 0 and outcome.teardown_s is not None
@@ -52,7 +52,7 @@ def test_a_node_whose_ray_start_hangs_is_named_at_the_readiness_deadline(tmp_pat
     index 1 only); the trainer head comes up for real. At the short deadline the job ends not-ready,
     naming the rollout node, its state and its log, and leaves nothing running."""
     monkeypatch.setenv(TEST_HANG_RAY_START_VAR, "1")
-    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1)
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1, local_run=True)
     # The deadline must leave the trainer's head time to take a driver (the message counts its node):
     # 10 s did not, once, on a quiet 2-core machine (the session's first Ray start, cold caches).
     outcome = run_local(plan, driver_argv=smoke_driver_argv(plan), ready_timeout_s=25)
@@ -105,7 +105,7 @@ def test_jit_cache_and_image_copy_carry_over_to_another_node(tmp_path, monkeypat
     scratch.mkdir()
     site = {"container": {"runtime": "apptainer", "image": str(image), "python": sys.executable,
                           "stage_to_local": True}, "scratch": str(scratch)}
-    plan = make_test_plan(tmp_path / "run", trainer_nodes=2, rollout_nodes=0, gpus=1, site=site)
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=2, rollout_nodes=0, gpus=1, site=site, local_run=True)
     driver = [sys.executable, str(Path(__file__).resolve().parents[2] / "tests" / "support" / "jit_cache_driver.py"), "--ray-address", "{ray_address}"]
     n0, n1 = "127.0.0.10", "127.0.0.11"
 

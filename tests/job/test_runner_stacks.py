@@ -31,7 +31,7 @@ driver_waiting_on_a_collective()
 
 
 def _runner(tmp_path: Path) -> JobRunner:
-    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1)
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, local_run=True)
     runner = JobRunner(plan, LocalLauncher(), JobContext.local(plan), stop_grace_s=1.0)
     runner.segment_dir.mkdir(parents=True, exist_ok=True)
     return runner

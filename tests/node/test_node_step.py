@@ -28,7 +28,7 @@ def _free_port() -> int:
 
 
 def test_a_worker_whose_head_misses_the_deadline_waits_on_and_is_not_failed(tmp_path: Path) -> None:
-    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1)
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1, local_run=True)
     gcs = _free_port()  # nothing listens there: the head never comes up
     rt = ClusterRuntime(job_id="7", job_num=7, restart=0, job_tag="t.7.0", head_ip="127.0.0.1", gcs_port=gcs,
                         host_stride=1, token_path=str(tmp_path / "token"), segment_dir=str(tmp_path / "seg"),

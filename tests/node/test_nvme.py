@@ -129,7 +129,8 @@ def _wait_for_state(rt: ClusterRuntime, state: str, timeout: float = 60) -> dict
 @pytest.mark.slow
 def test_node_step_cleans_nvme_on_sigterm_and_the_next_segment_purges_after_sigkill(tmp_path):
     nvme_root = tmp_path / "nvme"
-    plan = make_test_plan(tmp_path / "run", trainer_nodes=2, rollout_nodes=1, nvme=(str(nvme_root), 0.001))
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=2, rollout_nodes=1, nvme=(str(nvme_root), 0.001),
+                          local_run=True)
     port = _free_port()
     rt1 = _runtime(plan, "101", tmp_path / "seg101", port)
     first = _start_worker(plan, rt1)

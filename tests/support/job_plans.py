@@ -18,12 +18,22 @@ ROOT = Path(__file__).resolve().parents[2]
 HOLD_DRIVER = Path(__file__).with_name("ray_hold_driver.py")
 
 
+# Port bands for jobs a test starts itself, outside the local Slurm cluster (run_local, a node step
+# started by hand): their job number is a pid or a made-up id, so on env/local.yaml's bands
+# (21000-25499) they could take the very ports of a cluster job running beside them under xdist
+# (Ray binds them on all interfaces, so the loopback addresses do not keep them apart). Seen once:
+# a local run whose pid was 45 mod 125 held Slurm job 45's GCS port. These bands are their own:
+# 25500-29999, below test_existing_ray's site cluster (30000+) and the kernel's ephemeral range.
+LOCAL_RUN_PORTS = {"gcs_port_base": 25500, "port_span": 500}
+
+
 def make_test_plan(output_dir: Path, *, trainer_nodes: int, rollout_nodes: int, gpus: int = 2,
                    nvme: tuple[str, float] | None = None, driver: list[str] | None = None,
-                   site: dict | None = None) -> Plan:
+                   site: dict | None = None, local_run: bool = False) -> Plan:
     """tiny.yaml with ``trainer_nodes`` + ``rollout_nodes`` (0: colocated) nodes of ``gpus``
     fake GPUs, NVMe staging under ``nvme = (dir, min_free_gb)``, env/local.yaml updated with
-    ``site``; the plan is written."""
+    ``site``; the plan is written. ``local_run``: the test starts the job itself, not through
+    Slurm, so its Ray ports come from ``LOCAL_RUN_PORTS``."""
     d = load_yaml(ROOT / "recipes" / "tiny.yaml")
     d["output_dir"] = str(output_dir)
     d["model"]["path"] = str(output_dir / "model")
@@ -37,6 +47,8 @@ def make_test_plan(output_dir: Path, *, trainer_nodes: int, rollout_nodes: int, 
     if nvme is not None:
         d["training"]["offload"] = {"target": "nvme", "nvme_dir": nvme[0], "min_free_gb": nvme[1]}
     site_data = {**load_yaml(ROOT / "env" / "local.yaml"), **(site or {})}
+    if local_run:
+        site_data["ray"] = {**site_data["ray"], **LOCAL_RUN_PORTS}
     plan = make_plan(recipe_from_dict(d, "test recipe"), site_from_dict(site_data, "test site"))
     if driver is not None:
         plan = dataclasses.replace(plan, driver_argv=tuple(driver))
