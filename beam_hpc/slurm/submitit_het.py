@@ -26,7 +26,6 @@ Facts this relies on (verified on the local cluster, see shared/reference/submit
 from __future__ import annotations
 
 import getpass
-import logging
 import os
 import pickletools
 import shlex
@@ -35,14 +34,12 @@ import time
 import typing as tp
 from pathlib import Path
 
-from submitit.core import core, utils
+from submitit.core import core, logger, utils
 from submitit.slurm import slurm
 
 from beam_hpc.slurm import client
 from beam_hpc.slurm.client import JobState
 from beam_hpc.slurm.environment import SlurmEnvironment
-
-log = logging.getLogger(__name__)
 
 CLUSTER_NAME = "beamhet"
 """The name to pass to `submitit.AutoExecutor(cluster=...)` and the prefix of its parameters."""
@@ -289,9 +286,10 @@ class HetSlurmJobEnvironment(slurm.SlurmJobEnvironment):
     def _requeue(self, countdown: int) -> None:
         """submitit's preemption path requeues from inside the job; its own ``scontrol requeue``
         call can die of the SIGTERM that very requeue sends, and the job is then recorded as
-        failed although Slurm requeued it. beam-hpc's client survives that signal."""
+        failed although Slurm requeued it. beam-hpc's client survives that signal. The line goes
+        to submitit's logger, the one a submitit task configures, as submitit's own does."""
         client.requeue(self.job_id, timeout=60)
-        log.info("requeued job %s (%d timeouts left)", self.job_id, countdown)
+        logger.get_logger().info(f"Requeued job {self.job_id} ({countdown} remaining timeouts)")
 
     @property
     def het_size(self) -> int:

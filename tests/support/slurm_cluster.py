@@ -50,6 +50,11 @@ class SlurmClusterError(RuntimeError):
     """The local cluster could not be brought up or down; the message says what to look at."""
 
 
+def _first_nodes(count: int) -> str:
+    """Nodes n1..n<count> as a Slurm host range."""
+    return f"n[1-{count}]" if count > 1 else "n1"
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """Shape of the local cluster. The defaults are what the test suite needs; keep LAB short
@@ -87,7 +92,8 @@ class ClusterSpec:
 
     @property
     def node_range(self) -> str:
-        return f"n[1-{self.nodes}]" if self.nodes > 1 else "n1"
+        """``debug``'s nodes as a Slurm host range."""
+        return _first_nodes(self.nodes)
 
     @property
     def spot_names(self) -> list[str]:
@@ -100,7 +106,8 @@ class ClusterSpec:
 
     @property
     def every_range(self) -> str:
-        return f"n[1-{len(self.every_name)}]" if len(self.every_name) > 1 else "n1"
+        """Every node (``debug``'s, then ``spot``'s) as a Slurm host range."""
+        return _first_nodes(len(self.every_name))
 
 
 @dataclass
