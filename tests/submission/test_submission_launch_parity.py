@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from parity_site import COMMENT, MODULE, SEEN_ENV, parity_site
 from run_watch import chain_finished, diagnostics, segments, wait_for
 from slurm_cluster import spot_site
 
@@ -47,31 +48,8 @@ from beam_hpc.run import checkpoint_layout
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e]
 
-MODULE = "beamtest/1.0"
-SITE_ENV = {"BEAM_PARITY_SITE": "from-the-site", "NCCL_NVLS_ENABLE": "0", "BEAM_MODULE_RAN": "no"}
-# what the driver must see: the site's env, with BEAM_MODULE_RAN turned to "yes" by the module function
-# in this very batch shell (the site's env resets it first, so a value inherited from an earlier
-# segment's environment does not count)
-SEEN_ENV = {**SITE_ENV, "BEAM_MODULE_RAN": "yes"}
-COMMENT = "beam-parity"
 PLAN_TOTAL, SEGMENT_TOTAL, CHAIN_TOTAL = 3, 1, 100_000
 TIMEOUT_S = 900.0
-
-
-def parity_site(path: Path) -> Path:
-    """env/local.yaml plus a module function, a module load, environment and an extra #SBATCH line."""
-    text = (REPO / "env" / "local.yaml").read_text().replace("name: local", "name: parity")
-    text += (
-        "setup:\n"
-        # like Environment Modules / Lmod: LOADEDMODULES lists each module once, loading twice is a no-op
-        "  - 'module() { if [ \"$1\" = load ]; then export BEAM_MODULE_RAN=yes; case \":$LOADEDMODULES:\" in "
-        "*\":$2:\"*) ;; *) export LOADEDMODULES=\"${LOADEDMODULES:+$LOADEDMODULES:}$2\";; esac; fi; }'\n"
-        f"module_loads: [{MODULE}]\n"
-        f"env: {json.dumps(SITE_ENV)}\n"
-        f"sbatch_extra: [--comment={COMMENT}]\n"
-    )
-    path.write_text(text)
-    return path
 
 
 def recipe_args(assets, run: Path, *, gpus: bool = True) -> list[str]:  # type: ignore[no-untyped-def]

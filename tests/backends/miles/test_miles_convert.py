@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from parity_site import COMMENT, MODULE, SEEN_ENV, parity_site
 
 from beam_hpc.backends.miles import convert as mc
 from beam_hpc.config.recipe import load_yaml, recipe_from_dict
@@ -177,11 +178,10 @@ def test_prepare_convert_runs_the_job_once_then_skips(slurm_cluster, conv_dir: P
     d = recipe_dict(conv_dir)
     d["topology"] = {"trainer": {"nodes": 1, "gpus_per_node": 2},
                      "rollout": {"nodes": 1, "gpus_per_node": 2, "gpus_per_engine": 1}}
-    recipe_file, site_file = conv_dir / "recipe.yaml", conv_dir / "site.yaml"
+    recipe_file = conv_dir / "recipe.yaml"
     recipe_file.write_text(yaml.safe_dump(d))
-    site = load_yaml(ROOT / "env" / "local.yaml")
-    site["env"] = {"MILES_DIR": str(STANDIN)}  # where beam-hpc's image has Miles
-    site_file.write_text(yaml.safe_dump(site))
+    # the launch-parity site (its setup defines `module`), with MILES_DIR where beam-hpc's image has Miles
+    site_file = parity_site(conv_dir / "site.yaml", env={"MILES_DIR": str(STANDIN)})
     args = ["prepare", "--convert", str(recipe_file), "--site", str(site_file)]
 
     assert main(args) == 0
@@ -205,6 +205,10 @@ def test_prepare_convert_runs_the_job_once_then_skips(slurm_cluster, conv_dir: P
         assert rec["argv"][1:] == [*MODEL_ARGS, "--hf-checkpoint", str(conv_dir / "hf"), "--save", str(dst)]
         assert Path(rec["argv"][0]) == STANDIN / mc.CONVERTER
         assert rec["env"]["PYTHONPATH"].split(":")[0] == str(STANDIN) and rec["env"]["SLURM_JOB_ID"] == job
+        # the job got past the site's lines as the run's jobs do: `module` defined by setup, then loaded
+        assert rec["env"]["LOADEDMODULES"] == MODULE and rec["env"]["BEAM_MODULE_RAN"] == SEEN_ENV["BEAM_MODULE_RAN"]
+        assert rec["env"]["BEAM_PARITY_SITE"] == SEEN_ENV["BEAM_PARITY_SITE"]
+    assert f"#SBATCH --comment={COMMENT}" in (conv_dir / "run" / "convert" / "convert.sbatch").read_text().splitlines()
 
     before = (dst / mc.MARKER).read_text()
     assert main(args) == 0

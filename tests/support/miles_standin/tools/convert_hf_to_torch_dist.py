@@ -42,7 +42,7 @@ def main() -> None:
     record_dir = Path(args.save + ".standin")
     record_dir.mkdir(parents=True, exist_ok=True)
     names = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH", "MILES_DIR",
-             "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID")
+             "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "LOADEDMODULES", "BEAM_MODULE_RAN", "BEAM_PARITY_SITE")
     record = {"argv": sys.argv, "rank": rank, "world": world, "local_rank": local,
               "env": {k: os.environ[k] for k in names if k in os.environ}}
     (record_dir / f"rank-{rank}.json").write_text(json.dumps(record, indent=1))
