@@ -1,17 +1,16 @@
-"""Plan -> a heterogeneous sbatch script that people can read, edit and submit by hand.
+"""Every batch script beam-hpc writes, from one renderer: :class:`BatchJob` -> :func:`render_batch`.
 
-The script is thin on purpose (DESIGN.md: shell is thin): ``#SBATCH`` lines, the site's lines
-(:func:`site_lines`: environment, setup, module loads), then ``exec`` into ``python -m
-beam_hpc.job.segment``, which does everything else. The plan travels inside the script, as a
-quoted here-document on the segment's stdin after the ``exec`` line: a plain ``sbatch x.sbatch``
-needs no other file (Slurm copies only the script into its spool, so a file beside it would have
-to be found by an absolute path that a user's copy of the script no longer has), and a
-resubmission or requeue runs the very same script. The job's output goes to the submit directory
-(``%x-%j.out``), which exists whenever sbatch runs; beam-hpc's own submissions and resubmissions
-put it under the run's logs/ with ``--output`` on the sbatch line.
+A script is thin: ``#SBATCH`` lines, the site block (:func:`site_lines`: environment, setup, module
+loads, in that order, since a site's setup may define ``module``), then a body that execs Python.
+The run's hetjob script (:func:`render_script`), the Miles conversion job and the tests' own scripts
+are all a :class:`BatchJob`, so their site lines cannot drift apart. The run's plan travels inside
+its script, as a quoted here-document on the segment's stdin: a plain ``sbatch x.sbatch`` needs no
+other file (Slurm spools only the script), and a resubmission or requeue runs the very same script.
 Job-level options (name, time, signal, requeue, output) go in the first component only: Slurm
 applies them to the whole heterogeneous job. Per-component options (nodes, GPUs, partition,
-account, constraint, ``--tmp``) are repeated for each component after ``#SBATCH hetjob``.
+account, constraint, ``--tmp``) and the site's extra lines are repeated after each ``#SBATCH hetjob``.
+A hand-submitted job's output goes to the submit directory (``%x-%j.out``); beam-hpc's own
+submissions put it under the run's logs/ with ``--output`` on the sbatch line.
 """
 
 from __future__ import annotations
@@ -55,27 +54,31 @@ class Component:
         return flags
 
 
-def component(plan: Plan, group: GroupPlan) -> Component:
-    """The Slurm request of one node group: the group's own resources from the Plan, the
-    site's job-wide ones (account, qos, gres name, memory, exclusivity)."""
-    site = plan.site
+def site_component(site: Site, *, nodes: int, gpus_per_node: int, partition: str | None = None,
+                   cpus_per_task: int | None = None, constraint: str | None = None,
+                   tmp: str | None = None) -> Component:
+    """A request for ``nodes`` nodes of ``gpus_per_node`` GPUs each, with the site's job-wide
+    options (account, qos, gres name, memory, exclusivity): what every job beam-hpc submits asks."""
     return Component(
-        nodes=group.nodes,
-        partition=group.partition or None,
+        nodes=nodes,
+        partition=partition or None,
         account=site.account or None,
         qos=site.qos or None,
-        gres=f"{site.gres}:{group.gpus_per_node}" if group.gpus_per_node else None,
-        cpus_per_task=group.cpus_per_node or None,
+        gres=f"{site.gres}:{gpus_per_node}" if gpus_per_node else None,
+        cpus_per_task=cpus_per_task or None,
         mem=site.mem,
-        constraint=group.constraint or None,
-        tmp=group.tmp or None,
+        constraint=constraint or None,
+        tmp=tmp or None,
         exclusive=site.exclusive,
     )
 
 
-def component_flags(plan: Plan, group: GroupPlan) -> list[str]:
-    """The per-component ``#SBATCH`` flags of one node group."""
-    return component(plan, group).sbatch_flags()
+def component(plan: Plan, group: GroupPlan) -> Component:
+    """The Slurm request of one node group: the group's own resources from the Plan, the
+    site's job-wide ones."""
+    return site_component(plan.site, nodes=group.nodes, gpus_per_node=group.gpus_per_node,
+                          partition=group.partition, cpus_per_task=group.cpus_per_node,
+                          constraint=group.constraint, tmp=group.tmp)
 
 
 # The job's output when the script is submitted by hand: the submit directory always exists when
@@ -87,19 +90,53 @@ HAND_OUTPUT = "%x-%j.out"
 PLAN_HEREDOC = "BEAM_PLAN_JSON"
 
 
-def job_flags(plan: Plan) -> list[str]:
-    """Job-level flags: one name per run (segments chain with ``--dependency=afterany:<id>``; a
-    propagated ``singleton`` deadlocks a hetjob on Slurm 22.05), the
-    walltime, the walltime warning to the batch shell, requeue on preemption, appended logs."""
-    flags = [
-        f"--job-name={plan.job_name}",
-        f"--time={sbatch_time(plan)}",
-        f"--signal=B:USR1@{plan.lead_s}",
-        "--open-mode=append",
-        f"--output={HAND_OUTPUT}",
-    ]
-    flags.append("--requeue" if plan.recipe.lifecycle.requeue_on_preemption else "--no-requeue")
-    return flags
+@dataclass(frozen=True)
+class BatchJob:
+    """One batch script as values: the job-level options, one :class:`Component` per (hetjob)
+    component, the site whose lines prepare the batch shell, and the body that runs after them
+    (shell lines, usually ending in an ``exec``). :func:`render_batch` writes it."""
+
+    name: str
+    time: str  # Slurm's time format
+    output: str  # --output, may hold %x / %j
+    components: tuple[Component, ...]
+    site: Site
+    body: tuple[str, ...]
+    requeue: bool = False
+    signal: str | None = None  # --signal, e.g. "B:USR1@120"
+    open_mode: str | None = None  # --open-mode, e.g. "append"
+    notes: tuple[str, ...] = ()  # comment lines under the shebang
+    labels: tuple[str, ...] = ()  # a comment line above each component's directives
+
+    def job_flags(self) -> list[str]:
+        """The job-level flags, written in the first component only."""
+        flags = [f"--job-name={self.name}", f"--time={self.time}"]
+        if self.signal:
+            flags.append(f"--signal={self.signal}")
+        if self.open_mode:
+            flags.append(f"--open-mode={self.open_mode}")
+        flags.append(f"--output={self.output}")
+        flags.append("--requeue" if self.requeue else "--no-requeue")
+        return flags
+
+
+def render_batch(job: BatchJob) -> str:
+    """The script's text: shebang and notes, the ``#SBATCH`` header (job flags in the first
+    component, then each component's own flags and the site's extra lines), the site block, the body."""
+    if not job.components:
+        raise ValueError("a batch job needs at least one component")
+    if job.labels and len(job.labels) != len(job.components):
+        raise ValueError(f"{len(job.labels)} labels for {len(job.components)} components")
+    lines = ["#!/bin/bash", *(f"# {note}" for note in job.notes)]
+    for i, comp in enumerate(job.components):
+        if i:
+            lines.append("#SBATCH hetjob")
+        if job.labels:
+            lines.append(f"# {job.labels[i]}")
+        flags = (job.job_flags() if i == 0 else []) + comp.sbatch_flags() + list(job.site.sbatch_extra)
+        lines.extend(f"#SBATCH {f}" for f in flags)
+    lines += ["", "set -eo pipefail", *site_lines(job.site), *job.body]
+    return "\n".join(lines) + "\n"
 
 
 def site_lines(site: Site) -> list[str]:
@@ -139,32 +176,32 @@ def segment_command(plan: Plan) -> str:
     return f'exec {py} -m beam_hpc.job.segment --plan - --script "$0" "$@" <<\'{PLAN_HEREDOC}\''
 
 
+def batch_job(plan: Plan, *, body: tuple[str, ...] = (), source: str = "") -> BatchJob:
+    """The run's hetjob as a :class:`BatchJob`: one name per run (segments chain with
+    ``--dependency=afterany:<id>``; a propagated ``singleton`` deadlocks a hetjob on Slurm 22.05),
+    the walltime, its warning to the batch shell, requeue on preemption, appended logs."""
+    notes = (
+        f"Generated by beam-hpc {__version__}{' from ' + source if source else ''}.",
+        f"Run {plan.run_id}: {plan.total_nodes} nodes / {plan.total_gpus} GPUs, output in {plan.output_dir}",
+        "Submit: sbatch THIS_FILE        Resume a run: sbatch THIS_FILE --resume [--num-rollout N]",
+        "The run's plan is the JSON at the end of this file: the job writes it to plan.json.",
+        "Edits to --time are fine; --nodes/--gres must match the plan's groups (the job checks).",
+    )
+    return BatchJob(
+        name=plan.job_name, time=sbatch_time(plan), output=HAND_OUTPUT,
+        components=tuple(component(plan, g) for g in plan.groups), site=plan.site, body=body,
+        requeue=plan.recipe.lifecycle.requeue_on_preemption, signal=f"B:USR1@{plan.lead_s}", open_mode="append",
+        notes=notes, labels=tuple(f"--- het group {g.het_index}: {g.name} ({'+'.join(g.roles)}) ---" for g in plan.groups),
+    )
+
+
 def render_script(plan: Plan, *, source: str = "") -> str:
     """The whole sbatch script for a plan, with the plan inside it."""
-    site = plan.site
-    lines = ["#!/bin/bash"]
-    lines.append(f"# Generated by beam-hpc {__version__}{' from ' + source if source else ''}.")
-    lines.append(f"# Run {plan.run_id}: {plan.total_nodes} nodes / {plan.total_gpus} GPUs, output in {plan.output_dir}")
-    lines.append("# Submit: sbatch THIS_FILE        Resume a run: sbatch THIS_FILE --resume [--num-rollout N]")
-    lines.append("# The run's plan is the JSON at the end of this file: the job writes it to plan.json.")
-    lines.append("# Edits to --time are fine; --nodes/--gres must match the plan's groups (the job checks).")
-    for i, group in enumerate(plan.groups):
-        if i:
-            lines.append("#SBATCH hetjob")
-        lines.append(f"# --- het group {group.het_index}: {group.name} ({'+'.join(group.roles)}) ---")
-        flags = (job_flags(plan) if i == 0 else []) + component_flags(plan, group)
-        lines.extend(f"#SBATCH {f}" for f in flags)
-        lines.extend(f"#SBATCH {f}" for f in site.sbatch_extra)
-    lines.append("")
-    lines.append("set -eo pipefail")
-    lines.extend(site_lines(site))
-    lines.append(segment_command(plan))
     plan_json = plan.to_json()
     if any(line == PLAN_HEREDOC for line in plan_json.splitlines()):  # cannot happen with JSON's quoting
         raise InputError(f"the plan contains a line {PLAN_HEREDOC!r}, which would end its here-document")
-    lines.append(plan_json)
-    lines.append(PLAN_HEREDOC)
-    return "\n".join(lines) + "\n"
+    body = (segment_command(plan), plan_json, PLAN_HEREDOC)
+    return render_batch(batch_job(plan, body=body, source=source))
 
 
 def write_script(plan: Plan, path: str | Path, *, source: str = "") -> Path:

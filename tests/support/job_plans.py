@@ -65,18 +65,13 @@ def hold_driver(marker: Path, release: Path) -> list[str]:
 
 
 def batch_script(plan: Plan, *job_args: str) -> Path:
-    """The heterogeneous sbatch script: the lead's #SBATCH flags (beam_hpc.slurm.script), then the job."""
-    from beam_hpc.slurm.script import component_flags, job_flags
+    """The run's heterogeneous sbatch script (beam_hpc.slurm.script: its #SBATCH lines and site
+    block) with the job runner as its body and the batch log under the run's logs/, as beam-hpc's
+    own sbatch lines put it."""
+    from beam_hpc.slurm.script import batch_job, render_batch
 
-    lines = ["#!/bin/bash"]
-    for i, g in enumerate(plan.groups):
-        if i:
-            lines.append("#SBATCH hetjob")
-        # the batch log under the run's logs/, as beam-hpc's own sbatch lines put it
-        job = [f"--output={plan.paths.batch_log('%j')}" if f.startswith("--output=") else f for f in job_flags(plan)]
-        lines += [f"#SBATCH {f}" for f in (job if i == 0 else []) + component_flags(plan, g)]
-    lines.append(f"cd {ROOT}")
-    lines.append(f"exec {sys.executable} -m beam_hpc.job.runner --plan {plan.paths.plan} {' '.join(job_args)}")
+    body = (f"cd {ROOT}", f"exec {sys.executable} -m beam_hpc.job.runner --plan {plan.paths.plan} {' '.join(job_args)}")
+    job = dataclasses.replace(batch_job(plan, body=body), output=plan.paths.batch_log("%j"), notes=())
     path = Path(plan.output_dir, "job.sbatch")
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(render_batch(job))
     return path

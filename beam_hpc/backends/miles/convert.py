@@ -1,38 +1,17 @@
 """HF -> torch_dist with Miles's converter, as a Slurm job of its own, run once per model.
 
-Why a job of its own: full-parameter Miles runs start from the model's Megatron ``torch_dist`` copy
-(``--ref-load``, recipe ``model.ref_load``). Miles makes that copy with
-``tools/convert_hf_to_torch_dist.py``, which needs the GPUs of a node, the image's Megatron and the
-model's architecture flags; on a cluster that is batch work on a trainer node, not something for
-the login node, and it must happen once, before the first segment, not in every segment.
+Full-parameter Miles runs start from the model's Megatron ``torch_dist`` copy (``model.ref_load``).
+Miles's ``tools/convert_hf_to_torch_dist.py`` makes it under torchrun, one rank per GPU of a node,
+from the model's architecture flags; rank 0 writes ``release`` into the tracker file as its very
+last step, Miles's success signal. That is GPU batch work, done once before the first segment, so
+``beam-hpc prepare --convert RECIPE --site SITE`` runs it as a job of its own:
 
-What Miles's converter does (radixark/miles@31f1ca961, read for facts only; anchors-report.md 1.2):
-its launch scripts run ``torchrun --nproc-per-node <GPUs of a node> tools/convert_hf_to_torch_dist.py
-<model args> --hf-checkpoint HF --save DST`` with the Miles tree and Megatron on ``PYTHONPATH``;
-each rank loads its part (pipeline parallel over the ranks when the model flags say PP 1), the
-checkpoint of iteration 1 is moved to ``DST/release``, and rank 0 writes ``release`` into
-``DST/latest_checkpointed_iteration.txt`` as its very last step, "a signal that the script has
-been executed successfully". Miles's own scripts skip the step when that file says ``release``.
-
-Here (``beam-hpc prepare --convert RECIPE --site SITE``):
-
-- :func:`convert_spec` turns recipe + site into a :class:`ConvertSpec` (pure): the HF directory
-  (``model.path``), the output (``model.ref_load``), the architecture flags
-  (``model.miles_model_args``), one node of the trainer partition with the trainer group's GPUs per
-  node, the site's container;
-- :func:`render_script` writes the thin sbatch script (``#SBATCH`` lines, module loads, site
-  environment, ``exec python -m beam_hpc.backends.miles.convert run --spec ...``), pure;
-- :func:`submit_convert` skips when :func:`conversion_state` says done, does not queue a second job
-  while one of the same name is queued or running, else writes spec + script under
-  ``<output_dir>/convert/`` and submits;
-- inside the allocation, ``run`` (on the batch host) removes leftovers of an earlier failed try,
-  starts ``exec`` inside the site's container (:mod:`beam_hpc.node.container`), which finds Miles
-  there (``$MILES_DIR``, set by beam-hpc's image, else where ``import miles`` resolves) and execs
-  torchrun; after the converter exits 0 and its output is complete, ``run`` writes the done
-  marker ``<ref_load>/beam-convert.json`` atomically. Done means: marker present, made from the
-  same HF checkpoint and architecture flags, and the output complete (tracker says ``release``,
-  ``release/`` holds files). An output that beam-hpc did not record, or recorded for another
-  model, is never overwritten: that is an error naming ``model.ref_load``.
+- on the login node, :func:`convert_spec` (pure) turns recipe + site into a :class:`ConvertSpec`;
+  :func:`submit_convert` skips a done or queued conversion, else writes the spec and the batch
+  script (:func:`render_script`, through beam_hpc.slurm.script as every batch script) and submits;
+- in the job, ``run`` takes the output's lock, clears a failed try's leftovers, starts ``exec`` in
+  the site's container (which execs torchrun on Miles's converter) and on success writes the done
+  marker. An output beam-hpc did not record, or recorded for another model, is never overwritten.
 """
 
 from __future__ import annotations
@@ -61,6 +40,7 @@ from beam_hpc.run import lock as run_lock
 from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
 from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.environment import SlurmEnvironment
+from beam_hpc.slurm.script import BatchJob, render_batch, site_component
 
 log = logging.getLogger("beam_hpc.backends.miles.convert")
 
@@ -168,42 +148,21 @@ def convert_spec(recipe: Recipe, site: Site, *, walltime: str = DEFAULT_WALLTIME
     )
 
 
-def sbatch_flags(spec: ConvertSpec) -> list[str]:
-    """One trainer-partition node with the converter's GPUs, the site's account/QoS/constraint."""
-    site = spec.site
-    flags = [f"--job-name={spec.job_name}", f"--time={spec.walltime}", "--nodes=1", "--ntasks-per-node=1",
-             f"--gres={site['gres']}:{spec.gpus}", f"--output={spec.log_dir}/convert-%j.out", "--no-requeue"]
-    if spec.partition:
-        flags.append(f"--partition={spec.partition}")
-    for key in ("account", "qos"):
-        if site.get(key):
-            flags.append(f"--{key}={site[key]}")
-    if spec.cpus:
-        flags.append(f"--cpus-per-task={spec.cpus}")
-    if site.get("mem") is not None:
-        flags.append(f"--mem={site['mem']}")
-    constraint = (site.get("constraints") or {}).get("trainer")
-    if constraint:
-        flags.append(f"--constraint={constraint}")
-    if site.get("exclusive"):
-        flags.append("--exclusive")
-    return flags + list(site.get("sbatch_extra") or [])
+def batch_job(spec: ConvertSpec) -> BatchJob:
+    """One trainer-partition node with the converter's GPUs and the site's options, the site's
+    lines, then Python: the batch script as values (beam_hpc.slurm.script renders it)."""
+    site = spec.site_obj()
+    node = site_component(site, nodes=1, gpus_per_node=spec.gpus, partition=spec.partition,
+                          cpus_per_task=spec.cpus, constraint=site.constraints.for_group("trainer"))
+    run = f"exec {shlex.quote(site.python)} -m beam_hpc.backends.miles.convert run --spec {shlex.quote(str(spec.spec_path))}"
+    note = (f"Generated by beam-hpc: {spec.hf_checkpoint} -> {spec.output} (torch_dist, Miles's {CONVERTER}). "
+            "Submitted by `beam-hpc prepare --convert`; safe to resubmit by hand.")
+    return BatchJob(name=spec.job_name, time=spec.walltime, output=f"{spec.log_dir}/convert-%j.out",
+                    components=(node,), site=site, body=(run,), notes=(note,))
 
 
 def render_script(spec: ConvertSpec) -> str:
-    """The batch script: #SBATCH lines, the site's module loads and environment, then Python."""
-    site = spec.site
-    header = (f"# Generated by beam-hpc: {spec.hf_checkpoint} -> {spec.output} (torch_dist, Miles's {CONVERTER}). "
-              "Submitted by `beam-hpc prepare --convert`; safe to resubmit by hand.")
-    lines = ["#!/bin/bash", header]
-    lines += [f"#SBATCH {f}" for f in sbatch_flags(spec)]
-    lines += ["", "set -eo pipefail"]
-    lines += [f"module load {shlex.quote(mod)}" for mod in site.get("module_loads") or []]
-    lines += [f"export {k}={shlex.quote(str(v))}" for k, v in sorted((site.get("env") or {}).items())]
-    lines += list(site.get("setup") or [])
-    py = shlex.quote(site.get("python") or "python3")
-    lines.append(f"exec {py} -m beam_hpc.backends.miles.convert run --spec {shlex.quote(str(spec.spec_path))}")
-    return "\n".join(lines) + "\n"
+    return render_batch(batch_job(spec))
 
 
 def converter_argv(spec: ConvertSpec, python: str, miles_dir: str) -> list[str]:

@@ -5,12 +5,12 @@ against the facts of Miles's converter (radixark/miles@31f1ca961 ``tools/convert
 and its launch helper: ``torchrun --nproc-per-node <GPUs> tools/convert_hf_to_torch_dist.py <model
 args> --hf-checkpoint HF --save DST``; success = ``release`` in the tracker, written last).
 
-Slow test: ``beam-hpc prepare --convert`` on the real local Slurm cluster. Real parts: the CLI,
-sbatch, the rendered script, the job on a trainer-partition node with fake GPUs, torchrun with
+Slow test: ``beam-hpc prepare --convert`` on the real local Slurm cluster with the launch-parity site
+(its ``setup`` defines ``module``): the job gets past the site's lines as the run's jobs do. Real
+parts: the CLI, sbatch, the rendered script, a trainer-partition node with fake GPUs, torchrun with
 one gloo process per GPU, megatron-core writing a real torch_dist checkpoint. The seam: Miles's
-converter needs CUDA and mbridge, so the site points ``MILES_DIR`` at
-``tests/support/miles_standin/``, whose ``tools/convert_hf_to_torch_dist.py`` is a contract double (see its
-docstring). A second ``prepare --convert`` must submit nothing.
+converter needs CUDA and mbridge, so ``MILES_DIR`` points at ``tests/support/miles_standin/``, whose
+converter is a contract double (see its docstring). A second ``prepare --convert`` submits nothing.
 """
 
 from __future__ import annotations
@@ -62,14 +62,33 @@ def test_script_asks_for_one_trainer_node_with_its_gpus(tmp_path: Path) -> None:
     assert (spec.hf_checkpoint, spec.output, spec.gpus) == (str(tmp_path / "hf"), str(tmp_path / "torch_dist"), 8)
     text = mc.render_script(spec)
     sbatch = [line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("#SBATCH ")]
-    assert sbatch == ["--job-name=beam-convert-torch_dist", "--time=04:00:00", "--nodes=1", "--ntasks-per-node=1",
-                      "--gres=gpu:8", f"--output={tmp_path}/run/convert/logs/convert-%j.out", "--no-requeue",
-                      "--partition=gpu-h200", "--account=my-project", "--qos=normal", "--cpus-per-task=96",
-                      "--mem=0", "--constraint=h200&nvme", "--exclusive"]
+    assert sbatch == ["--job-name=beam-convert-torch_dist", "--time=04:00:00",
+                      f"--output={tmp_path}/run/convert/logs/convert-%j.out", "--no-requeue",
+                      "--nodes=1", "--ntasks-per-node=1", "--partition=gpu-h200", "--account=my-project",
+                      "--qos=normal", "--gres=gpu:8", "--cpus-per-task=96", "--mem=0", "--constraint=h200&nvme",
+                      "--exclusive"]
     assert "export NCCL_SOCKET_IFNAME=ib0" in text
     assert text.rstrip().endswith(
         f"exec /shared/software/beam-hpc/venv/bin/python -m beam_hpc.backends.miles.convert run "
         f"--spec {tmp_path}/run/convert/convert.json")
+
+
+def test_script_has_the_sites_lines_in_the_run_scripts_order(tmp_path: Path) -> None:
+    """The conversion job's site block is the run's (beam_hpc.slurm.script.site_lines: env, then
+    setup, which may define ``module``, then module loads), and the site's extra #SBATCH lines come
+    after the node's request, as in the run's script."""
+    from beam_hpc.slurm.script import site_lines
+
+    site = {**example_site(), "env": {"B": "2", "A": "1"}, "setup": ["source /etc/profile.d/modules.sh"],
+            "module_loads": ["cuda/12.4"], "sbatch_extra": ["--comment=x"]}
+    spec = spec_for(tmp_path, site)
+    lines = mc.render_script(spec).splitlines()
+    block = lines[lines.index("set -eo pipefail") + 1:-1]
+    assert block == site_lines(spec.site_obj()) == [
+        "export A=1", "export B=2", "source /etc/profile.d/modules.sh", "module load cuda/12.4"]
+    sbatch = [line for line in lines if line.startswith("#SBATCH ")]
+    assert sbatch[-2:] == ["#SBATCH --exclusive", "#SBATCH --comment=x"]
+    assert lines[-1].startswith("exec ")
 
 
 def test_converter_command_is_miles_own(tmp_path: Path) -> None:
