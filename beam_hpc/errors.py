@@ -1,18 +1,13 @@
 """The one error family: every failure beam-hpc expects carries its own exit code.
 
 ``BeamError`` is the root; a message is written for people (what, the value, the fix). Two kinds:
-
-- :class:`InputError` (exit 2): bad input (a recipe, site, override, flag, path or run directory).
-  It is raised before anything is written, submitted or allocated.
-- :class:`RuntimeFailure` (exit 1): a tool, Slurm, a node or the backend failed at run time.
-
-Modules define narrower classes under one of the two (``NvmeError``, ``SubmitError``, ...), so a
-caller can catch what it handles; the CLI (:mod:`beam_hpc.cli.app`) is the one place that maps
-``exit_code`` to the process exit status. Anything else that escapes is a bug: the CLI prints one
-line and the path of a log holding the traceback.
-
-The built-in bases (``ValueError`` for input, ``RuntimeError`` for failures) stay so that code and
-users catching those keep working.
+:class:`InputError` (exit 2), bad input (a recipe, site, override, flag, path or run directory),
+raised before anything is written, submitted or allocated; and :class:`RuntimeFailure` (exit 1), a
+tool, Slurm, a node or the backend failing at run time. Modules define narrower classes under one of
+the two (``NvmeError``, ``SubmitError``, ...), so a caller can catch what it handles; the CLI
+(:mod:`beam_hpc.cli.app`) is the one place that maps ``exit_code`` to the process exit status.
+Anything else that escapes is a bug: the CLI prints one line and the path of a log holding the
+traceback. The built-in bases (``ValueError``, ``RuntimeError``) stay, so code catching those works.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A fault campaign: one tiny-recipe chain meets every fault beam-hpc claims to survive (issue 23, item 4).
+"""A fault campaign: one tiny-recipe chain meets every fault beam-hpc claims to survive.
 
     python benchmarks/faults.py --seed N [--json FILE] [--keep] [--reference DIR]
     python benchmarks/faults.py --reanalyse FILE

@@ -32,7 +32,7 @@ time-stamps as they appear, every 0.1 s):
 - gap: last rollout line of the interrupted segment -> first rollout line of the next (everything
   the interruption cost in wall time, queueing included).
 
-Targets (issue 4): 0 re-done at a walltime stop, at most 1 per preemption, overhead under 60 s.
+Targets: 0 re-done at a walltime stop, at most 1 per preemption, overhead under 60 s.
 A preemption with a grace time signals first (USR1) and can meet it; ``scontrol requeue`` cannot
 (no warning: see :func:`verdict`), in either run.
 The machine has 2 cores shared with other work: note the load (printed) when comparing runs.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Dedicated trainer and rollout GPUs, asynchronous, against in turn and colocated (issue 9).
+"""Dedicated trainer and rollout GPUs, asynchronous, against in turn and colocated.
 
 What one step is, here as in the reference backend: the rollout side samples ``responses``
 answers to each of ``prompts`` prompts (the seed's 32 x 8) with up to ``--max-new`` tokens
@@ -837,7 +837,7 @@ def render(bench: Bench, meta: dict[str, Any]) -> str:
         share = med / step if med and step else None
         lines.append(f"| {w.transport} | {w.placement} | {w.shape} | {_f(w.nbytes / 1e6 if w.nbytes else None, '{:.1f}')} | "
                      f"{_f(med * 1e3 if med else None, '{:.1f}')} | {_f(gbs, '{:.2f}')} | {_pct(share) if share else '—'} | {w.note} |")
-    lines += ["", "Targets (issue 9): async step <= 0.6 x in-turn step on the same two GPUs; weight sync < 10% of the step.", ""]
+    lines += ["", "Targets: async step <= 0.6 x in-turn step on the same two GPUs; weight sync < 10% of the step.", ""]
     for shape in dict.fromkeys(r.shape for r in bench.rows):
         a = next((r for r in bench.rows if r.shape == shape and r.mode == "async" and r.steps), None)
         b = next((r for r in bench.rows if r.shape == shape and r.mode == "in-turn" and r.steps), None)

@@ -5,7 +5,8 @@ the cluster needs. Both are validated here, before any node is allocated, so tha
 second on the login node instead of an hour in the queue. Errors name the field (dotted path) and
 the fix.
 
-This module imports no Slurm, Ray, submitit or torch code (DESIGN.md: dependencies point one way).
+This module imports no Slurm, Ray, submitit or torch code: the recipe is read on a login node, and
+dependencies point down the layers (docs/architecture.md).
 """
 
 from __future__ import annotations

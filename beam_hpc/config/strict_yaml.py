@@ -4,29 +4,13 @@ Why one reader: a value must mean the same thing whether it is written in a reci
 on the command line, and every way a YAML input can go wrong must end in one
 :class:`~beam_hpc.errors.InputError` line (file or override, line, value, fix) instead of a
 traceback, a hang or a silent surprise. PyYAML's ``safe_load`` alone leaves five holes, closed here:
-
-- **Size**: files over :data:`MAX_BYTES` (1 MB) are refused before parsing. The largest shipped
-  recipe is about 3 KB; PyYAML's pure-Python parser needs roughly a second and tens of MB per MB of
-  input, so 1 MB keeps a mistaken path (a dataset, a log, a checkpoint) from stalling the login node
-  while leaving a 300x margin for hand-written files.
-- **Alias expansion** ("billion laughs"): anchors and aliases share nodes, so a few hundred bytes
-  can stand for 10^9 values that pydantic would then walk. While the document is composed, every
-  node's expanded size is counted (an alias counts as the whole node it names) and the document is
-  refused past :data:`MAX_NODES`; the count grows bottom-up, so the refusal comes after composing a
-  few thousand nodes, in milliseconds. Recursive aliases and nesting deeper than :data:`MAX_DEPTH`
-  (which would hit Python's recursion limit) are refused too.
-- **Duplicate keys**: refused with the key and both lines (PyYAML silently keeps the later one).
-  Keys brought in by a merge (``<<: *base``) may be overridden: that is what merging is for.
-- **Tags**: only the plain core tags (``!!str``, ``!!int``, ``!!float``, ``!!bool``, ``!!null``,
-  ``!!map``, ``!!seq``) may be written; ``!!python/...``, ``!!binary``, ``!!set``, local ``!tags``
-  and the like are refused (no recipe field needs them, and they are the classic attack surface).
-- **Slurm times**: YAML 1.1 reads ``12:00:00`` as the sexagesimal integer 43200 and
-  ``2026-01-01`` as a date. The loader drops the sexagesimal int/float and the timestamp resolvers
-  (YAML 1.2's core schema has neither), so ``walltime: 24:00:00``, ``30:00`` and ``1-00:00:00``
-  stay strings, quoted or not, in files and in ``--set`` alike.
-
-Bytes that are not UTF-8 are named with their offset; a file that is missing, a directory, not a
-regular file or not readable is named with what to do.
+size (files over :data:`MAX_BYTES` are refused before parsing: a mistaken path to a dataset must not
+stall the login node); alias expansion ("billion laughs": expanded sizes are counted while composing,
+refused past :data:`MAX_NODES`, with recursive aliases and nesting past :data:`MAX_DEPTH`);
+duplicate keys (refused with both lines, merges excepted; PyYAML keeps the later one silently);
+tags (only the plain core tags); and Slurm times (YAML 1.1 reads ``12:00:00`` as 43200 and
+``2026-01-01`` as a date: those resolvers are dropped, so times stay strings, quoted or not). Bytes
+that are not UTF-8 are named with their offset; an unreadable path is named with what to do.
 """
 
 from __future__ import annotations
@@ -41,6 +25,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from beam_hpc.errors import InputError, shorten
 
+# The largest shipped recipe is about 3 KB; PyYAML's pure-Python parser needs about a second and tens of
+# MB per MB of input, so 1 MB leaves a 300x margin for hand-written files.
 MAX_BYTES = 1_000_000
 MAX_NODES = 100_000  # values after alias expansion; a full recipe has a few hundred
 MAX_DEPTH = 64  # nesting levels; recipes use at most four
@@ -75,7 +61,14 @@ class _Refusal(Exception):
 
 
 class StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` with the checks in the module docstring; one instance per document."""
+    """``yaml.SafeLoader`` with the checks in the module docstring; one instance per document.
+
+    Every node's expanded size is counted as it is composed (an alias counts as the whole node it
+    names), bottom-up, so a "billion laughs" document is refused after a few thousand nodes, in
+    milliseconds. Allowed tags: ``!!str !!int !!float !!bool !!null !!map !!seq``; ``!!python/...``,
+    ``!!binary``, ``!!set`` and local ``!tags`` are refused (no field needs them; they are the classic
+    attack surface). The sexagesimal int/float and the timestamp resolvers are dropped (YAML 1.2's
+    core schema has neither), so ``24:00:00``, ``30:00`` and ``1-00:00:00`` stay strings."""
 
     yaml_implicit_resolvers = {
         first: [(tag, rx) for tag, rx in resolvers if tag not in (_CORE + "int", _CORE + "float", _CORE + "timestamp")]

@@ -2,17 +2,13 @@
 
 Owns what a row of each upstream set looks like and what beam-hpc makes of it; nothing here reads
 a file or the network (``data.sources`` does), or writes one (``data.prepare`` does).
-
-- DAPO-Math-17k (``prompt``, ``reward_model``, ``data_source``, ``ability``, ``extra_info``):
-  ``reward_model.ground_truth`` flattened to ``label`` (Miles reads top-level keys only),
-  ``prompt`` kept as chat messages, its "Answer: $Answer" line made "Answer: \\boxed{$Answer}" as
-  in Miles's own copy of the set (the reward reads boxed answers), and deduplicated by prompt
-  content (the release repeats each of ~17.4k prompts about 100 times: 1.79M rows).
-- AIME2025 (``question``, ``answer``): the question as a user message, unchanged (the seed notes
-  AIME prompts do not ask for a box), the answer cleaned (``$``, a trailing ``^\\circ``).
-
-Every record is ``{"prompt": [{"role": "user", "content": ...}], "label": ..., "metadata": {...}}``
-with the upstream ids and fields under ``metadata``.
+DAPO-Math-17k: ``reward_model.ground_truth`` flattened to ``label`` (Miles reads top-level keys
+only), ``prompt`` kept as chat messages with its "Answer: $Answer" line made "Answer:
+\\boxed{$Answer}" as in Miles's own copy of the set (the reward reads boxed answers), deduplicated by
+prompt (the release repeats each of ~17.4k prompts about 100 times). AIME2025: the question as a
+user message, unchanged (the seed notes AIME prompts do not ask for a box), the answer cleaned (``$``, a
+trailing ``^\\circ``). Every record is ``{"prompt": [{"role": "user", "content": ...}], "label": ...,
+"metadata": {...}}`` with the upstream ids and fields under ``metadata``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
 """Failed-node exclusion: the nodes a run leaves behind, and whether the rest can still hold it.
 
 Why: a segment that fails because of one node (its node step died, it failed the NVMe or
-shared-filesystem check, its GPUs were missing, its Ray never joined) would very likely land on
-the same idle node again and fail the same way, holding every other node of the allocation
-through bring-up each time. So the segment's ledger end line names the node(s) and why
-(``failed_nodes``), and every later segment of the run asks Slurm to leave them out:
-
-- a resubmission gets ``--exclude=<nodes>`` (:func:`beam_hpc.lifecycle.actions.resubmit`); on
-  a heterogeneous job the command-line option applies to every component (checked on Slurm 22.05);
-- a requeue (same job id) gets ``scontrol update JobId=<id> ExcNodeList=<nodes>`` right after
-  ``scontrol requeue``: a requeued job pends with a BeginTime delay, and an update of the het
-  leader then applies to all components (checked on the local cluster), so it is set before the
-  job is eligible again;
-- ``beam-hpc submit --resume`` passes the effective set on to sbatch the same way.
-
-The set accumulates over the run (read back from the ledger: the one record on shared storage),
-minus what the user cleared with ``submit --resume --include-node NAME|all``. A clearing is not a
-segment, so it is not a ledger line: it goes to ``<output>/node-exclusions.json`` (a list of
-``{"node": NAME or "*", "time": T}``), and clears every exclusion of that node recorded before T.
-
-Bounded: :func:`shortfall` says when the nodes left in the groups' partitions can no longer hold
-the recipe's groups; the decision (:func:`beam_hpc.lifecycle.decide.decide`, pure) then stops the
-chain with that message instead of queueing a job that can never start.
+shared-filesystem check, its GPUs were missing, its Ray never joined) would very likely land on the
+same idle node again and fail the same way, holding every other node through bring-up each time.
+So the segment's ledger end line names the node(s) and why (``failed_nodes``), and every later
+segment of the run leaves them out: ``--exclude`` on a resubmission or ``submit --resume`` (it
+applies to every het component), ``scontrol update ExcNodeList`` right after a requeue, before the
+job is eligible again. The set accumulates over the run (read back from the ledger), minus what the
+user cleared with ``submit --resume --include-node NAME|all``, which goes to
+``node-exclusions.json`` (a clearing is not a segment, so not a ledger line). :func:`shortfall`
+says when the nodes left can no longer hold the recipe's groups; the decision then stops the chain
+with that message instead of queueing a job that can never start.
 """
 
 from __future__ import annotations
@@ -77,6 +66,8 @@ def names(exclusions: Iterable[Exclusion]) -> list[str]:
 
 
 def cleared_path(output_dir: str | Path) -> Path:
+    """``node-exclusions.json``: a list of ``{"node": NAME or "*", "time": T}``; each clears every
+    exclusion of that node recorded before T."""
     return Path(RunPaths(str(output_dir)).node_exclusions)
 
 

@@ -1,32 +1,17 @@
 """The site's node quarantine: nodes that failed in any run stay out of every run for a while.
 
-Why: a run's own exclusions (:mod:`beam_hpc.lifecycle.exclusions`) live in its ledger, so the
-next run, or another user's, lands on the same broken node and pays a bring-up to find out again.
-On large clusters a few "lemon" nodes cause most failures. A site may therefore name one shared
-file (``quarantine: /shared/beam/bad-nodes.json``; ``quarantine_days`` how long an entry holds):
-
-- every segment that ends because of a node (the same ``failed_nodes`` its ledger line gets)
-  adds one entry per node: the node, the run (run id and directory), the segment, the reason, the
-  time and the expiry (the time plus the writer's ``quarantine_days``, fixed when written so that
-  every reader agrees);
-- every submission (``beam-hpc submit``, ``beam_hpc.submit``, a segment's resubmission and
-  requeue) excludes the nodes with an unexpired entry, on top of the run's own exclusions;
-- ``beam-hpc nodes`` lists them; ``beam-hpc nodes release NAME`` removes a node's entries.
-
-The file is shared by every run and user of the site, so every change is a read-modify-write under
-an exclusive ``flock`` on ``<file>.lock`` and is published atomically (beam_hpc.run.files): a
-reader sees the old list or the new, never half of one, and two segments ending at once both land.
-Expired entries are dropped on the next write, so the file stays small. The file and its lock are
-created group-writable (0664, whatever the umask): put them in a directory of the users' common
-group with the setgid bit (``chmod 2775``), so that every user's segments can update them.
-
-The file's format (version 1)::
-
-    {"version": 1, "entries": [{"node", "run", "run_dir", "segment", "why", "time", "expires"}, ...]}
-
-A hand-edited file that is not this is refused with its path and the repair (exit 2 from
-``submit`` and ``nodes``); inside the allocation such a file is logged and left alone, because
-failing a segment over bookkeeping would cost more than the node it guards against.
+Why: a run's own exclusions (:mod:`beam_hpc.lifecycle.exclusions`) live in its ledger, so the next
+run, or another user's, would land on the same broken node and pay a bring-up to find out again; on
+large clusters a few "lemon" nodes cause most failures. A site may name one shared file
+(``quarantine:``; ``quarantine_days`` how long an entry holds): every segment that ends because of a
+node adds an entry per node (run, segment, reason, time, expiry fixed when written); every
+submission, resubmission and requeue excludes the nodes with an unexpired entry; ``beam-hpc nodes``
+lists and releases them. Shared by every user of the site, the file changes only by a locked
+read-modify-write published atomically (two segments ending at once both land; expired entries go
+on the next write), and it and its lock are created group-writable (0664; keep them in a setgid
+directory of the users' common group). A damaged file is refused with its path and repair (exit 2)
+on the login node; inside the allocation it is logged and left alone, because failing a segment
+over bookkeeping would cost more than the node it guards against.
 """
 
 from __future__ import annotations
@@ -45,6 +30,7 @@ from beam_hpc.run.files import LockTimeout, locked, write_atomic
 
 log = logging.getLogger(__name__)
 
+# The file: {"version": 1, "entries": [{"node", "run", "run_dir", "segment", "why", "time", "expires"}, ...]}
 VERSION = 1
 DAY_S = 86400.0
 LOCK_TIMEOUT_S = 60.0  # a holder only reads and rewrites a small file; a minute means a stuck filesystem

@@ -2,24 +2,15 @@
 
 Why here and from those files: the decision (:mod:`beam_hpc.lifecycle.decide`) needs to know whether
 a failed segment got as far as its first rollout, and the ledger records rollout and save seconds
-for the next segment's walltime lead (:func:`beam_hpc.run.ledger.measured_timings`) and the GPU-hour
-accounting. Miles writes no file for beam-hpc; what it does write is its TensorBoard scalars
-(``TENSORBOARD_DIR``, names in :mod:`beam_hpc.run.metric_names`) and Megatron's checkpoint tracker.
-So, for every backend alike:
-
-- rollouts run: the rollout steps whose ``perf/step_time`` this segment wrote (Miles logs it at the
-  end of each step's training, ``miles/utils/train_metric_utils.py``);
-- seconds per rollout step: their mean;
-- seconds of the last save: the last ``perf/save_model_time`` this segment wrote (Miles logs the
-  save's timer with the *next* step); when the tracker was published after the last logged step
-  (a final or walltime save, after which no step follows to log it), the seconds from that step's
-  last scalar to the tracker's mtime instead: an upper bound, as it also holds any eval between.
-
-"This segment's" is by wall time: scalars written at or after :func:`metrics_offset`'s mark, taken
-before the driver starts, so rollouts re-done after a kill are counted where they were run. The
-wall times come from the node that ran the driver; the mark from the batch host (same clock on one
-host, NTP-close across hosts). Reading TensorBoard needs the ``tensorboard`` package where the
-segment runs (beam-hpc's ``reference``/``viz`` extras); without it the reason is logged.
+for the next segment's walltime lead and the GPU-hour accounting. Miles writes no file for beam-hpc,
+only its TensorBoard scalars (:mod:`beam_hpc.run.metric_names`) and Megatron's checkpoint tracker,
+so for every backend alike: rollouts run are the ``perf/step_time`` scalars this segment wrote,
+seconds per step their mean, and the last save's seconds its last ``perf/save_model_time`` (Miles
+logs it with the *next* step) or, for a save no step followed, the time from the last scalar to the
+tracker's mtime (an upper bound). "This segment's" is by wall time: scalars written at or after
+:func:`metrics_offset`'s mark, taken before the driver starts, so rollouts re-done after a kill are
+counted where they ran. Reading TensorBoard needs the ``tensorboard`` package where the segment runs
+(beam-hpc's ``reference``/``viz`` extras); without it the reason is logged.
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """The stall watchdog: is the backend still finishing rollouts, and how long may it take?
 
 Why: an NCCL deadlock, a stuck SGLang engine or a dead Ray actor leaves the driver alive and idle,
-and a hung segment would hold all its nodes until the walltime (24 h for the seed recipes). Nothing
-else notices: the driver neither exits nor fails. So the segment watches the one sign of progress
-that every backend gives, the rollout steps it finishes: one ``perf/step_time`` scalar per step
-(Miles writes it to TensorBoard at the end of each step's training; the reference backend writes
-TensorBoard and mirrors it to ``dumps/metrics.jsonl``), read through the same reader as ``status``
-and the segment's metrics (:func:`beam_hpc.run.scalars.read_scalars`).
+and a hung segment would hold all its nodes until the walltime (24 h for the seed recipes); nothing
+else notices. So the segment watches the one sign of progress every backend gives: one
+``perf/step_time`` scalar per finished rollout step, read as ``status`` reads it
+(:func:`beam_hpc.run.scalars.read_scalars`). The timeouts (:func:`timeouts`) follow the run: by
+default :data:`FACTOR` x (the slowest measured step + the last save), at least :data:`FLOOR_S`, so
+a slow step or a save never looks like a hang; a segment's first rollout, which also loads the model,
+gets :data:`STARTUP_EXTRA_S` more. The probe (:class:`ProgressProbe`) re-reads the scalars only when
+their files changed, at most every :data:`PROBE_EVERY_S`. Miles flushes TensorBoard only about every
+120 s, so a timeout under ~150 s can fire on a healthy Miles run.
 
-- **The timeouts** (:func:`timeouts`). ``lifecycle.stall_timeout_s``, or by default
-  :data:`FACTOR` x (the slowest measured rollout step + the last save), at least :data:`FLOOR_S`:
-  a save, and an evaluation, sit between two steps' scalars, and a slow step must never look like
-  a hang. The measurements come from the ledger's earlier segments and from this segment's own
-  steps as they finish, so the timeout follows the run. The first rollout of a segment also loads
-  the model and starts the engines: ``lifecycle.startup_timeout_s``, by default the stall timeout
-  + :data:`STARTUP_EXTRA_S`, counted from the driver's start.
-- **The probe** (:class:`ProgressProbe`) re-reads the scalars only when one of their files
-  changed (size or mtime), at most every :data:`PROBE_EVERY_S`: reading a long run's TensorBoard
-  events is not free, and the segment polls five times a second.
-- Miles flushes its TensorBoard events only about every 120 s, so a step becomes visible up to two
-  minutes after it finished: a timeout under ~150 s can fire on a healthy Miles run.
-
-The segment (:mod:`beam_hpc.job.segment`) asks :meth:`StallWatch.check` on each tick; what it does
-on a stall (dump the stacks, stop, record ``stalled``, resubmit) is its own business.
+The segment asks :meth:`StallWatch.check` on each tick; what it does on a stall is its own business.
 """
 
 from __future__ import annotations

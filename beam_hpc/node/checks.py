@@ -1,20 +1,14 @@
 """The doctor's node half: what only a compute node can say about itself, and the record every
 doctor check is reported in (:class:`Check`).
 
-On each node of a small allocation (``beam-hpc doctor --in-job`` starts ``python -m
-beam_hpc.node.checks`` there through ``srun``, one task per node; :mod:`beam_hpc.observe.doctor`
-collects the answers): a shared-filesystem canary written on the login side and read here (and an
-acknowledgement written here for the login side to read), node-local scratch that is not
-tmpfs/overlay or shared and has room, ``/dev/shm`` large enough for Ray's object store, the GPU
-count against the site, and the Ray ports of a job free on the node's address.
-
-Why in ``node``: it runs on the nodes, beside the node step, and judges by the node step's own
-rules (:mod:`beam_hpc.node.nvme` for filesystems, :mod:`beam_hpc.node.ray_node` for addresses and
-ports), so a check cannot drift from what a job does, and a node needs nothing a job does not.
-It imports no Slurm code: the login side owns ``srun``.
-
-The answer is one machine-readable line on stdout (:data:`NODE_LINE_PREFIX` + JSON list of
-checks): the protocol between the srun task and the login side, not text for people.
+``beam-hpc doctor --in-job`` starts ``python -m beam_hpc.node.checks`` on each node of a small
+allocation (one ``srun`` task per node; :mod:`beam_hpc.observe.doctor` collects the answers): a
+shared-filesystem canary both ways, node-local scratch that is not tmpfs/overlay or shared and has
+room, ``/dev/shm`` large enough for Ray's object store, the GPU count against the site, and a job's
+Ray ports free on the node's address. Why in ``node``: it judges by the node step's own rules
+(:mod:`beam_hpc.node.nvme`, :mod:`beam_hpc.node.ray_node`), so a check cannot drift from what a job
+does. It imports no Slurm code: the login side owns ``srun``. The answer is one machine-readable
+line on stdout (:data:`NODE_LINE_PREFIX` + a JSON list of checks), a protocol, not text for people.
 """
 
 from __future__ import annotations

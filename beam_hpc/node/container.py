@@ -3,18 +3,13 @@
 The Apptainer binary cannot be installed on the machines where this project is developed and
 tested, so this is the only place that knows Apptainer's command line, and it is tested against a
 written contract of Apptainer's documented behaviour (tests/node/test_container.py):
-
-- ``apptainer exec [options] IMAGE COMMAND ARGS...`` runs COMMAND inside IMAGE;
-- ``--nv`` binds the NVIDIA driver libraries and devices into the container;
-- ``--bind src[:dest[:opts]]``, repeatable (or comma-separated), mounts host paths;
-- the host environment passes into the container, but variables set by the image (Dockerfile
-  ``ENV``, ``%environment``) win over host variables of the same name; ``APPTAINERENV_NAME=value``
-  on the host sets ``NAME`` inside the container over the image's value;
-- ``--contain`` / ``--containall`` / ``--compat`` give the container a private in-memory /tmp and a
-  minimal /dev: that breaks Ray (its sockets live in /tmp, its object store in /dev/shm), so they
-  are never used; ``--cleanenv`` would drop the token and Ray variables, so it is never used either.
-
-The ``host`` runtime (laptops, tests, the local Slurm cluster) runs the command as it is.
+``apptainer exec [--nv] [--bind src[:dest[:opts]]]... IMAGE COMMAND ARGS...``; the host environment
+passes in, but the image's own variables win over host ones of the same name unless set as
+``APPTAINERENV_NAME`` on the host. ``--contain``, ``--containall`` and ``--compat`` give the
+container a private in-memory /tmp and a minimal /dev, which breaks Ray (its sockets live in /tmp,
+its object store in /dev/shm), and ``--cleanenv`` would drop the token and Ray variables: none of
+them is ever used. The ``host`` runtime (laptops, tests, the local Slurm cluster) runs the command
+as it is.
 """
 
 from __future__ import annotations

@@ -1,40 +1,16 @@
 """Warm JIT caches: every node compiles into node-local scratch, seeded from and saved to the run's
 shared cache archive (one per group).
 
-Why (issue 23; Miles#3158 on 2x8 H20: the first ``ref_log_probs`` 394 s cold against 13 s warm,
-the first ``actor_train`` 639 s against 60 s): every segment of a run is a new allocation, and the
-JIT compilers (Triton, TorchInductor, DeepGEMM, FlashInfer) default to caches under ``$HOME``,
-which on a cluster is a network filesystem shared by hundreds of ranks (file locks, stale
-handles) or, inside a container, not writable at all. So the node step:
-
-1. points each compiler's cache variable at ``<scratch>/beam-jit/<run_id>/<group>/<node>/<name>``
-   (:func:`cache_env`); the variables go into ``ray start``'s environment and, under Apptainer,
-   also as ``APPTAINERENV_*`` (beam_hpc.node.container), so the raylet and every actor it starts
-   (Miles's trainers, SGLang engines) compile there, inside the container too;
-2. seeds that directory from ``<output>/jit-cache/<group>.tar`` before Ray starts
-   (:func:`seed`): files it lacks are extracted, files it has are kept (a node reused by a later
-   segment keeps what it compiled);
-3. when the node step ends, after Ray and every worker are gone, adds the files the archive lacks
-   (:func:`save`): a locked read-merge-write published atomically (beam_hpc.run.files), so
-   several nodes of a group saving at once all land and a reader never sees half an archive.
-   Files are keyed by their relative path: these caches name entries by a hash of what was
-   compiled, so a name that exists already holds the same kernel.
-
-The variables and where each project documents them:
-
-- ``TRITON_CACHE_DIR``: triton-lang/triton ``python/triton/knobs.py`` (``cache_knobs.dir``,
-  default ``$TRITON_HOME/.triton/cache``);
-- ``TORCHINDUCTOR_CACHE_DIR``: PyTorch ``torch/_inductor/runtime/cache_dir_utils.py``
-  (``cache_dir()``, default ``/tmp/torchinductor_<user>``);
-- ``DG_JIT_CACHE_DIR``: DeepGEMM's README, "JIT cache" (default ``$HOME/.deep_gemm``, later ``$HOME/.dj``);
-- ``FLASHINFER_WORKSPACE_BASE``: flashinfer-ai/flashinfer ``flashinfer/jit/env.py`` (the JIT
-  workspace and cubin cache live in ``<base>/.cache/flashinfer``, default base ``$HOME``);
-- SGLang (the rollout engines; its sources as bundled in miles-rl 0.0.2) overrides two of them:
-  ``srt/layers/deep_gemm_wrapper/compile_utils.py`` sets ``DG_JIT_CACHE_DIR`` from
-  ``SGLANG_DG_CACHE_DIR`` (default ``~/.cache/deep_gemm``) when imported, and
-  ``srt/compilation/backend.py`` + ``compiler_interface.py`` point ``TRITON_CACHE_DIR`` and
-  ``TORCHINDUCTOR_CACHE_DIR`` under ``$SGLANG_CACHE_DIR/torch_compile_cache`` (default
-  ``~/.cache/sglang``) for its torch.compile path; so both SGLang variables are set too.
+Why: every segment of a run is a new allocation, and the JIT compilers (Triton, TorchInductor,
+DeepGEMM, FlashInfer, SGLang's) default to caches under ``$HOME``, a network filesystem shared by
+hundreds of ranks or, inside a container, not writable at all; a cold start costs minutes (Miles
+issue 3158 on 2x8 H20: the first ``actor_train`` 639 s cold against 60 s warm). So the node step
+points each compiler's cache variable at ``<scratch>/beam-jit/<run_id>/<group>/<node>/``
+(:func:`cache_env`, set in ``ray start``'s environment and, under Apptainer, as ``APPTAINERENV_*``);
+seeds it from ``<output>/jit-cache/<group>.tar`` before Ray starts (:func:`seed`: files it has are
+kept); and when it ends, after Ray is gone, adds what the archive lacks (:func:`save`: a locked
+read-merge-write published atomically, so nodes saving at once all land). Entries are keyed by
+relative path: these caches name files by a hash of what was compiled.
 """
 
 from __future__ import annotations
@@ -52,7 +28,14 @@ from beam_hpc.run.files import LockTimeout, atomic_path, locked
 
 log = logging.getLogger(__name__)
 
-# (subdirectory, variable): the compilers' own cache variables (sources in the module docstring)
+# (subdirectory, variable): the compilers' own cache variables, where each project defines them:
+# TRITON_CACHE_DIR: triton python/triton/knobs.py (default $TRITON_HOME/.triton/cache);
+# TORCHINDUCTOR_CACHE_DIR: torch/_inductor/runtime/cache_dir_utils.py (default /tmp/torchinductor_<user>);
+# DG_JIT_CACHE_DIR: DeepGEMM's README, "JIT cache" (default $HOME/.deep_gemm);
+# FLASHINFER_WORKSPACE_BASE: flashinfer/jit/env.py (cache under <base>/.cache/flashinfer, default $HOME);
+# SGLang (as bundled in miles-rl 0.0.2) overrides two: deep_gemm_wrapper/compile_utils.py sets
+# DG_JIT_CACHE_DIR from SGLANG_DG_CACHE_DIR, and its torch.compile path points Triton and Inductor under
+# $SGLANG_CACHE_DIR/torch_compile_cache (srt/compilation/backend.py), so both SGLang variables are set too.
 CACHE_VARS: tuple[tuple[str, str], ...] = (
     ("triton", "TRITON_CACHE_DIR"),
     ("inductor", "TORCHINDUCTOR_CACHE_DIR"),

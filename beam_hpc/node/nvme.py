@@ -1,22 +1,16 @@
 """Node-local NVMe staging for optimizer offload: a per-job directory that is checked, cleaned of
 what killed segments left, and removed again on every exit.
 
-Why (shared/reference/anchors-report.md section 5): Miles streams optimizer state to
-``--offload-train-disk-dir`` and purges only its own rank directory at start, so a segment killed
-by the scheduler (SIGKILL: no atexit, no trap) leaves hundreds of GB per rank behind and the node
-fills up. A tmpfs or overlay target keeps the "disk" in RAM, which defeats the offload and can OOM
-the node. So before Ray starts, on every trainer node:
-
-1. the target's filesystem is checked (tmpfs/overlay refused, network filesystems warned about);
-2. directories of earlier segments of the same run (siblings under ``<root>/<run_id>/``) are
-   removed, including this job's own directory when a requeued segment (same job id) left it;
-3. free space is compared with the recipe's requirement; the error names the node, the path,
-   free and needed bytes;
-4. the directory is created with a marker naming its segment, and removed on exit.
-
-Several simulated nodes of one job can share a host (the local test cluster): they share the
-directory, staging is serialised by a lock file, and a segment never removes a directory whose
-marker names another segment.
+Why: Miles streams optimizer state to ``--offload-train-disk-dir`` and purges only its own rank
+directory at start, so a segment killed by the scheduler (SIGKILL: no atexit, no trap) leaves
+hundreds of GB per rank behind and the node fills up; and a tmpfs or overlay target keeps the "disk"
+in RAM, which defeats the offload and can OOM the node. So before Ray starts, on every trainer node,
+the target's filesystem is checked (tmpfs/overlay refused, network filesystems warned about),
+directories of the run's earlier segments are removed (a requeued job's own included), free space
+is compared with the recipe's need (the error names node, path, free and needed bytes), and the
+directory is created with a marker naming its segment. Simulated nodes of one job sharing a host
+(the local test cluster) share the directory: staging is serialised by a lock file, and a segment
+never removes a directory whose marker names another segment.
 """
 
 from __future__ import annotations

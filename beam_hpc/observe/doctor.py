@@ -1,19 +1,14 @@
 """Preflight checks (`beam-hpc doctor`): is this cluster fit for a run, before an allocation is spent?
 
-What this module owns: the login-node checks, and assembling the whole report.
-- On the login node (:func:`login_checks`): Slurm's commands and controller, the site's
-  partitions, GRES and constraints, the node-local disk (TmpDisk) the trainer partition declares
-  against the ``--tmp`` a run would ask (:func:`tmp_disk_check`, the same decision as ``submit``),
-  the account, the container runtime and image, the Python that jobs will run, and the shared
-  paths. With ``--recipe``, also: the image's own Miles parses that recipe's driver command
-  (:func:`miles_parser_check`, the job's pre-Ray check from ``backends.miles.preflight``).
-- The node half (``--in-job``) is :mod:`beam_hpc.node.checks`, which runs on the nodes; here it is
-  started through the Slurm client's one-task-per-node ``srun`` (:func:`in_job_checks`), with a
-  canary written here for the nodes to read, and their answers joined to the report.
-
+What this module owns: the login-node checks, and assembling the whole report. On the login node
+(:func:`login_checks`): Slurm's commands and controller, the site's partitions, GRES and
+constraints, the TmpDisk the trainer partition declares against the ``--tmp`` a run would ask (the
+same decision as ``submit``), the account, the container runtime and image, the jobs' Python and the
+shared paths; with ``--recipe``, the image's own Miles parses that recipe's driver command (the
+job's pre-Ray check). The node half (``--in-job``) is :mod:`beam_hpc.node.checks`, started through
+the Slurm client's one-task-per-node ``srun`` (:func:`in_job_checks`) with a canary written here.
 Each check carries the fix for its failure. Nothing here prints for people: the CLI renders the
-checks (``format_checks``) and turns any failure into a non-zero exit. Every Slurm command goes
-through :mod:`beam_hpc.slurm.client`.
+checks and turns any failure into a non-zero exit.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """Find the right log of a run without hunting through directories (`beam-hpc logs`).
 
-Layout (DESIGN.md: ``logs/<jobid>-<restart>/``), one directory per segment, as the job writes it;
-every name comes from beam_hpc.plan.paths (RunPaths, SegmentPaths), the same as the writers use:
+One directory per segment, ``logs/<jobid>-<restart>/``, as the job writes it; every name comes from
+beam_hpc.plan.paths (RunPaths, SegmentPaths), the same as the writers use:
 
-    <run>/logs/slurm-<jobid>.out                 the batch shell and, unless the segment gives the
-                                                 driver a file of its own, the driver's output
-    <run>/logs/<jobid>-<restart>/driver.log      the driver's own file, where the segment writes one
-    <run>/logs/<jobid>-<restart>/node-<group>-<i>.log
-                                                 one node step: group trainer|rollout, node index
-                                                 within its group (0-based)
+    <run>/logs/slurm-<jobid>.out                 the batch shell (and the driver's output where it
+                                                 has no file of its own)
+    <run>/logs/<jobid>-<restart>/driver.log      the driver's own file
+    <run>/logs/<jobid>-<restart>/node-<group>-<i>.log   one node step (node index within its group)
     <run>/logs/<jobid>-<restart>/srun-<group>.log, readiness.log, ray-logs/  (listed by --list)
 
 Segments are ordered by (job id, restart), the order Slurm gives them: requeues bump the restart

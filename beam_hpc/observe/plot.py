@@ -1,18 +1,13 @@
 """PNG charts of a run: the seed's two curves (accuracy and mean response length on the run's
 evaluation set over rollouts) and the rollout reward, with segment boundaries marked.
 
-The evaluation set is the run's own (beam_hpc.observe.eval_set: AIME2025 for the seed, the tiny
-recipe's synthetic additions for it, ...): it names the eval charts' titles and files
-(``<eval_name>_accuracy.png``), and every chart says under its title which eval file (and how
-many rows) the eval numbers come from. The accuracy chart has two lines where the run recorded
-both: beam-hpc's answer checker (the eval reward) and Miles's own (``grade_answer_verl``, what the
-seed's published curve used); where Miles was not importable when the run scored, it says so.
-
-Read from TensorBoard events (what the backends write; EventAccumulator), or from
-dumps/metrics.jsonl when there are no event files or they are unreadable (with a warning), so a
-run whose TensorBoard dir was not copied back, or was damaged, can still be plotted. matplotlib is driven through its object API on an Agg canvas:
-no display, no global pyplot state, safe on a login node and inside tests. matplotlib is imported
-inside :func:`plot_run` only, so importing this module (the CLI does) costs nothing.
+The evaluation set is the run's own (beam_hpc.observe.eval_set): it names the charts' titles and
+files (``<eval_name>_accuracy.png``), and each chart says which eval file and how many rows its
+numbers come from. The accuracy chart has two lines where the run recorded both: beam-hpc's answer
+checker and Miles's own (what the seed's published curve used). Read from TensorBoard events, or
+from dumps/metrics.jsonl when those are missing or unreadable (with a warning). matplotlib runs
+through its object API on an Agg canvas (no display, no global pyplot state) and is imported inside
+:func:`plot_run` only, so importing this module (the CLI does) costs nothing.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Owns one concern: the checks every reader of a run directory starts with (`status`, `plot`, `logs`,
 `cancel`, `run`), so that a wrong path or a damaged plan.json or checkpoint is the same bad input
-(exit 2, named with its repair) whichever command met it. Nothing read is trusted (issue 14).
+(exit 2, named with its repair) whichever command met it. Nothing read is trusted.
 """
 
 from __future__ import annotations

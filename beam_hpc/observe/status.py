@@ -1,33 +1,16 @@
 """Where a run stands, from its run directory alone (plus Slurm when it answers): `beam-hpc status`.
 
 Owns two concerns: gathering (the ledger's segments, the live Slurm state, the checkpoint, the
-scalars) and the numbers derived from them (rollouts done, goodput, ETA, GPU-hours). Reading the
-run directory itself is :mod:`beam_hpc.observe.run_dir`, the scalar series
-:mod:`beam_hpc.run.scalars`, the text table :mod:`beam_hpc.observe.status_table`.
+scalars) and the numbers derived from them (rollouts done, goodput, ETA, GPU-hours, eval by both
+answer checkers). Reading the run directory itself is :mod:`beam_hpc.observe.run_dir`, the scalar
+series :mod:`beam_hpc.run.scalars`, the text table :mod:`beam_hpc.observe.status_table`.
 
-`beam-hpc status RUN_DIR` runs on a login node, possibly while the job writes to the same
-directory, possibly long after the job is gone. So everything here reads files that their writers
-publish atomically or append to line by line (plan.json, ledger.jsonl, the checkpoint pointer,
-TensorBoard events, dumps/metrics.jsonl), tolerates a torn last line (the ledger through
-beam_hpc.run.ledger.read_ledger), and treats Slurm as an optional extra: if `scontrol` is missing
-or the controller does not answer, the status still comes out, with a note. Nothing read is trusted
-(issue 14): a ledger line with a wrong-typed field is skipped with a warning naming file and line.
-
-Definitions (also in the JSON's "basis" strings, so a reader of the numbers knows them):
-- rollouts done: ``k + 1`` for the last complete checkpoint ``k`` (checkpoint_layout); rollouts
-  generated: one past the highest rollout id seen in the metrics (may run ahead of the checkpoint).
-- goodput: seconds of rollout steps that were *kept* (ids below the last complete checkpoint, the
-  last attempt of each id when one was redone after a kill) over the wall time of all segments
-  (allocated time). Time lost to start-up, saves, queue-less restarts and re-done rollouts is what
-  makes it fall below 1.
-- eval: the latest numbers on the run's evaluation set, with its name, label and data file (rows
-  from the prepare manifest), as beam_hpc.observe.eval_set reads them from the plan and metrics;
-  ``accuracy`` is beam-hpc's answer checker, ``miles_checker`` Miles's own (what the seed reported),
-  "unavailable" where Miles could not be imported when the run scored (beam_hpc.reward.miles_check).
-- ETA: remaining rollouts times the measured allocated seconds per kept rollout (so it includes
-  start-up and save overheads at the rate this run has really had; queue waits are not included).
-
-The JSON layout is stable (``STATUS_SCHEMA``); fields are added, never renamed.
+It runs on a login node, possibly while the job writes to the same directory, possibly long after
+the job is gone: so it reads only files their writers publish atomically or append to line by line,
+tolerates a torn last ledger line, skips a wrong-typed one with a warning naming file and line, and
+treats Slurm as optional (no answer: the status still comes out, with a note). Each derived number
+carries its definition in the JSON as ``basis``. The JSON layout (``STATUS_SCHEMA``) is stable:
+fields are added, never renamed.
 """
 
 from __future__ import annotations
@@ -48,6 +31,16 @@ from beam_hpc.run.scalars import Scalars, read_scalars
 from beam_hpc.slurm import client as slurm_client
 
 STATUS_SCHEMA = 1
+# Definitions (each also in the JSON's "basis" string):
+# - rollouts done: k + 1 for the last complete checkpoint k; rollouts generated: one past the highest
+#   rollout id in the metrics (may run ahead of the checkpoint).
+# - goodput: seconds of rollout steps kept (ids below the last complete checkpoint, the last attempt of
+#   each) over the wall time of all segments; start-up, saves and re-done rollouts make it fall below 1.
+# - eval: the latest numbers on the run's evaluation set (beam_hpc.observe.eval_set); ``accuracy`` is
+#   beam-hpc's checker, ``miles_checker`` Miles's own (what the seed reported), "unavailable" where Miles
+#   could not be imported when the run scored.
+# - ETA: remaining rollouts x the measured allocated seconds per kept rollout (start-up and saves
+#   included, queue waits not).
 _JS = slurm_client.JobState  # Slurm's states are spelled once, there
 _ACTIVE_STATES = (_JS.RUNNING, _JS.COMPLETING, _JS.CONFIGURING, _JS.SIGNALING, _JS.STAGE_OUT, _JS.RESIZING)
 _WAITING_STATES = (_JS.PENDING, _JS.REQUEUED, _JS.REQUEUE_HOLD, _JS.REQUEUE_FED, _JS.SUSPENDED, _JS.RESV_DEL_HOLD)

@@ -1,22 +1,14 @@
 """The ``--tmp`` a node group asks Slurm for: decided here, by pure code, from three inputs.
 
-1. The recipe's need: ``training.offload.min_free_gb`` (decimal GB, as the job's NVMe check counts
-   them) in Slurm's G, rounded up (2,000 GB -> ``--tmp=1863G``).
-2. The site's ``tmp``: a larger size raises the request; ``none`` turns it off.
-3. What the nodes of the group's partition declare as TmpDisk, asked on the login node
-   (:mod:`beam_hpc.submission.tmp_disk`) and handed to ``make_plan`` as data. ``render`` and
-   ``execute`` do not ask; their plans keep the request as the recipe and site make it.
-
-Why Slurm's answer matters: Slurm places a ``--tmp`` request only on nodes whose TmpDisk holds it,
-and a node whose admins never set TmpDisk declares 0. On such a cluster every ``--tmp`` fails at
-submit with "Requested node configuration is not available". So:
-
-- TmpDisk 0 on every node (not configured): no ``--tmp``. Slurm could place it nowhere, and
-  knows nothing about the disks anyway; the job's NVMe check still refuses a node without room.
-- TmpDisk set, but fewer nodes than the group needs declare enough: :class:`InputError` naming
-  the partition, the largest TmpDisk and the need, before anything is written or submitted.
-- Enough nodes: the request stays, and Slurm keeps the group off the small-disk nodes.
-
+The recipe's need (``training.offload.min_free_gb``, decimal GB as the job's NVMe check counts them,
+in Slurm's G rounded up: 2,000 GB -> ``--tmp=1863G``); the site's ``tmp`` (a larger size raises the
+request, ``none`` turns it off); and the TmpDisk the group's partition's nodes declare, asked on the
+login node (:mod:`beam_hpc.submission.tmp_disk`) and handed to ``make_plan`` as data (``render``
+and ``execute`` do not ask). Why Slurm's answer matters: Slurm places ``--tmp`` only on nodes whose
+TmpDisk holds it, and nodes whose admins never set it declare 0, so every ``--tmp`` would fail at
+submit. So: TmpDisk 0 everywhere -> no ``--tmp`` (the job's NVMe check still refuses a node without
+room); fewer nodes than the group needs declare enough -> :class:`InputError` naming the partition,
+the largest TmpDisk and the need; enough -> the request stays and keeps the group off small disks.
 Every decision carries its reason (``GroupPlan.tmp_why``), which ``submit``, ``--dry-run`` and
 ``doctor`` show.
 """

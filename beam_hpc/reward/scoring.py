@@ -4,20 +4,14 @@ Why one module: the reference backend, the evaluation loop and the Miles custom 
 (:mod:`beam_hpc.backends.miles.reward`) must score a response identically, or a curve from one backend
 cannot be compared with the other. It imports no Ray and no torch, so it loads anywhere.
 
-Correctness scale (kept here, and only here): a correct boxed answer earns ``CORRECT_REWARD``
-(+1.0), anything else, including a missing ``\\boxed{}``, earns ``WRONG_REWARD`` (-1.0), the
-rule reward of DAPO (arXiv 2503.14476, section 2.3). Training adds :func:`overlong_penalty`;
-evaluation reports ``RewardResult.correct`` alone (the seed: accuracy without the length penalty).
-
-Equivalence is decided in two tiers, because a rollout of 32 x 8 responses must score in well
-under a second while some answers need a computer-algebra system:
-
-1. an in-process normaliser that settles the common cases exactly (integers with signs, commas,
-   leading zeros or ``.0``; decimals and fractions as exact rationals, so 0.33 is *not* 1/3;
-   small integer powers; tuples and intervals element-wise; plain words case-insensitively);
-2. whatever it cannot settle goes to math-verify/sympy in a persistent worker *process*
-   (:mod:`beam_hpc.reward.worker`) with a hard per-check timeout. math-verify's own timeout
-   uses SIGALRM, which fails outside a process's main thread (Ray actors, thread pools).
+A correct boxed answer earns ``CORRECT_REWARD`` (+1.0), anything else, a missing ``\\boxed{}``
+included, ``WRONG_REWARD`` (-1.0): DAPO's rule reward (arXiv 2503.14476, section 2.3). Training adds
+:func:`overlong_penalty`; evaluation reports ``RewardResult.correct`` alone (accuracy without the
+length penalty, as the seed reports it). Equivalence is decided in two tiers, because a rollout of
+32 x 8 responses must score in well under a second while some answers need a computer-algebra
+system: an in-process normaliser settles the common cases exactly (signed integers, decimals and
+fractions as exact rationals, so 0.33 is *not* 1/3, tuples, intervals, words); the rest goes to
+math-verify/sympy in a worker process with a hard timeout (:mod:`beam_hpc.reward.worker`).
 """
 
 from __future__ import annotations

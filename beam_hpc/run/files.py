@@ -1,21 +1,15 @@
 """Atomic file writes and file locks: the one implementation every module uses.
 
 Why one: a run directory lives on shared storage and is read by other nodes, later segments and
-``beam-hpc status`` while it is being written, and a node may die at any instant. Every file that
-is published (plan.json, the checkpoint pointer, ready.json, run_identity.json, markers, staged
-copies) must therefore be seen whole or not at all, and must survive a crash right after the
-rename. That takes five steps (temporary file in the same directory, write, flush + fsync, rename,
-fsync the directory); done by hand in seven places, some skipped the fsyncs.
-
-- :func:`write_atomic` / :func:`write_json_atomic`: publish bytes or text / JSON;
-- :func:`atomic_path`: for writers that need a path of their own (a JSONL stream, a file copy, a
-  library that saves to a path): they write the yielded temporary path, which is published on a
-  clean exit and removed on an error;
-- :func:`atomic_dir` (or :func:`staging_dir` + :func:`publish_dir` when another process fills
-  it): a whole directory (a model folder, a checkpoint iteration) staged under a hidden sibling
-  name and renamed into place, replacing an older one whole; :func:`remove_stale_staging` clears
-  what killed writers left behind;
-- :func:`locked`: an exclusive ``flock`` on a lock file, blocking, with an optional timeout.
+``beam-hpc status`` while it is being written, and a node may die at any instant. Every published
+file (plan.json, the checkpoint pointer, ready.json, run_identity.json, markers, staged copies) must
+be seen whole or not at all and survive a crash right after the rename: a temporary file in the same
+directory, write, flush + fsync, rename, fsync the directory. :func:`write_atomic` /
+:func:`write_json_atomic` publish bytes, text or JSON; :func:`atomic_path` yields a temporary path
+for writers that need one (published on a clean exit, removed on an error); :func:`atomic_dir` (or
+:func:`staging_dir` + :func:`publish_dir`) stages a whole directory under a hidden sibling name and
+renames it into place, and :func:`remove_stale_staging` clears what killed writers left;
+:func:`locked` takes an exclusive ``flock``, blocking, with an optional timeout.
 
 No beam_hpc imports: every layer may use it.
 """

@@ -1,6 +1,6 @@
 """The run's ledger: ``<output>/ledger.jsonl``, one start line and one end line per segment.
 
-Why a ledger and why this shape (contract: /work/notes/ledger.md): a run outlives any one job,
+Why a ledger and why this shape: a run outlives any one job,
 so the only record of what each job did (and why the chain went on or stopped) is a file on
 shared storage that every segment appends to. It is append-only JSONL so that a segment killed
 at any instant leaves at worst a start line without an end line (readers treat that as "killed

@@ -2,18 +2,13 @@
 
 Why: two segments on one output directory (a user's second ``sbatch``, a resubmission racing a
 requeue) would train from the same checkpoint and overwrite each other's. The lock records who
-holds it (Slurm job id, restart count, host, pid) so that it can be judged without the holder:
-
-- a lock whose job Slurm no longer runs (gone, or in any state other than RUNNING: requeued,
-  completing, finished) is stale and is taken over; a job that was SIGKILLed never released its
-  lock, and Slurm is the only one who knows that it is dead;
-- a requeued job keeps its id, so a lock holding our own job id is ours from an earlier restart;
-- if Slurm cannot be asked, nothing is concluded and the lock is refused (better a clear error
-  than two writers).
-
-Outside Slurm (``beam-hpc execute``) the holder is a pid on a host: stale when that pid is gone.
-Check-and-take-over happens under an ``flock`` on a guard file, and the lock file itself is
-created atomically, so two starters cannot both win.
+holds it (Slurm job id, restart count, host, pid) so that it can be judged without the holder: a
+lock whose job Slurm no longer runs (gone, or in any state but RUNNING) is stale and taken over (a
+SIGKILLed job never released it, and only Slurm knows it is dead); a lock holding our own job id is
+ours from an earlier restart (a requeue keeps the id); if Slurm cannot be asked, the lock is refused
+(better a clear error than two writers). Outside Slurm (``beam-hpc execute``) the holder is a pid
+on a host, stale when that pid is gone. Check-and-take-over happens under an ``flock`` on a guard
+file, and the lock file is created atomically, so two starters cannot both win.
 """
 
 from __future__ import annotations

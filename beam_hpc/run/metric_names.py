@@ -2,23 +2,16 @@
 
 Why these names: they are the ones Miles itself writes to TensorBoard (``--use-tensorboard``, the
 directory in ``TENSORBOARD_DIR``), read as facts from miles-rl 0.0.2 and radixark/miles@31f1ca96
-(``miles/ray/rollout.py`` / ``miles/ray/rollout/metrics.py``, ``miles/utils/train_metric_utils.py``,
-``miles/backends/training_utils/log_utils.py``, ``miles/utils/metric_utils.py``):
+(``miles/ray/rollout/metrics.py``, ``miles/utils/train_metric_utils.py``,
+``miles/backends/training_utils/log_utils.py``), with step = the rollout id: per rollout,
+``rollout/raw_reward``, ``rollout/response_len/*``, ``perf/train_time`` + ``perf/train_wait_time``
+= ``perf/step_time`` (one whole step; the wait covers generation) and the timers of what ran since
+the last step (``perf/save_model_time``); per evaluation set ``<name>``, ``eval/<name>``,
+``eval/<name>/response_len/*`` and, with ``--log-reward-category <key>``,
+``eval/<name>/error_cat/<value>`` (the fraction of samples whose reward dict holds that value).
 
-- per rollout, step = the rollout id (``compute_rollout_step``; beam-hpc never sets
-  ``--wandb-always-use-train-step``): ``rollout/raw_reward`` (mean of the reward the custom reward
-  function returned under ``--reward-key``), ``rollout/response_len/{mean,median,max,min}``
-  (``compute_statistics``), ``perf/train_time``, ``perf/train_wait_time`` and their sum
-  ``perf/step_time`` (one whole rollout step: the wait covers generation), and the timers of what
-  ran since the last step, such as ``perf/save_model_time`` (the ``@timer`` on ``save_model``);
-- per evaluation, for each eval set ``<name>`` (``--eval-prompt-data <name> <file>``):
-  ``eval/<name>`` (mean of the eval reward key) and ``eval/<name>/response_len/{mean,...}``;
-  with ``--log-reward-category <key>`` also ``eval/<name>/error_cat/<value>`` (and
-  ``rollout/error_cat/<value>``): the fraction of samples whose reward dict holds that value.
-
-The reference backend writes the same names, so one reader serves both. Runs recorded before these
-names (beam-hpc's own ``rollout/reward``, ``eval/<name>_response_len``, ``perf/*_s``) are read
-through :data:`LEGACY_TAGS` / :func:`canonical_tag`, so old run directories still plot.
+The reference backend writes the same names, so one reader serves both. Runs recorded under
+beam-hpc's earlier names are read through :data:`LEGACY_TAGS` / :func:`canonical_tag`.
 """
 
 from __future__ import annotations

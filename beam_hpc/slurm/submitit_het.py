@@ -1,26 +1,17 @@
 """Heterogeneous Slurm jobs through submitit (a submitit plugin).
 
 Why: submitit (1.5) cannot submit heterogeneous jobs (upstream issue 1741) and reads job states
-only from `sacct`, which sites without slurmdbd (and our local test cluster) do not have. This
+only from `sacct`, which sites without slurmdbd (and the local test cluster) do not have. This
 module adds, through submitit's plugin entry points (`[project.entry-points.submitit]` in
-pyproject.toml), an executor named `beamhet`:
+pyproject.toml), an executor named `beamhet` (``submitit.AutoExecutor(folder, cluster="beamhet")``):
+component 0 takes the executor's usual parameters, each dict in `het_components` adds one more
+component after `#SBATCH hetjob`, and job-level options are written once, in component 0. Job
+states come from `squeue`, which lists het components as `<leader>+<offset>`.
 
-    executor = submitit.AutoExecutor(folder, cluster="beamhet")
-    executor.update_parameters(nodes=2, gpus_per_node=8, beamhet_partition="trainer",
-                               beamhet_het_components=[{"nodes": 1, "gpus_per_node": 8}])
-    job = executor.submit(fn)          # fn runs on every task of every het group
-    job.results()                      # one result per task, in SLURM_PROCID order
-
-Component 0 takes the executor's usual parameters; each dict in `het_components` adds one more
-component after `#SBATCH hetjob`. Job-level options (time, signal, requeue, name, dependency,
-output) are written once, in component 0, and Slurm propagates them to the others.
-
-Facts this relies on (verified on the local cluster, see shared/reference/submitit-hetjobs.md):
-- in every task of an `srun --het-group=0,1,...` step SLURM_JOB_ID is the leader's id and
-  SLURM_PROCID is global (0..N-1 across groups), so submitit's pickles `<id>_<procid>_*` line up;
-- srun's `%j`/`%t` output patterns expand to the *component's* id and a shifted task number for
-  groups >= 1, so `srun -o` cannot be used: each task redirects its own output instead;
-- `squeue --states=all` lists het components as `<leader>+<offset>` until MinJobAge passes.
+Facts it relies on, checked on the local cluster: in every task of an `srun --het-group=0,1,...`
+step SLURM_JOB_ID is the leader's and SLURM_PROCID is global, so submitit's `<id>_<procid>_*`
+pickles line up; srun's `%j`/`%t` patterns expand per component for groups >= 1, so each task
+redirects its own output instead of `srun -o`.
 """
 
 from __future__ import annotations

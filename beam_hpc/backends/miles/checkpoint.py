@@ -1,49 +1,16 @@
 """Check a Miles (Megatron ``torch_dist``) checkpoint before a segment resumes from it.
 
 Why: Miles resumes from whatever ``latest_checkpointed_iteration.txt`` under ``--load`` names, and
-Megatron writes that pointer after every rank has written its files, but nothing re-checks the files
-afterwards. A file cut short (a full file system, an interrupted copy or staging, a node lost while
-flushing) or a save killed half-way shows up only when Megatron's loader fails on hundreds of GPUs,
-after the whole allocation came up, and it fails again in every requeue. So before the entry point
-runs, the driver checks the named iteration with megatron-core's own ``dist_checkpointing`` reader
-and, when it is broken, falls back to the previous complete iteration, with a warning that names the
-broken one and why.
-
-What "complete and readable" means for one ``iter_NNNNNNN`` directory (the order is cheap first):
-
-1. ``metadata.json`` (megatron-core's format record, written last by ``dist_checkpointing.save``)
-   parses and names the ``torch_dist`` backend;
-2. ``common.pt`` (the non-sharded state: ``iteration``, ``args``...) passes its zip CRCs and loads
-   with megatron-core (which registers the classes Megatron pickles there); its ``iteration``, when
-   present, is the directory's;
-3. ``.metadata`` (torch.distributed.checkpoint's global index, written by the coordinator after
-   every rank finished) loads, and every shard file it references exists and is at least as long as
-   the furthest byte it references: a truncated or missing ``__R_T.distcp`` is found here, named,
-   without reading the data;
-4. small checkpoints only (total shard bytes <= ``full_read_max_bytes``, 1 GiB by default): a full
-   ``dist_checkpointing.load`` of everything the index lists, in a one-rank gloo group that is torn
-   down afterwards. It reads and deserializes every tensor and object, so it also catches damage
-   inside a file of the right length.
-5. Miles's data cursor, ``rollout/global_dataset_state_dict_N.pt``, exists and passes its zip CRCs:
-   without it Miles silently restarts the data from the beginning (the seed: resume needs both).
-
-Why the full load is for small checkpoints only: it reads every byte and holds the whole state in
-host memory. A Qwen3-30B-A3B checkpoint with Adam moments and fp32 master weights is ~0.4 TB
-(~14 bytes per parameter); reading that on the head node before every segment would cost many
-minutes of the allocation and more RAM than the node has. Steps 1-3 and 5 read only the small files
-and ``stat`` the big ones, which finds what actually goes wrong between segments (a save that never
-finished has no ``.metadata``/``metadata.json``; a file cut short is shorter than its index says).
-
-How the fallback reaches Miles: the pointer is rewritten (atomically) to the complete iteration, so
-Miles, Megatron, and beam-hpc's own lifecycle (``checkpoint_layout.rollouts_done``, the ledger) all
-agree on where the run stands; the broken directory is left in place as evidence (Megatron saves
-over it when the run gets there again). An iteration pinned with ``--ckpt-step`` is the user's
-choice and is checked but never replaced.
-
-megatron-core is imported lazily: the login node (render, submit) never needs it; inside the Miles
-image it is there because Miles needs it. The APIs used (``dist_checkpointing.load``,
-``load_common_state_dict``, ``serialization.load_sharded_metadata``, ``core.maybe_load_config``) are
-stable across megatron-core 0.1x. We never import Miles.
+nothing re-checks the files after Megatron wrote that pointer. A file cut short (a full file
+system, an interrupted copy, a node lost while flushing) or a save killed half-way would show only
+when Megatron's loader fails on hundreds of GPUs, after the whole allocation came up, and again in
+every requeue. So before the entry point runs, the driver checks the named iteration with
+megatron-core's own ``dist_checkpointing`` reader (:func:`check_iteration`: cheap checks first, a
+full load only for small checkpoints) and, when it is broken, points the pointer (atomically) at the
+previous complete iteration, with a warning naming the broken one and why. Miles, Megatron and
+beam-hpc's lifecycle then agree on where the run stands; the broken directory stays as evidence.
+An iteration pinned with ``--ckpt-step`` is checked but never replaced. megatron-core is imported
+lazily (the login node never needs it; the Miles image ships it); Miles itself never is.
 """
 
 from __future__ import annotations
@@ -71,6 +38,10 @@ from beam_hpc.run.checkpoint_layout import (
 
 logger = logging.getLogger(__name__)
 
+# The full load reads every byte and holds the whole state in host memory: a Qwen3-30B-A3B checkpoint
+# with Adam moments and fp32 master weights is ~0.4 TB, minutes of the allocation and more RAM than the
+# head node has. Steps 1-3 and 5 read only the small files and stat the big ones, which finds what goes
+# wrong between segments (an unfinished save has no index; a cut file is shorter than its index says).
 FULL_READ_MAX_BYTES = 1 << 30
 SHARDED_BACKEND = "torch_dist"
 FORMAT_FILE = "metadata.json"  # megatron-core's CheckpointingConfig
@@ -131,7 +102,20 @@ def import_megatron() -> ModuleType:
 
 def check_iteration(ckpt_dir: str | Path, iteration: int, *, full_read_max_bytes: int = FULL_READ_MAX_BYTES,
                     require_dataset_state: bool = True) -> IterationCheck:
-    """Check one iteration directory (see the module docstring for the steps and why)."""
+    """Check one ``iter_NNNNNNN`` directory, cheap checks first:
+
+    1. ``metadata.json`` (megatron-core's format record, written last by ``dist_checkpointing.save``)
+       parses and names the ``torch_dist`` backend;
+    2. ``common.pt`` (the non-sharded state) passes its zip CRCs and loads with megatron-core; its
+       ``iteration``, when present, is the directory's;
+    3. ``.metadata`` (torch.distributed.checkpoint's global index, written after every rank finished)
+       loads, and every shard file it references exists and is at least as long as the furthest
+       byte it references (a truncated or missing ``__R_T.distcp`` is named without reading data);
+    4. small checkpoints only (shard bytes <= ``full_read_max_bytes``): a full
+       ``dist_checkpointing.load`` in a one-rank gloo group, which also finds damage inside a file
+       of the right length;
+    5. Miles's data cursor, ``rollout/global_dataset_state_dict_N.pt``, exists and passes its zip
+       CRCs: without it Miles silently restarts the data (a resume needs both)."""
     dc = import_megatron()
     path = iteration_dir(ckpt_dir, iteration)
     if not path.is_dir():

@@ -3,36 +3,12 @@
 Why: Miles validates its arguments only once the job has its nodes, the container is up and Ray
 has joined every node; an assertion there costs a queue wait and prints a Python traceback that
 names Megatron's argument, not the recipe field. Here the same rules run on the login node
-(``beam-hpc render`` / ``submit``) and name the recipe field and the fix.
-
-What is checked here, with the source of each rule (radixark/miles@31f1ca961, Megatron
-radixark/Megatron-LM@2e64d788, read for facts):
-
-- data parallelism: TP x PP x CP divides the trainer GPUs (Megatron ``validate_args``:
-  "world size is not divisible by total_model_size"), and TP x PP x CP x DP is exactly that count;
-- experts: ETP x EP x PP divides the trainer GPUs (megatron ``parallel_state``), and the number of
-  experts, when the model flags name it, is a multiple of EP (Megatron ``validate_args``);
-- batch: one optimizer step takes ``prompts x responses / updates`` samples, and with Miles's
-  static micro-batches of 1 that step must split evenly over the data-parallel ranks
-  (``miles/utils/dp_schedule.py``: "step_size % (dp_size * micro_batch_size) == 0");
-- rollout engines: an engine either fits inside one node (its GPU count divides the node's) or
-  spans whole nodes (a multiple of it), and the trainer GPUs are whole rollout-sized nodes,
-  because Miles computes an engine's first GPU as ``(actor_gpus + rank * gpus) % num_gpus_per_node``
-  (``miles/backends/sglang_utils/sglang_engine.py`` ``get_base_gpu_id``);
-- evaluation: ``--eval-interval`` needs an eval dataset (miles ``arguments.py``: "Evaluation
-  datasets must be configured when eval_interval is set");
-- starting weights: full-parameter training starts from the torch_dist copy (``--ref-load``,
-  which Miles loads when ``--load`` holds no checkpoint yet); LoRA goes through Megatron-Bridge,
-  which loads the HF checkpoint, and beam-hpc does not map a KL reference for it;
-- pass-through flags (``model.miles_model_args``, ``backend_options.extra_args``) must not repeat a
-  flag beam-hpc sets from a recipe field: argparse keeps the last value, so a duplicate would
-  silently override, e.g., the pinned checkpoint directory.
-
-Already enforced by the recipe schema (``beam_hpc.config.recipe.Recipe._consistent``), so not repeated:
-colocated runs are not asynchronous (Miles's ``train_async.py`` asserts ``not args.colocate``),
-LoRA does not stream optimizer state to NVMe (Miles: "--stream-optimizer-state-to-disk does not
-support LoRA"), rollout GPUs divisible by ``gpus_per_engine``, and updates per rollout dividing
-the samples of a rollout.
+(``beam-hpc render`` / ``submit``) and name the recipe field and the fix: parallelism and data
+parallelism, experts, batch split, rollout-engine placement, evaluation data, starting weights, and
+pass-through flags that would repeat one beam-hpc sets (:func:`check` lists each rule with its
+source in radixark/miles@31f1ca961 and radixark/Megatron-LM@2e64d788, read for facts). Rules the
+recipe schema already enforces (``Recipe._consistent``: colocated is not async, LoRA does not stream
+optimizer state to NVMe, engine and update divisibility) are not repeated.
 
 Pure: imports only the recipe and site schemas.
 """
@@ -75,7 +51,23 @@ def check(recipe: Recipe, site: Site, *, model_args: list[str] | None = None) ->
     """Every Miles rule the recipe can break; raises InputError naming the field and the fix.
 
     ``model_args``: the resolved architecture flags (``architecture.resolve``), default the
-    recipe's ``model.miles_model_args``."""
+    recipe's ``model.miles_model_args``. The rules and where Miles or Megatron makes them:
+
+    - TP x PP x CP divides the trainer GPUs and TP x PP x CP x DP is exactly that count (Megatron
+      ``validate_args``); ETP x EP x PP divides them (``parallel_state``), and the experts, when the
+      model flags name them, are a multiple of EP (``validate_args``);
+    - one optimizer step's ``prompts x responses / updates`` samples split evenly over the
+      data-parallel ranks with Miles's static micro-batches of 1 (``miles/utils/dp_schedule.py``);
+    - a rollout engine fits inside one node or spans whole nodes, and the trainer GPUs are whole
+      rollout-sized nodes, because Miles computes an engine's first GPU as ``(actor_gpus + rank *
+      gpus) % num_gpus_per_node`` (``sglang_engine.py`` ``get_base_gpu_id``);
+    - ``--eval-interval`` needs an eval dataset (miles ``arguments.py``);
+    - full-parameter training starts from the torch_dist copy (``--ref-load``, loaded while
+      ``--load`` holds no checkpoint); LoRA loads the HF checkpoint through Megatron-Bridge, with
+      no KL reference mapped;
+    - pass-through flags (``model.miles_model_args``, ``backend_options.extra_args``) never repeat
+      one beam-hpc sets: argparse keeps the last value, so a duplicate would silently override,
+      e.g., the pinned checkpoint directory."""
     model_args = list(recipe.model.miles_model_args) if model_args is None else model_args
     if recipe.backend != "miles":
         raise InputError(f"backend: {recipe.backend!r} recipes do not build a Miles command; set backend: miles")

@@ -2,36 +2,16 @@
 
 ``python -m beam_hpc.backends.miles.launch --plan P --ray-address A --head-ip IP [--ifname IF]
 [--group-label K] [--miles-dir D] [--placement-timeout S] [--model-script SH [--model-script-var N=V ...]]
--- train_async.py <Miles flags>``
+-- train_async.py <Miles flags>`` (``--model-script``: a model script only the image could read; its
+flags are appended here, by the same ``architecture.expand_deferred`` the preflight check uses).
 
-``--model-script``: the recipe's ``model.miles_model_script`` when the login node could not read it
-(it lives in the image's Miles checkout); its MODEL_ARGS are read here and appended to Miles's flags
-(``architecture.expand_deferred``, the same function the preflight check uses).
-
-Why a launcher of our own instead of Miles's ``scripts/run_*.py``: those begin with
-``pkill -9 sglang; ray stop --force; pkill -9 ray`` and start their own Ray head, which on a shared
-Slurm node would kill other jobs' processes; here the allocation's Ray cluster is already up
-(started by the node steps, checked ready by the head), so this process only connects to it,
-and it stops nothing. And Miles's placement must be patched in the very process that creates
-the placement group (``beam_hpc.backends.miles.placement``), so the entry point runs here through
-``runpy``, exactly as ``python train_async.py ...`` would run it.
-
-Environment it sets for itself (the values come from the Plan, filled by the job):
-``MASTER_ADDR`` and ``MILES_HOST_IP`` = the head's address (Miles's HTTP servers and router
-advertise ``MILES_HOST_IP`` instead of guessing an interface), and with a site network interface
-``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``, ``NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME`` (what slime's
-Slurm notes list). The job-wide part of its environment (``beam_hpc.backends.miles.args.WORKER_ENV``) is passed to
-every Ray worker of the job through ``ray.init(runtime_env=...)``; per-node values such as each
-node's own ``MILES_HOST_IP`` belong to the node step's ``ray start`` environment.
-
-The placement proof (Miles's sorted bundle order, with each bundle's node and group) is written
-to ``<run dir>/placement.json`` (``RunPaths.placement``) as soon as Miles has sorted its bundles.
-
-Before anything else touches the cluster, a segment that resumes (``--load`` names a directory with
-``latest_checkpointed_iteration.txt``) has its checkpoint checked with megatron-core
-(``beam_hpc.backends.miles.checkpoint``): a broken newest iteration is replaced, in the pointer, by
-the previous complete one; no complete one stops the launch here, with the reasons, instead of after
-Miles has brought up every engine.
+Why a launcher of our own instead of Miles's ``scripts/run_*.py``: those ``pkill`` sglang and Ray and
+start their own Ray head, which on a shared Slurm node would kill other jobs' processes; here the
+allocation's Ray is already up and ready, so this process only connects to it and stops nothing.
+Miles's placement must be patched in the very process that creates the placement group
+(:mod:`beam_hpc.backends.miles.placement`), so the entry point runs here through ``runpy``, exactly
+as ``python train_async.py ...`` would. Before that, a resuming segment's checkpoint is checked
+(:mod:`beam_hpc.backends.miles.checkpoint`), and the placement proof goes to ``placement.json``.
 """
 
 from __future__ import annotations
@@ -103,7 +83,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def driver_environment(head_ip: str, ifname: str | None) -> dict[str, str]:
-    """What this process exports before Miles starts."""
+    """What this process exports before Miles starts: ``MASTER_ADDR`` and ``MILES_HOST_IP`` = the
+    head's address (Miles's HTTP servers and router advertise ``MILES_HOST_IP`` instead of guessing
+    an interface) and, with a site network interface, the NCCL, Gloo and NVSHMEM interface names. The
+    job-wide part (``args.WORKER_ENV``) reaches every Ray worker through ``ray.init(runtime_env=...)``;
+    per-node values belong to each node step's ``ray start`` environment."""
     env = {"MASTER_ADDR": head_ip, "MILES_HOST_IP": head_ip}
     if ifname:
         env.update({"NCCL_SOCKET_IFNAME": ifname, "GLOO_SOCKET_IFNAME": ifname,

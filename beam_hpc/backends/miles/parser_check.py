@@ -2,24 +2,12 @@
 
 ``python -m beam_hpc.backends.miles.parser_check -- train_async.py <Miles flags>``, run by
 ``backends.miles.preflight`` through the site's container seam, so the parser is the one of the
-Miles the run will use (the image's), not the version the flag table was written against.
-
-What it does, in this process only:
-
-- calls ``miles.utils.arguments.parse_args()`` (what ``train.py`` / ``train_async.py`` call first)
-  with ``sys.argv`` set to the driver's argv: argparse (Megatron's parser with Miles's and SGLang's
-  arguments), ``hf_validate_args`` against the ``--hf-checkpoint`` config, Miles's and Megatron's
-  ``validate_args``. Nothing is trained, no GPU or Ray is touched;
-- GPU-only calls on a node without GPUs: Megatron's ``validate_args`` reads the device's compute
-  capability (``torch.cuda.get_device_capability()`` for ``--moe-grouped-gemm``,
-  ``get_device_properties(...).major`` through ``get_device_arch_version``), which raises without
-  a CUDA device. When ``torch.cuda.is_available()`` is false, those two queries are patched here
-  to answer 9.0 (the H100/H200 class the image targets), so the check tests the arguments, not the
-  node; ``is_available()`` itself still says false, so nothing takes a GPU code path;
-- packages the parser's import chain pulls in but only GPU code uses (SGLang's utilities import
-  ``torchvision.io.decode_jpeg`` and ``triton`` at module level): when, and only when, the real one
-  cannot be imported (a CPU test environment: PyPI has no torchvision that loads beside the CPU
-  torch), an inert stand-in module is registered for it; in the image the real ones load.
+Miles the run will use (the image's), not the version the flag table was written against. It calls
+``miles.utils.arguments.parse_args()`` (what ``train.py`` / ``train_async.py`` call first) with the
+driver's argv; nothing is trained, no GPU or Ray is touched. On a node without GPUs, the device
+queries Megatron's ``validate_args`` makes answer 9.0 (:func:`patch_device_capability`), and a
+GPU-only package the import chain pulls in but cannot load there gets an inert stand-in
+(:func:`install_stand_ins`): the check tests the arguments, not the node.
 
 Output: one line ``BEAM-MILES-CHECK {"ok": ..., "error": ..., "unrecognized": [...], ...}`` on
 stdout; the exit status is 0 either way (the caller reads the line). Imports only the standard
@@ -115,7 +103,12 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install_stand_ins() -> list[str]:
-    """Stand-ins for the GPU-only packages that cannot be imported here; returns their names."""
+    """Stand-ins for the GPU-only packages that cannot be imported here; returns their names.
+
+    SGLang's utilities import ``torchvision.io.decode_jpeg`` and ``triton`` at module level, though
+    only GPU code uses them. Only when the real one cannot be imported (a CPU test environment: PyPI
+    has no torchvision that loads beside the CPU torch) is an inert module registered; in the image
+    the real ones load."""
     missing = set()
     for name in GPU_ONLY_PACKAGES:
         try:
@@ -146,7 +139,12 @@ def _settle_availability_probes() -> None:
 
 
 def patch_device_capability() -> bool:
-    """Answer Megatron's compute-capability query on a node without CUDA (this process only)."""
+    """Answer Megatron's compute-capability query on a node without CUDA (this process only).
+
+    ``validate_args`` reads ``torch.cuda.get_device_capability()`` (for ``--moe-grouped-gemm``) and
+    ``get_device_properties(...).major`` (``get_device_arch_version``), which raise without a CUDA
+    device; both answer 9.0 here (the H100/H200 class the image targets). ``is_available()`` still
+    says false, so nothing takes a GPU code path."""
     try:
         import torch
     except Exception:  # noqa: BLE001 - Miles's own import will report it

@@ -2,35 +2,15 @@
 
 Why: Miles (radixark/miles@31f1ca961, ``miles/ray/placement_group.py``) reserves one PACK placement
 group of ``{"GPU": 1, "CPU": 1}`` bundles, sorts them by (node IP, GPU id) and gives the first
-``actor_num_nodes x actor_num_gpus_per_node`` to training. It knows nothing of Slurm groups, so
-on a heterogeneous job the trainer would land on whichever nodes have the lowest IPs. Measured on
-a 3-node Ray cluster (shared/reference/miles-placement.md): unpatched, training went to the wrong
-nodes every time; re-keying the sort alone still failed in 34 of 40 trials whenever GPUs were spare,
-because PACK may leave a trainer GPU empty and fill a rollout node; a hard per-bundle pin by node
-label was right in every trial.
-
-The mechanism, applied in the driver process before Miles creates its placement group (no Miles
-file is edited). ``_create_placement_group`` looks these three module globals up at call time, so
-it does not matter that ``train.py`` imported ``create_placement_groups`` by name earlier:
-
-- ``_get_placement_group_layout``: wrapped to record how many leading bundles are training's
-  (its ``rollout_offset``; 0 for colocated and debug modes, where nothing is pinned); older Miles
-  (miles-rl 0.0.2) has no such function and computes the split inline, so there
-  ``create_placement_groups`` is wrapped instead and the split computed the same way
-  (:func:`legacy_rollout_offset`; the entry point imports it by name after the launcher patched it);
-- ``placement_group``: wrapped to pass ``bundle_label_selector``, so the first ``n_train``
-  bundles must be on ``beam-group=trainer`` nodes and the others on ``!trainer`` nodes; before
-  that, a feasibility check against the cluster's nodes, and after it a bounded wait: an
-  impossible request would otherwise leave Miles blocked for ever in ``ray.get(pg.ready())``;
-- ``sort_key``: re-keyed to ``(0 if trainer node else 1, Miles's own key)``, so training takes the
-  trainer-node bundles and the (IP, GPU) order inside each group stays Miles's (its rollout
-  engines rely on ascending GPU ids). Once every bundle has been keyed, the resulting layout is
-  checked (first ``n_train`` bundles on trainer nodes, the rest not) and reported to
-  ``on_layout``: the launcher writes it to the run directory as the proof.
-
-Needs a Ray with ``placement_group(..., bundle_label_selector=...)`` (verified on 2.60; older
-versions untested) and nodes started with ``ray start --labels beam-group=<group>``. Ray is
-imported inside the functions that use it.
+``actor_num_nodes x actor_num_gpus_per_node`` to training: on a heterogeneous job the trainer would
+land on whichever nodes have the lowest IPs. Measured on a 3-node Ray cluster: unpatched, training
+went to the wrong nodes every time; re-keying the sort alone still failed in 34 of 40 trials
+whenever GPUs were spare (PACK may leave a trainer GPU empty and fill a rollout node); a hard
+per-bundle pin by node label was right in every trial. So, in the driver process and before Miles
+creates its placement group (no Miles file is edited), :class:`PlacementPatch` replaces three
+module globals Miles looks up at call time: the layout, ``placement_group`` (a label pin, with a
+feasibility check and a bounded wait) and the sort key (trainer nodes first); the resulting layout
+is checked and reported as the proof. Needs Ray's ``bundle_label_selector`` (verified on 2.60).
 """
 
 from __future__ import annotations
@@ -158,7 +138,22 @@ def legacy_rollout_offset(args: Any) -> int:
 
 
 class PlacementPatch:
-    """The three replaced globals of one ``miles.ray.placement_group`` module, and their state."""
+    """The three replaced globals of one ``miles.ray.placement_group`` module, and their state.
+
+    ``_create_placement_group`` looks them up at call time, so it does not matter that ``train.py``
+    imported ``create_placement_groups`` by name earlier:
+
+    - ``_get_placement_group_layout``: wrapped to record how many leading bundles are training's
+      (its ``rollout_offset``; 0 for colocated and debug modes, where nothing is pinned); older Miles
+      (miles-rl 0.0.2) computes the split inline, so there ``create_placement_groups`` is wrapped
+      instead and the split computed the same way (:func:`legacy_rollout_offset`);
+    - ``placement_group``: wrapped to pass ``bundle_label_selector`` (the first ``n_train`` bundles on
+      ``beam-group=trainer`` nodes, the others on ``!trainer`` nodes), after a feasibility check
+      against the cluster's nodes and with a bounded wait: an impossible request would otherwise
+      leave Miles blocked for ever in ``ray.get(pg.ready())``;
+    - ``sort_key``: ``(0 if trainer node else 1, Miles's own key)``, so the (IP, GPU) order inside
+      each group stays Miles's (its rollout engines rely on ascending GPU ids). Once every bundle
+      is keyed, the layout is checked and reported to ``on_layout`` (the launcher writes it)."""
 
     def __init__(
         self,

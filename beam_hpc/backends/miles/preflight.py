@@ -3,29 +3,14 @@
 Why: Miles changes fast and a site's image may hold another Miles than the one the flag table
 (``flags.SOURCES``) was written against. An image whose Miles does not know a flag (``miles-rl``
 0.0.2 lacks ``--save-trigger-sentinel`` and the NVMe-streaming flags), or whose validation refuses
-the combination, fails only after the allocation was granted, Ray came up on every node and the
-model started loading. Here that Miles's own ``parse_args()`` (argparse plus ``hf_validate_args``,
-Miles's and Megatron's ``validate_args``) runs on the exact argv the driver will get, in a few
-seconds, through the site's container seam (``node.container.container_command``), so the parser
-is the image's.
-
-Two callers, one check:
-
-- in the job, on the head node, before Ray starts: :func:`check_in_job` (``plan -> refusal message
-  or None``); the segment ends with that message when it is not None;
-- on the login node: ``beam-hpc doctor --site S --recipe R`` (:func:`check_recipe`, through the
-  image too).
-
-What runs in the image is ``python -m beam_hpc.backends.miles.parser_check`` (its docstring says
-how a GPU-only call on a CPU node is handled). The argv is the Plan's driver argv after the
-launcher's ``--``, its placeholders filled with harmless values (``{nvme_dir}`` a temporary
-directory, ``{head_ip}`` 127.0.0.1, ...), and a model script only the image can read
-(``--model-script``) read there, exactly as the launcher will: a ``.py`` script through the image's
-Miles ``load_model_args``, a ``.sh`` one for its array; the verdict says which form it found
-(:meth:`Verdict.model_script_note`, logged in the job and shown by ``doctor --recipe``).
-
-A refusal quotes Miles's own message; for a flag this Miles does not know it also names the
-beam-hpc setting that produced it (``flags.SOURCES``) and what to do.
+the combination, would fail only after the allocation was granted, Ray came up on every node and the
+model started loading. Here that Miles's own ``parse_args()`` (argparse, ``hf_validate_args``, Miles's
+and Megatron's ``validate_args``) runs on the exact argv the driver will get, placeholders filled
+with harmless values, in a few seconds, through the site's container seam, so the parser is the
+image's (:mod:`beam_hpc.backends.miles.parser_check` runs there). Two callers, one check: the job,
+on the head node before Ray starts (:func:`check_in_job`), and ``beam-hpc doctor --recipe``
+(:func:`check_recipe`). A refusal quotes Miles's message and, for an unknown flag, names the
+beam-hpc setting behind it; the verdict also says which model-script form the image read.
 """
 
 from __future__ import annotations
@@ -109,7 +94,9 @@ def harmless_values(output_dir: str) -> dict[str, str]:
 def check_argv(driver_argv: list[str] | tuple[str, ...], python: str, output_dir: str,
                num_rollout: int = 1) -> list[str]:
     """The parser-check command for a Plan driver argv: ``python -m parser_check [--model-script ..]
-    -- <entry> <Miles flags>`` with placeholders filled."""
+    -- <entry> <Miles flags>`` with placeholders filled. A model script only the image can read
+    (``--model-script``) is carried along and read there as the launcher will read it: a ``.py``
+    script through the image's Miles ``load_model_args``, a ``.sh`` one for its array."""
     from beam_hpc.plan.plan import fill
 
     argv = list(driver_argv)

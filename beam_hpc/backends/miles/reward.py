@@ -3,39 +3,15 @@
 Why: both backends must score a response identically (``beam_hpc.reward.scoring.score_response``), or
 curves from the reference backend and from Miles cannot be compared.
 
-How Miles calls a custom reward (radixark/miles@31f1ca961a94cb860cec3b2dea34ec332bfa8f76, read
-for facts only):
-
-- ``miles/rollout/rm_hub/__init__.py``: ``async_rm(args, sample)`` does
-  ``rm_function = load_function(args.custom_rm_path)`` (``module.attr``, imported in the rollout
-  process) and ``return await rm_function(args, sample, **kwargs)``: the function is a
-  **coroutine function** taking Miles's parsed ``args`` and one ``Sample``. ``batched_async_rm``
-  awaits the same function with a **list** of samples instead (``--group-rm``, or generate
-  functions that return several samples), and then expects a list back; both shapes are served.
-- the sample (``miles/utils/types.py`` ``Sample``): ``response`` (decoded text), ``label``
-  (from ``--label-key``; ``None`` when the key is missing), ``response_length`` (generated
-  tokens), ``status`` (aborted samples are never scored).
-- train vs eval: the reward function is not told. Both paths call it the same way
-  (``miles/rollout/sglang_rollout.py`` and ``inference_rollout/*``: ``generate_and_rm(...,
-  evaluation=...)`` does not pass ``evaluation`` on to the reward). A dict reward is read through
-  a key instead: training uses ``sample.reward[args.reward_key]`` (``Sample.get_reward_value``),
-  evaluation ``sample.reward[args.eval_reward_key or args.reward_key]``
-  (``eval_rollout_single_dataset``), and the eval metric is the mean of those values. So this
-  function returns ``{"reward": correctness + overlong penalty, "acc": 1.0/0.0, "pred", "penalty"}``
-  and the builder passes ``--reward-key reward --eval-reward-key acc``: evaluation reports accuracy
-  without the length penalty, as the seed does. The dict also carries Miles's own checker's verdict
-  (``miles_math``: "correct"/"wrong"), and the builder passes ``--log-reward-category miles_math``:
-  Miles's ``_compute_reward_cat_metrics`` then logs ``eval/<name>/error_cat/<verdict>`` (and
-  ``rollout/error_cat/<verdict>``), the accuracy the seed reported, beside beam-hpc's.
-
-Settings: the length limit is Miles's own ``args.rollout_max_response_len`` (the budget the
-responses were generated under); the penalty window and factor, which Miles does not know, come
-from ``BEAM_REWARD_OVERLONG_BUFFER`` / ``BEAM_REWARD_OVERLONG_FACTOR``, which the launcher sets
-for every Ray worker of the job from the recipe.
-
-Scoring runs in a worker thread (``asyncio.to_thread``) so that a slow symbolic check does not
-stall the rollout's event loop, which is also driving generation; ``beam_hpc.reward.scoring`` is safe off
-the main thread. Miles passes its objects in; the one Miles import is its checker (beam_hpc.reward.miles_check).
+Miles (radixark/miles@31f1ca96, read for facts only) awaits the function with its parsed ``args``
+and one ``Sample`` (``async_rm``) or a list of them (``batched_async_rm``), and does not tell train
+from eval: it reads a dict reward through ``--reward-key`` in training and ``--eval-reward-key`` in
+eval. So :func:`reward` returns ``{"reward": correctness + overlong penalty, "acc", "pred", "penalty",
+"miles_math"}``, and the argument builder passes ``--reward-key reward --eval-reward-key acc`` (eval
+without the length penalty, as the seed reports it) and ``--log-reward-category miles_math`` (Miles's
+own checker's verdict, logged as ``eval/<name>/error_cat/<verdict>``). The length limit is Miles's
+``args.rollout_max_response_len``; the penalty window and factor come from the environment the
+launcher sets from the recipe. Scoring runs in a worker thread, off the rollout's event loop.
 """
 
 from __future__ import annotations
@@ -93,7 +69,15 @@ def score_sample(args: Any, sample: Any) -> dict[str, Any]:
 
 
 async def reward(args: Any, sample: Any, **_: Any) -> dict[str, Any] | list[dict[str, Any]]:
-    """The ``--custom-rm-path`` entry: one sample -> one dict, a list of samples -> a list."""
+    """The ``--custom-rm-path`` entry: one sample -> one dict, a list of samples -> a list.
+
+    Miles loads it with ``load_function(args.custom_rm_path)`` and awaits it
+    (``miles/rollout/rm_hub/__init__.py``: ``async_rm`` with one sample, ``batched_async_rm`` with a
+    list, e.g. under ``--group-rm``). Of the ``Sample`` (``miles/utils/types.py``) it reads
+    ``response`` (decoded text), ``label`` (from ``--label-key``; None when missing) and
+    ``response_length`` (generated tokens); aborted samples are never scored. Training reads
+    ``sample.reward[args.reward_key]``, evaluation ``sample.reward[args.eval_reward_key]``
+    (``eval_rollout_single_dataset``)."""
     if isinstance(sample, list):
         return list(await asyncio.gather(*(asyncio.to_thread(score_sample, args, s) for s in sample)))
     return await asyncio.to_thread(score_sample, args, sample)

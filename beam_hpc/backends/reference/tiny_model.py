@@ -6,22 +6,17 @@ earns a reward, so GRPO has nothing to normalise). So: a byte-level BPE tokenize
 arithmetic chat strings (digits one per token, Qwen-style chat template), a Qwen2-shaped model,
 and a short supervised warm start on additions (never the evaluation problems), stopped once
 greedy accuracy on held-out sums reaches ``STOP_AT`` (inside ``TARGET``, 20-60%), so that RL has
-both a reward signal and room to improve.
-Facts behind the sizes and rates: packages-and-small-models.md section 2.
+both a reward signal and room to improve. Deterministic (seeded, fixed thread count), cached in
+``model.path`` (staged and renamed whole, under a file lock, so concurrent runs build it once).
 
-Deterministic: every random choice is seeded, the thread count is fixed during the build, and
-the result is cached in ``model.path`` (built in a staging directory and renamed whole when
-complete, ``run.files.atomic_dir``, under ``run.files.locked`` so that concurrent runs build it once).
-
-Shipped: the package carries the result of this build (``tiny_shipped/``, 3.3 MB) together with
-the key of what made it (this file's source, the seed, the excluded evaluation pairs). When the
-key matches, ``build`` copies it instead of spending ~2-3 CPU minutes; any change to this file or
-to the inputs changes the key and the model is built from scratch. Regenerate after a change:
+The package ships the result (``tiny_shipped/``) with the key of what made it (:func:`build_key`);
+``build`` copies it when the key matches instead of spending ~2-3 CPU minutes. After a change:
 ``python -m beam_hpc.backends.reference.tiny_model --refresh-shipped``.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import logging
@@ -159,8 +154,11 @@ KEY_FILE = "build_key.txt"
 
 def build_key(seed: int, exclude: set[tuple[int, int]]) -> str:
     """What determines the built model: this module's code, the seed and the excluded pairs.
-    Import lines are left out: moving a module this one imports changes no weight."""
-    code = "\n".join(line for line in Path(__file__).read_text().splitlines()
+    Import lines and the module docstring are left out: neither changes a weight."""
+    source = Path(__file__).read_text()
+    first = ast.parse(source).body[0]
+    skip = (first.end_lineno or 0) if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) else 0
+    code = "\n".join(line for line in source.splitlines()[skip:]
                      if not line.lstrip().startswith(("import ", "from ")))
     h = hashlib.sha256(code.encode())
     h.update(json.dumps([seed, sorted(exclude)]).encode())

@@ -45,7 +45,7 @@ class Trainer:
             params, lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2), weight_decay=opt.weight_decay
         )
         warmup = opt.warmup_rollouts * r.batch.updates_per_rollout
-        # DAPO: constant LR after a linear warm-up (anchors-report.md 6.1).
+        # DAPO (arXiv 2503.14476, section 4.1): constant LR after a linear warm-up.
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )

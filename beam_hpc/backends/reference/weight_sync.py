@@ -1,42 +1,17 @@
 """How the trainer's weights reach the rollout workers: Ray's object store, or a collective.
 
 Two transports behind one small API (``make_sender`` / ``make_receiver``, ``send`` / ``recv``):
-
-``object_store`` (what the reference backend does today)
-    The trainer copies its tensors to host memory, ``ray.put`` serialises them into the node's
-    shared-memory store (and Ray's object manager ships them to other nodes), each worker
-    deserialises and copies them to its device. Four passes through host memory and PCIe, but
-    nothing to wire up: it works between any two Ray actors, on CPUs too.
-
-``nccl`` (a ``torch.distributed`` group per job)
-    The trainer (rank 0) and the rollout workers (ranks 1..n) join one process group through a
-    TCP rendezvous on the trainer node's IP and a port of the job's port set
-    (:func:`weight_sync_port`). The trainer packs its tensors into a few flat byte buckets on its
-    GPU and broadcasts them; the workers receive straight into GPU buckets over NVLink or the
-    network. The weights never touch host memory. On CPU the same code runs with gloo, which is
-    how the tests check it here.
-
-When NCCL is worth it: when the object store's host round trip becomes a noticeable share of
-a step. Measured on one H200 host (benchmarks/results/two_gpu-2026-12-02-*), the object store
-moved bf16 weights at about 0.3 GB/s end to end (GPU to host, pickling into the store, out again,
-host to GPU): 3.1 s for a 0.5B model (1 GB), 9.3 s for 1.5B (3 GB), against a 46 s in-turn step
-at the seed's batch; a same-GPU copy took 6 ms. NCCL between two GPUs of a host moves bytes
-GPU to GPU over NVLink (hundreds of GB/s; not yet measured here: that needs two GPUs). So for
-a tiny model the object store's simplicity wins; from a few hundred million parameters, or
-whenever steps are short, NCCL pays. NCCL needs every rank on its own GPU (it refuses two ranks
-on one device), so colocated runs keep the object store or a same-device copy.
-
-Only metadata travels through Ray in the NCCL case: the :class:`Delivery` (version, sequence
-number, bucket layout) that the driver hands from ``send`` to each worker's ``recv``, as it hands
-the object-store reference today. Every receiver must ``recv`` every delivery, in order (a
-collective that one rank skips hangs the others until the group's timeout); the sequence number
-turns such a mistake into an error before the collective starts.
-
-NVLink multicast stays off: ``NCCL_NVLS_ENABLE=0`` (and PyTorch's multicast switch) are kept as
-the machine sets them and set to off where unset, before the group is created.
-
-Imports no torch, Ray or Slurm code at module level (the backend's modules are imported by the
-driver before it decides what it needs).
+``object_store`` copies the tensors to host memory and passes them to ``ray.put`` (four passes through host
+memory and PCIe, but nothing to wire up: it works between any two Ray actors, CPUs included);
+``nccl`` joins the trainer (rank 0) and the workers in one ``torch.distributed`` group, through a
+rendezvous on a port of the job's port set, and broadcasts flat byte buckets GPU to GPU (on CPU the
+same code runs with gloo, which is how the tests check it). Why both: measured on one H200 host
+(benchmarks/results/two_gpu-2026-12-02-*), the object store moved bf16 weights at about 0.3 GB/s
+(3.1 s for a 0.5B model against a 46 s step), so from a few hundred million parameters, or with
+short steps, NCCL pays; it needs every rank on its own GPU, so colocated runs keep the object store.
+Only a small :class:`Delivery` travels through Ray; every receiver must ``recv`` every delivery in
+order (its sequence number turns a skipped one into an error, not a hang). NVLink multicast stays
+off (:data:`MULTICAST_OFF`). No torch, Ray or Slurm import at module level.
 """
 
 from __future__ import annotations
