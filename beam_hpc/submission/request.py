@@ -21,7 +21,7 @@ from beam_hpc.plan.segment_args import SegmentArgs
 from beam_hpc.slurm.script import render_script
 
 
-class Via(str, enum.Enum):
+class Via(enum.StrEnum):
     """How a request is scheduled."""
 
     SUBMITIT = "submitit"
