@@ -1,7 +1,7 @@
 """The Plan: everything a run's jobs need, computed once from recipe + site by pure code.
 
 The Plan is written to ``<output-dir>/plan.json`` (and embedded in a rendered script); everything
-inside the allocation reads it and nothing re-derives it. :func:`make_plan` is a pure function of
+inside the allocation reads it rather than derive anything again. :func:`make_plan` is a pure function of
 its arguments (no I/O, no process, no clock, no environment): what only the disk or the model
 script can tell (the backend's driver command, Slurm's TmpDisk) the caller computes and hands in as
 data (``beam_hpc.backends.registry.plan_for`` does it for the driver). Values that exist only once
