@@ -24,12 +24,14 @@ _EXPORTS = {
     "Site": ("beam_hpc.config.site", "Site"),
     "Plan": ("beam_hpc.plan.plan", "Plan"),
     "make_plan": ("beam_hpc.plan.plan", "make_plan"),
+    "plan_for": ("beam_hpc.backends.registry", "plan_for"),
     "load_recipe": ("beam_hpc.config.recipe", "load_recipe"),
     "load_site": ("beam_hpc.config.site", "load_site"),
 }
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:  # the lazy exports above, for type checkers (F401: used through __all__)
+    from beam_hpc.backends.registry import plan_for  # noqa: F401
     from beam_hpc.config.recipe import Recipe, load_recipe  # noqa: F401
     from beam_hpc.config.site import Site, load_site  # noqa: F401
     from beam_hpc.plan.plan import Plan, make_plan  # noqa: F401

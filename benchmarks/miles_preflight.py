@@ -26,9 +26,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 from miles_facts import QWEN3_30B_A3B  # noqa: E402
 
 from beam_hpc.backends.miles import preflight  # noqa: E402
+from beam_hpc.backends.registry import plan_for  # noqa: E402
 from beam_hpc.config.recipe import load_recipe  # noqa: E402
 from beam_hpc.config.site import Site  # noqa: E402
-from beam_hpc.plan.plan import make_plan  # noqa: E402
 
 CASES = {
     "colocated (as shipped)": ("colocated", []),
@@ -50,7 +50,7 @@ def main() -> int:
     for label, (name, overrides) in CASES.items():
         r = load_recipe(ROOT / "recipes" / f"{name}.yaml", ["model.miles_model_script=null", f"model.path={tmp}/model",
                                                                f"output_dir={tmp}/run-{name}", *overrides])
-        plan = make_plan(r, site)
+        plan = plan_for(r, site)
         walls, inner, verdicts = [], [], []
         for _ in range(opts.repeat):
             load = os.getloadavg()[0]

@@ -106,16 +106,16 @@ def prepare_assets(work: Path) -> tuple[Path, Path]:
 
 
 def run_mode(work: Path, mode: str, num_rollout: int, data: Path, model: Path, extra: list[str]) -> dict:
+    from beam_hpc.backends.registry import plan_for
     from beam_hpc.config.recipe import load_recipe
     from beam_hpc.config.site import Site
-    from beam_hpc.plan.plan import make_plan
     from beam_hpc.run import metric_names
 
     run_dir = work / f"run-{mode}"
     overrides = [f"output_dir={run_dir}", f"model.path={model}", f"data.dir={data}", f"num_rollout={num_rollout}",
                  f"checkpoint.interval={num_rollout}", *MODES[mode], *extra]
     recipe = load_recipe(REPO / "recipes" / "tiny.yaml", overrides)
-    plan = make_plan(recipe, Site(name="bench", container={"runtime": "host"})).write()
+    plan = plan_for(recipe, Site(name="bench", container={"runtime": "host"})).write()
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "beam_hpc.backends.reference", "--plan", str(plan), "--ray-address", "local"],
                    check=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})

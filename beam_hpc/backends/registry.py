@@ -1,25 +1,36 @@
-"""The backends a recipe may name, and the one way the Plan reaches them: the driver command.
+"""The backends a recipe may name, and the one way a Plan gets its driver command.
 
-``make_plan`` asks here for the command the head node runs once Ray is up; it never imports a
-backend's modules itself. Builders are pure (no Ray, torch or Miles import), so a Plan is still
-computed on a login node in milliseconds.
+``make_plan`` is pure and never imports a backend: the driver command (the backend's argv and
+environment, which for Miles may come from the model's config.json or its model script) is computed
+here and handed to it as data. :func:`plan_for` does both, so a caller stays one line. Builders
+import no Ray, torch or Miles, so a Plan is still computed on a login node in milliseconds.
 """
 
 from __future__ import annotations
 
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
+from beam_hpc.plan.local_disk import DeclaredTmpDisk
+from beam_hpc.plan.paths import RunPaths
+from beam_hpc.plan.plan import RUN_DIR, DriverCommand, Plan, make_plan, require_absolute_paths
 
 REFERENCE_MODULE = "beam_hpc.backends.reference"
 
 
-def driver_command(recipe: Recipe, site: Site, plan_path: str) -> tuple[list[str], dict[str, str]]:
+def driver_command(recipe: Recipe, site: Site) -> DriverCommand:
     """The backend's driver argv (with Plan placeholders such as ``{ray_address}``) and the
-    environment it needs."""
+    environment it needs; a backend's own checks (Miles's layout rules) raise InputError here."""
     if recipe.backend == "reference":
-        return [site.node_python, "-m", REFERENCE_MODULE, "--plan", plan_path, "--ray-address", "{ray_address}",
-                "--num-rollout", "{num_rollout}"], {}
+        return DriverCommand((site.node_python, "-m", REFERENCE_MODULE, "--plan", RunPaths(RUN_DIR).plan,
+                              "--ray-address", "{ray_address}", "--num-rollout", "{num_rollout}"))
     from beam_hpc.backends.miles import args  # pure argv builder, no Miles import
 
-    return args.build_driver(recipe, site, plan_path)
+    argv, env = args.build_driver(recipe, site)
+    return DriverCommand(tuple(argv), env)
 
+
+def plan_for(recipe: Recipe, site: Site, *, measured: dict[str, float] | None = None,
+             tmp_disk: DeclaredTmpDisk | None = None) -> Plan:
+    """``make_plan`` with the backend's driver command: recipe + site -> Plan, or InputError."""
+    require_absolute_paths(recipe)  # first, as make_plan would: a relative model.path names no config.json
+    return make_plan(recipe, site, driver=driver_command(recipe, site), measured=measured, tmp_disk=tmp_disk)

@@ -71,11 +71,11 @@ def _recipe_from_args(args: argparse.Namespace):
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from beam_hpc.plan.plan import make_plan
+    from beam_hpc.backends.registry import plan_for
     from beam_hpc.plan.segment_args import SegmentArgs
     from beam_hpc.submission.request import SubmitRequest, Via
 
-    plan = make_plan(_recipe_from_args(args), _site_from_args(args))
+    plan = plan_for(_recipe_from_args(args), _site_from_args(args))
     # the same request `submit --via sbatch` materializes: the script carries its plan, so a plain
     # `sbatch FILE` runs it with no other step
     request = SubmitRequest(plan=plan, segment=SegmentArgs(), via=Via.SBATCH,

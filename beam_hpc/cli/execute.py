@@ -79,8 +79,8 @@ def _follow_driver_log(logs_dir: Path, since: float, stop: threading.Event) -> N
 
 
 def cmd_execute(args: argparse.Namespace) -> int:
+    from beam_hpc.backends.registry import plan_for
     from beam_hpc.job import segment
-    from beam_hpc.plan.plan import make_plan
     from beam_hpc.plan.segment_args import SegmentArgs
     from beam_hpc.submission.request import SubmitRequest, Via
     from beam_hpc.submission.run_guard import check_before_submit
@@ -93,7 +93,7 @@ def cmd_execute(args: argparse.Namespace) -> int:
     from beam_hpc.config.site import with_existing_ray
 
     site = with_existing_ray(build_site(args.site) if args.site else laptop_site(), args.ray_address, args.ray_token_file)
-    request = SubmitRequest(plan=make_plan(recipe, site), via=Via.LOCAL,
+    request = SubmitRequest(plan=plan_for(recipe, site), via=Via.LOCAL,
                             segment=SegmentArgs(resume=args.resume, num_rollout=args.num_rollout))
     plan = request.plan
     check_before_submit(recipe, resume=args.resume)  # a damaged run directory: exit 2, nothing written

@@ -1,9 +1,14 @@
 """The Plan: everything a run's jobs need, computed once from recipe + site by pure code.
 
-DESIGN.md: the Plan is written to ``<output-dir>/plan.json``; everything inside the allocation
-reads it and nothing re-derives it. Values that only exist once Slurm has started the job (job id,
-node addresses) appear as ``{placeholders}`` that :func:`fill` expands there, so the Plan itself stays
-a pure function of its inputs (no I/O, no clock, no environment).
+The Plan is written to ``<output-dir>/plan.json`` (and embedded in a rendered script); everything
+inside the allocation reads it rather than derive anything again. :func:`make_plan` is a pure function of
+its arguments (no I/O, no process, no clock, no environment): what only the disk or the model
+script can tell (the backend's driver command, Slurm's TmpDisk) the caller computes and hands in as
+data (``beam_hpc.backends.registry.plan_for`` does it for the driver). Values that exist only once
+Slurm has started the job (job id, node addresses, the run directory as the job reads it) appear as
+``{placeholders}`` that :func:`fill` expands there. ``inputs_sha`` records what the derived fields
+were computed from, so a hand edit of the recipe or site in a plan is refused on load instead of
+being applied in part; the run directory and the rollout total are the edits it honours.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from beam_hpc.backends.registry import driver_command
 from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime, recipe_from_dict
 from beam_hpc.config.site import Site, site_from_dict
 from beam_hpc.errors import InputError, shorten
@@ -24,12 +28,27 @@ from beam_hpc.plan import local_disk
 from beam_hpc.plan.local_disk import DeclaredTmpDisk
 from beam_hpc.plan.paths import PLAN_FILE, RunPaths
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: inputs_sha, and the run directory reaches the driver command as {run_dir}
 
 # Placeholders a job fills in (beam_hpc.plan.plan.fill); nothing else is templated. ``num_rollout``
 # is the total the segment runs to: the plan's, or the segment's own ``--num-rollout`` (a resume may
 # change it, the seed's semantics), so the driver's command is completed in the job, never baked.
 PLACEHOLDERS = ("job_id", "nvme_dir", "head_ip", "ray_address", "run_dir", "num_rollout")
+# The run directory as the driver command names it: the job fills it with the plan's output_dir, so
+# a plan whose output_dir was edited by hand runs its driver there too.
+RUN_DIR = "{run_dir}"
+# Recipe fields a hand edit of the plan may change: nothing derived holds their value (the driver
+# command has {run_dir} and {num_rollout}; run_id and the NVMe directory are derived again on load).
+FREE_RECIPE_FIELDS = ("output_dir", "num_rollout")
+
+
+@dataclass(frozen=True)
+class DriverCommand:
+    """The backend's driver: argv and environment, Plan placeholders unfilled. The backend computes
+    it (it may read the model's config.json or run its model script) and make_plan stores it."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,7 @@ class Plan:
     nvme: NvmePlan
     driver_argv: tuple[str, ...]
     driver_env: dict[str, str] = field(default_factory=dict)
+    inputs_sha: dict[str, str] = field(default_factory=dict)  # section -> digest (:func:`inputs_sha`)
 
     @property
     def paths(self) -> RunPaths:
@@ -118,19 +138,35 @@ class Plan:
         return d
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        return to_json(self.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
-        """A Plan from plan.json's mapping; the recipe and site are validated again, so a plan
-        edited by hand into something invalid is refused here, naming the field."""
+        """A Plan from plan.json's mapping. The recipe and site are validated again, so a plan
+        edited by hand into something invalid is refused here, naming the field; an edit of a
+        field the derived ones came from is refused too (:func:`edited_inputs`). The run directory
+        may be edited (both ``output_dir`` lines): what is derived from it is derived again here."""
         if d.get("version") != PLAN_VERSION:
             raise InputError(f"plan.json version {d.get('version')} is not {PLAN_VERSION}; re-render the run")
         d = dict(d)
-        d["recipe"] = recipe_from_dict(d["recipe"], "plan.json recipe")
-        d["site"] = site_from_dict(d["site"], "plan.json site")
+        d["recipe"] = recipe = recipe_from_dict(d["recipe"], "plan.json recipe")
+        d["site"] = site = site_from_dict(d["site"], "plan.json site")
+        recorded = d.get("inputs_sha")
+        if not isinstance(recorded, dict):
+            raise InputError(f"inputs_sha: {shorten(recorded, 60)} is not the plan's record of what it was made "
+                             "from; render the script again (beam-hpc render -o FILE) or submit the run again")
+        problems = edited_inputs(recorded, recipe, site)
+        output_dir = os.path.normpath(recipe.output_dir)
+        if os.path.normpath(str(d["output_dir"])) != output_dir:
+            problems.append(f"output_dir: {shorten(d['output_dir'])} but recipe.output_dir {shorten(recipe.output_dir)}; "
+                            "the run directory is written twice in the plan: give both the same value")
+        if problems:
+            raise InputError("\n".join(problems))
+        d["output_dir"] = output_dir
+        d["run_id"] = run_id_for(output_dir)
         d["groups"] = tuple(GroupPlan(**{**g, "roles": tuple(g["roles"])}) for g in d["groups"])
-        d["nvme"] = NvmePlan(**d["nvme"])
+        nvme = NvmePlan(**d["nvme"])
+        d["nvme"] = replace(nvme, job_dir=nvme_job_dir(nvme.root, d["run_id"]))
         d["driver_argv"] = tuple(d["driver_argv"])
         return cls(**d)
 
@@ -170,6 +206,55 @@ def load_plan(path: str | Path) -> Plan:
                          "(it writes the plan anew), or use another --output-dir") from None
 
 
+def to_json(value: Any) -> str:
+    """JSON with two-space indents and sorted keys, a list of scalars on one line (a driver argv of
+    a hundred flags stays one line of the script); ``json.loads`` reads it back as ``json.dumps``'s."""
+
+    def write(v: Any, depth: int) -> str:
+        pad, inner = "  " * depth, "  " * (depth + 1)
+        if isinstance(v, dict) and v:
+            items = (f"{inner}{json.dumps(str(k))}: {write(v[k], depth + 1)}" for k in sorted(v))
+            return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+        if isinstance(v, (list, tuple)) and any(isinstance(x, (dict, list, tuple)) for x in v):
+            return "[\n" + ",\n".join(f"{inner}{write(x, depth + 1)}" for x in v) + f"\n{pad}]"
+        return json.dumps(list(v) if isinstance(v, tuple) else v)
+
+    return write(value, 0)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def inputs_sha(recipe: Recipe, site: Site) -> dict[str, str]:
+    """A digest of each recipe section (but :data:`FREE_RECIPE_FIELDS`) and of the site: what the
+    derived fields (the driver command, groups, lead, NVMe plan) were computed from."""
+    sections: dict[str, Any] = {f"recipe.{k}": v for k, v in recipe.model_dump(mode="json").items()
+                                if k not in FREE_RECIPE_FIELDS}
+    sections["site"] = site.model_dump(mode="json")
+    return {k: _digest(v) for k, v in sorted(sections.items())}
+
+
+def edited_inputs(recorded: dict[str, str], recipe: Recipe, site: Site) -> list[str]:
+    """One line per section of ``recipe``/``site`` whose digest is not the ``recorded`` one: the
+    plan was edited after it was made, and its derived fields still hold the old values."""
+    now = inputs_sha(recipe, site)
+    dump = recipe.model_dump(mode="json")
+    lines = []
+    for key in sorted(now.keys() | recorded.keys()):
+        if now.get(key) == recorded.get(key):
+            continue
+        name = key.removeprefix("recipe.")
+        how = ("change the site file and render again (`beam-hpc render RECIPE --site SITE -o FILE`)"
+               if key == "site" else
+               f"render again with the change (`beam-hpc render RECIPE --site SITE --set "
+               f"{name}{'.FIELD' if isinstance(dump.get(name), dict) else ''}=VALUE -o FILE`)")
+        lines.append(f"{key}: edited after the plan was made, but the driver command, groups and lead were "
+                     f"computed from the old value, so the edit would apply only in part; {how}, or submit "
+                     f"the run again (only {' and '.join(FREE_RECIPE_FIELDS)} may be edited in a plan)")
+    return lines
+
+
 def identity_sha(recipe: Recipe) -> str:
     blob = json.dumps(recipe.identity(), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
@@ -197,11 +282,13 @@ def compute_lead_s(recipe: Recipe, measured: dict[str, float] | None) -> int:
     return max(lc.lead_floor_s, int(2 * step + 30))
 
 
-def make_plan(recipe: Recipe, site: Site, *, measured: dict[str, float] | None = None,
-              tmp_disk: DeclaredTmpDisk | None = None) -> Plan:
-    """Recipe + site -> Plan. Raises InputError for impossible combinations, before any allocation.
-    ``tmp_disk``: what Slurm says the partitions' nodes declare as TmpDisk (asked by the caller,
-    beam_hpc.submission.tmp_disk; None: not asked), which decides each group's ``--tmp``."""
+def nvme_job_dir(root: str, run_id: str) -> str:
+    """The NVMe directory of one job of a run (``{job_id}`` filled in the job)."""
+    return f"{root.rstrip('/')}/{run_id}/{{job_id}}"
+
+
+def require_absolute_paths(recipe: Recipe) -> None:
+    """InputError unless the recipe's paths are absolute (every node and later segment reads them)."""
     for field_name, value in (("output_dir", recipe.output_dir), ("data.dir", recipe.data.dir),
                               ("model.path", recipe.model.path)):
         if not os.path.isabs(value):
@@ -209,6 +296,16 @@ def make_plan(recipe: Recipe, site: Site, *, measured: dict[str, float] | None =
                 f"{field_name}: {value!r} is relative; give an absolute path on shared storage "
                 f"(every node and every later segment reads it), e.g. --set {field_name}=/shared/..."
             )
+
+
+def make_plan(recipe: Recipe, site: Site, *, driver: DriverCommand, measured: dict[str, float] | None = None,
+              tmp_disk: DeclaredTmpDisk | None = None) -> Plan:
+    """Recipe + site -> Plan. Raises InputError for impossible combinations, before any allocation.
+    ``driver``: the backend's driver command (``beam_hpc.backends.registry.driver_command``; the
+    backend's own checks ran there). ``tmp_disk``: what Slurm says the partitions' nodes declare as
+    TmpDisk (asked by the caller, beam_hpc.submission.tmp_disk; None: not asked), which decides
+    each group's ``--tmp``. Pure: reads no file, runs no process, reads no environment."""
+    require_absolute_paths(recipe)
     output_dir = os.path.normpath(recipe.output_dir)
     groups = _groups(recipe, site, tmp_disk)
     walltime_s = parse_walltime(recipe.lifecycle.walltime)
@@ -224,11 +321,9 @@ def make_plan(recipe: Recipe, site: Site, *, measured: dict[str, float] | None =
     nvme = NvmePlan(
         enabled=off.target == "nvme",
         root=nvme_root,
-        job_dir=f"{nvme_root.rstrip('/')}/{run_id}/{{job_id}}",
+        job_dir=nvme_job_dir(nvme_root, run_id),
         min_free_gb=off.min_free_gb,
     )
-    plan_path = RunPaths(output_dir).plan
-    argv, env = driver_command(recipe, site, plan_path)
     return Plan(
         version=PLAN_VERSION,
         run_id=run_id,
@@ -241,8 +336,9 @@ def make_plan(recipe: Recipe, site: Site, *, measured: dict[str, float] | None =
         walltime_s=walltime_s,
         lead_s=lead_s,
         nvme=nvme,
-        driver_argv=tuple(argv),
-        driver_env=env,
+        driver_argv=tuple(driver.argv),
+        driver_env=dict(driver.env),
+        inputs_sha=inputs_sha(recipe, site),
     )
 
 

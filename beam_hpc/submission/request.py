@@ -21,7 +21,7 @@ from beam_hpc.plan.segment_args import SegmentArgs
 from beam_hpc.slurm.script import render_script
 
 
-class Via(str, enum.Enum):
+class Via(enum.StrEnum):
     """How a request is scheduled."""
 
     SUBMITIT = "submitit"
@@ -75,7 +75,7 @@ class SubmitRequest:
         groups = ", ".join(f"{g.name}: {g.nodes} nodes x {g.gpus_per_node} GPUs ({'+'.join(g.roles)})"
                            for g in p.groups)
         return (
-            f"run {p.run_id} ({p.job_name}) -> {p.output_dir}\n"
+            f"run {p.run_id} ({p.job_name}) -> {p.output_dir} ({{run_dir}} below)\n"
             f"groups: {groups}\n"
             f"walltime {p.walltime_s} s, final save starts {p.lead_s} s before it\n"
             f"driver: {shlex.join(p.driver_argv)}\n"

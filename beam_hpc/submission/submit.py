@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from beam_hpc.backends.registry import plan_for
 from beam_hpc.config.recipe import Recipe, apply_overrides, load_yaml, recipe_from_dict
 from beam_hpc.config.site import Site, find_site, site_from_dict
 from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.lifecycle import exclusions, quarantine
 from beam_hpc.plan.paths import RunPaths
-from beam_hpc.plan.plan import Plan, make_plan
+from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.segment_args import SegmentArgs
 from beam_hpc.run import accounting, checkpoint_layout, ledger
 from beam_hpc.run.accounting import Estimate
@@ -69,7 +70,7 @@ def build_recipe(
 ) -> Recipe:
     """Recipe file + ``--set`` overrides + the seed's own flags, validated. With ``base_dir``
     (``beam-hpc execute`` on one machine) relative paths are taken from it; for Slurm they must be
-    absolute, and make_plan says so."""
+    absolute, and the plan says so."""
     data = load_yaml(recipe_path)
     ov = list(overrides or [])
     if output_dir is not None:
@@ -189,7 +190,7 @@ def submit(
     source = f"{source} + site {st.name}"
     # --num-rollout is the recipe's total for a new plan and, as a segment argument, what the job
     # runs to and passes on to its resubmissions (plan.json is never rewritten in the job)
-    plan = make_plan(rec, st, tmp_disk=tmp_disk.declared_tmp_disk(rec, st))  # a --tmp Slurm can place
+    plan = plan_for(rec, st, tmp_disk=tmp_disk.declared_tmp_disk(rec, st))  # a --tmp Slurm can place
     request = SubmitRequest(plan=plan,
                             segment=SegmentArgs(resume=resume, num_rollout=num_rollout, smoke=smoke),
                             via=how, dependency=dependency, source=source)

@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from beam_hpc.backends.registry import plan_for
 from beam_hpc.cli.app import main
-from beam_hpc.plan.plan import make_plan
 from beam_hpc.run import checkpoint_layout, ledger, metric_names
 from beam_hpc.run.identity import record_identity
 from beam_hpc.submission.submit import build_recipe, build_site
@@ -57,7 +57,7 @@ def build_run(tmp: Path) -> Path:
     recipe = build_recipe(TINY, overrides=[f"data.dir={data}", f"model.path={data / 'model'}"], output_dir=str(run))
     for path in (recipe.data.train_path(), recipe.data.eval_path()):  # the files the tiny recipe names
         Path(path).write_text("{}\n")
-    plan = make_plan(recipe, build_site(LOCAL_SITE))
+    plan = plan_for(recipe, build_site(LOCAL_SITE))
     plan.write()
     for job, restart, at, end in (("100", 0, 0, 2), ("101", 0, 2, DONE)):
         ledger.append(plan.paths.ledger, ledger.start_record(

@@ -391,7 +391,7 @@ def test_decide_retries_a_failure_once_but_not_twice_in_a_row() -> None:
 
 @pytest.fixture
 def tiny_plan(tmp_path: Path):
-    from beam_hpc.plan.plan import make_plan
+    from beam_hpc.backends.registry import plan_for
     from beam_hpc.submission.submit import build_recipe, build_site
 
     root = Path(__file__).resolve().parents[2]
@@ -399,7 +399,7 @@ def tiny_plan(tmp_path: Path):
     def make(*overrides: str):
         recipe = build_recipe(root / "recipes" / "tiny.yaml", overrides=list(overrides),
                               output_dir=str(tmp_path / "run"), base_dir=tmp_path)
-        plan = make_plan(recipe, build_site("local", search_dir=root / "env"))
+        plan = plan_for(recipe, build_site("local", search_dir=root / "env"))
         plan.write()
         return plan, recipe
 

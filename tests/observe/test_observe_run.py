@@ -6,7 +6,7 @@ Two run directories:
   resuming from it; the ledger lines around them written with beam_hpc.run.ledger as the job does.
   status and plot read exactly what the backend wrote (torch's SummaryWriter, metrics.jsonl).
 - a hand-made one (``build_run``, fast), in the documented formats and with the project's own
-  writers (make_plan, beam_hpc.run.ledger, checkpoint_layout, tensorboard's EventFileWriter, the
+  writers (plan_for, beam_hpc.run.ledger, checkpoint_layout, tensorboard's EventFileWriter, the
   metrics.jsonl lines of metric_names), for what a real run cannot produce on demand: a segment
   killed hard (start line, no end line) and a rollout re-done after it, with known times, so that
   goodput, durations and ETA are checked against hand-computed numbers.
@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from beam_hpc.backends.registry import plan_for
 from beam_hpc.cli.app import main
 from beam_hpc.data.prepare import prepare
 from beam_hpc.data.tiny import PREPARED_EVAL_NAME, write_tiny_sources
@@ -38,7 +39,6 @@ from beam_hpc.observe.eval_set import eval_set_of
 from beam_hpc.observe.plot import charts_for, plot_run
 from beam_hpc.observe.status import gather
 from beam_hpc.observe.status_table import format_status
-from beam_hpc.plan.plan import make_plan
 from beam_hpc.progress import Progress
 from beam_hpc.run import checkpoint_layout, ledger, metric_names
 from beam_hpc.run.scalars import read_scalars
@@ -74,7 +74,7 @@ def build_run(run: Path, recorded_eval_name: str | None = None) -> Path:
 
     recipe = build_recipe(str(ROOT / "recipes" / "tiny.yaml"), output_dir=str(run), base_dir=run,
                           num_rollout=TOTAL)
-    make_plan(recipe, build_site("local", search_dir=ROOT / "env")).write()
+    plan_for(recipe, build_site("local", search_dir=ROOT / "env")).write()
     eval_name = recorded_eval_name or recipe.data.eval_name
     eval_tags = (metric_names.eval_accuracy_tag(eval_name), metric_names.eval_response_len_tag(eval_name))
     prepare(Path(recipe.data.dir), from_local=write_tiny_sources(run / "src", n_train=40), progress=False,
@@ -320,7 +320,7 @@ def test_the_eval_set_is_named_from_the_plan_and_the_seed_keeps_aime25(run_dir: 
     assert [c.title for c in charts_for(tiny)] == [
         "tiny two-digit addition (held-out) accuracy", "tiny two-digit addition (held-out) mean response length",
         "Rollout reward"]
-    seed = make_plan(build_recipe(str(ROOT / "recipes" / "dedicated.yaml")), build_site("local", search_dir=ROOT / "env"))
+    seed = plan_for(build_recipe(str(ROOT / "recipes" / "dedicated.yaml")), build_site("local", search_dir=ROOT / "env"))
     ev = eval_set_of(json.loads(seed.to_json()), frozenset())
     assert (ev.name, ev.label, ev.accuracy_tag, ev.response_len_tag) == (
         "aime25", "AIME2025", metric_names.EVAL_ACCURACY, metric_names.EVAL_RESPONSE_LEN)

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from beam_hpc.backends.registry import plan_for
 from beam_hpc.cli.app import main
 from beam_hpc.config.recipe import load_recipe
-from beam_hpc.plan.plan import Plan, fill, make_plan
+from beam_hpc.plan.plan import Plan, fill
 from beam_hpc.slurm.script import render_script
 from beam_hpc.submission.submit import build_recipe, build_site
 
@@ -54,7 +55,7 @@ def test_seed_defaults_are_the_seeds() -> None:
 
 @pytest.mark.parametrize("name,nodes,gpus,ngroups", [("dedicated", 12, 96, 2), ("colocated", 8, 64, 1), ("lora", 4, 32, 2)])
 def test_plan_groups_and_serialisation(name: str, nodes: int, gpus: int, ngroups: int) -> None:
-    plan = make_plan(load_recipe(recipe_path(name)), build_site(site_path("example-site")))
+    plan = plan_for(load_recipe(recipe_path(name)), build_site(site_path("example-site")))
     assert (plan.total_nodes, plan.total_gpus, len(plan.groups)) == (nodes, gpus, ngroups)
     assert plan.groups[0].name == "trainer" and plan.groups[0].het_index == 0
     if ngroups == 1:
@@ -64,11 +65,11 @@ def test_plan_groups_and_serialisation(name: str, nodes: int, gpus: int, ngroups
     again = Plan.from_dict(json.loads(plan.to_json()))
     assert again == plan
     # Pure: the same inputs give the same plan, byte for byte.
-    assert make_plan(load_recipe(recipe_path(name)), build_site(site_path("example-site"))).to_json() == plan.to_json()
+    assert plan_for(load_recipe(recipe_path(name)), build_site(site_path("example-site"))).to_json() == plan.to_json()
 
 
 def test_plan_nvme_dir_is_per_run_and_job() -> None:
-    plan = make_plan(load_recipe(recipe_path("dedicated")), build_site(site_path("example-site")))
+    plan = plan_for(load_recipe(recipe_path("dedicated")), build_site(site_path("example-site")))
     assert plan.nvme.enabled and plan.nvme.root == "/scratch/beam-optimizer"
     assert fill(plan.nvme.job_dir, job_id="77") == f"/scratch/beam-optimizer/{plan.run_id}/77"
     with pytest.raises(KeyError):
@@ -76,7 +77,7 @@ def test_plan_nvme_dir_is_per_run_and_job() -> None:
 
 
 def test_render_hetjob_script_shape() -> None:
-    plan = make_plan(load_recipe(recipe_path("dedicated")), build_site(site_path("example-site")))
+    plan = plan_for(load_recipe(recipe_path("dedicated")), build_site(site_path("example-site")))
     text = render_script(plan)
     sb = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert sb.count("#SBATCH hetjob") == 1
@@ -91,7 +92,7 @@ def test_render_hetjob_script_shape() -> None:
     assert "#SBATCH --constraint=h200&nvme" in first and "#SBATCH --constraint=h200" in second
     assert '-m beam_hpc.job.segment --plan - --script "$0" "$@" <<\'BEAM_PLAN_JSON\'' in text  # the plan follows
     assert text.rstrip().endswith("\nBEAM_PLAN_JSON")
-    colocated = render_script(make_plan(load_recipe(recipe_path("colocated")), build_site(site_path("example-site"))))
+    colocated = render_script(plan_for(load_recipe(recipe_path("colocated")), build_site(site_path("example-site"))))
     assert "#SBATCH hetjob" not in colocated
 
 
@@ -99,7 +100,7 @@ def test_committed_sbatch_scripts_are_fresh() -> None:
     """sbatch/ holds the rendered seed scripts for the example site; regenerate with
     `beam-hpc render recipes/X.yaml --site env/example-site.yaml -o sbatch/X.sbatch`."""
     for name in SEED:
-        plan = make_plan(load_recipe(recipe_path(name)), build_site(site_path("example-site")))
+        plan = plan_for(load_recipe(recipe_path(name)), build_site(site_path("example-site")))
         want = render_script(plan, source=f"{name}.yaml + site example-site")
         have = (ROOT / "sbatch" / f"{name}.sbatch").read_text()
         assert have == want, f"sbatch/{name}.sbatch is stale: re-render it (see this test's docstring)"
@@ -175,10 +176,10 @@ def test_trainer_tmp_comes_from_min_free_gb_unless_the_site_asks_for_more() -> N
     assert tmp(None, 0) is None and tmp("500G", 0) == "500G"
     assert tmp("none", 2000) is None  # the site turns the request off
     example = build_site(site_path("example-site"))
-    plan = make_plan(load_recipe(recipe_path("dedicated")), example.model_copy(update={"tmp": None}))
+    plan = plan_for(load_recipe(recipe_path("dedicated")), example.model_copy(update={"tmp": None}))
     assert plan.group("trainer").tmp == "1863G" and plan.group("rollout").tmp is None
     assert plan.group("trainer").tmp_why == "from training.offload.min_free_gb 2000 GB"  # Slurm not asked
-    off = make_plan(load_recipe(recipe_path("dedicated")), example.model_copy(update={"tmp": "none"}))
+    off = plan_for(load_recipe(recipe_path("dedicated")), example.model_copy(update={"tmp": "none"}))
     assert off.group("trainer").tmp is None and "tmp: none" in off.group("trainer").tmp_why
     assert "#SBATCH --tmp" not in render_script(off)
 
@@ -192,13 +193,13 @@ def test_slurms_declared_tmp_disk_decides_the_trainers_tmp() -> None:
     site = build_site(site_path("example-site")).model_copy(update={"tmp": None})
 
     def trainer(*node_mb: int) -> tuple[str | None, str]:
-        g = make_plan(recipe, site, tmp_disk={"gpu-h200": TmpDisk("gpu-h200", node_mb)}).group("trainer")
+        g = plan_for(recipe, site, tmp_disk={"gpu-h200": TmpDisk("gpu-h200", node_mb)}).group("trainer")
         return g.tmp, g.tmp_why
 
     tmp, why = trainer(*(0,) * 16)  # TmpDisk never set in slurm.conf: every --tmp would be unplaceable
     assert tmp is None and "16 node(s) of partition gpu-h200 declare no TmpDisk" in why
     assert "NVMe check still refuses a node with less than 2000 GB free under /scratch/beam-optimizer" in why
-    assert "#SBATCH --tmp" not in render_script(make_plan(recipe, site, tmp_disk={"gpu-h200": TmpDisk("gpu-h200", (0,))}))
+    assert "#SBATCH --tmp" not in render_script(plan_for(recipe, site, tmp_disk={"gpu-h200": TmpDisk("gpu-h200", (0,))}))
     tmp, why = trainer(*(3_000_000,) * 8, *(100_000,) * 8)
     assert tmp == "1863G" and "8 of the 16 nodes of partition gpu-h200 declare TmpDisk >= 1907712 MB" in why
     with pytest.raises(InputError) as err:
@@ -209,10 +210,10 @@ def test_slurms_declared_tmp_disk_decides_the_trainers_tmp() -> None:
         trainer(*(100_000,) * 16)
     big = site.model_copy(update={"tmp": "2T"})  # the site asks more than the recipe: its fix names tmp
     with pytest.raises(InputError, match="^tmp: 2T needs --tmp=2T .*lower tmp in the site"):
-        make_plan(recipe, big, tmp_disk={"gpu-h200": TmpDisk("gpu-h200", (2_000_000,) * 16)})
-    unknown = make_plan(recipe, site, tmp_disk={}).group("trainer")  # asked, but Slurm could not say
+        plan_for(recipe, big, tmp_disk={"gpu-h200": TmpDisk("gpu-h200", (2_000_000,) * 16)})
+    unknown = plan_for(recipe, site, tmp_disk={}).group("trainer")  # asked, but Slurm could not say
     assert unknown.tmp == "1863G" and "not known here" in unknown.tmp_why
-    lora = make_plan(load_recipe(recipe_path("lora")), site, tmp_disk={"gpu-h200": TmpDisk("gpu-h200", (0,))})
+    lora = plan_for(load_recipe(recipe_path("lora")), site, tmp_disk={"gpu-h200": TmpDisk("gpu-h200", (0,))})
     assert all(g.tmp is None and g.tmp_why == "" for g in lora.groups)  # nothing staged: nothing asked
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.plan.plan import make_plan
+from beam_hpc.backends.registry import plan_for
 from beam_hpc.slurm.script import render_script
 from beam_hpc.submission.submit import build_recipe, build_site
 
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 def local_plan(name: str, tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
     recipe = build_recipe(REPO / "recipes" / f"{name}.yaml", output_dir=str(tmp_path / name),
                           overrides=[f"data.dir={tmp_path}", f"model.path={tmp_path}", *overrides])
-    return make_plan(recipe, build_site(REPO / "env" / "local.yaml"))
+    return plan_for(recipe, build_site(REPO / "env" / "local.yaml"))
 
 
 @pytest.mark.parametrize("name", ["dedicated", "colocated", "lora"])

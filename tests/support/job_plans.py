@@ -10,9 +10,10 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from beam_hpc.backends.registry import plan_for
 from beam_hpc.config.recipe import load_yaml, recipe_from_dict
 from beam_hpc.config.site import site_from_dict
-from beam_hpc.plan.plan import Plan, make_plan
+from beam_hpc.plan.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLD_DRIVER = Path(__file__).with_name("ray_hold_driver.py")
@@ -49,7 +50,7 @@ def make_test_plan(output_dir: Path, *, trainer_nodes: int, rollout_nodes: int, 
     site_data = {**load_yaml(ROOT / "env" / "local.yaml"), **(site or {})}
     if local_run:
         site_data["ray"] = {**site_data["ray"], **LOCAL_RUN_PORTS}
-    plan = make_plan(recipe_from_dict(d, "test recipe"), site_from_dict(site_data, "test site"))
+    plan = plan_for(recipe_from_dict(d, "test recipe"), site_from_dict(site_data, "test site"))
     if driver is not None:
         plan = dataclasses.replace(plan, driver_argv=tuple(driver))
     plan.write()

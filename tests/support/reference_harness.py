@@ -61,15 +61,15 @@ SMALL = [
 
 
 def make_plan(run_dir: Path, assets: TinyAssets, overrides: list[str]) -> Path:
+    from beam_hpc.backends.registry import plan_for
     from beam_hpc.config.recipe import load_recipe
     from beam_hpc.config.site import Site
-    from beam_hpc.plan.plan import make_plan as plan_of
 
     recipe = load_recipe(
         TINY_RECIPE,
         [f"output_dir={run_dir}", f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *overrides],
     )
-    return plan_of(recipe, Site(name="test", container={"runtime": "host"})).write()
+    return plan_for(recipe, Site(name="test", container={"runtime": "host"})).write()
 
 
 def run_backend(plan: Path, ray_address: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:

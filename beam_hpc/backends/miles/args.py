@@ -1,48 +1,17 @@
 """Recipe + site -> the Miles driver command: ``train_async.py`` / ``train.py`` and every flag.
 
-Why a pure builder: Miles cannot run outside its GPU image, so this path must be right by
-construction. Every flag here is checked by the tests against the names Miles's own argparse
-parser accepts (``tests/support/fixtures/miles-megatron-flags.txt``, dumped from radixark/miles@31f1ca961 with
-its Megatron fork) and every value against the recipe. The Plan stores the result; ``beam-hpc
-submit --dry-run`` prints it.
+Why a builder with no Miles import: Miles cannot run outside its GPU image, so this path must be
+right by construction. Every flag is checked by the tests against the names Miles's own argparse
+parser accepts (``tests/support/fixtures/miles-megatron-flags.txt``, dumped from
+radixark/miles@31f1ca961 with its Megatron fork) and every value against the recipe. The mapping,
+recipe field -> Miles flag, is the table ``flags.SOURCES``; the rule behind each group of flags (from
+Miles's source, read for facts only) is written beside the function that adds it.
 
-The mapping, recipe field -> Miles flag, is the table ``flags.SOURCES``; the rules that shape it (from
-Miles's source, read for facts only):
-
-- entry point: ``train_async.py`` for dedicated pools trained asynchronously (the seed's
-  dedicated and LoRA configurations), ``train.py`` for colocated runs and ``async_training: false``
-  (Miles's ``train_async.py`` asserts ``not args.colocate``);
-- checkpoints: ``--save`` and ``--load`` are both pinned to ``<output>/checkpoints``. Miles's
-  launch scripts default to a timestamped run id, which would start every resumed segment from
-  scratch; with a fixed ``--load`` Miles resumes from ``latest_checkpointed_iteration.txt`` and the
-  saved data cursor, and on the first segment (no checkpoint yet) falls back to ``--ref-load``;
-- ``--save-trigger-sentinel <output>/SAVE_NOW``: the lifecycle creates the file, Miles saves at the
-  next rollout boundary and deletes it;
-- optimizer state on node-local NVMe (the seed's ``--optimizer-disk-dir``):
-  ``--stream-optimizer-state-to-disk --offload-train-disk-dir <staged dir>``, plus
-  ``--offload-train-target disk`` when the trainer is offloaded between steps (colocated runs:
-  ``--colocate`` turns ``--offload-train`` on). Miles asserts "--offload-train-target=disk requires
-  --offload-train", so dedicated pools, which never offload the trainer, must not pass it.
-  Streaming also needs the distributed optimizer and Adam and excludes the CPU-offload flags;
-- optimizer state in host RAM (``offload.target: cpu``): Megatron's ``--optimizer-cpu-offload
-  --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer``;
-- LoRA: ``--lora-rank/--lora-alpha/--lora-dropout/--target-modules`` through Megatron-Bridge
-  (``--megatron-to-hf-mode bridge``, which loads the HF checkpoint itself, so no ``--ref-load``);
-- reward: ``--custom-rm-path beam_hpc.backends.miles.reward.reward`` returns a dict; training reads
-  ``--reward-key reward`` (correctness + overlong penalty), evaluation ``--eval-reward-key acc``
-  (1/0 correctness, so the logged mean is accuracy without the penalty, as the seed reports it), and
-  ``--log-reward-category miles_math``: Miles's own checker's verdict, logged beside it;
-- tensorboard: ``--use-tensorboard`` with ``TENSORBOARD_DIR=<output>/tensorboard`` in the
-  environment (Miles reads the directory only from there).
-
-Architecture flags (``--num-layers``, ``--hidden-size``, ...) come from ``architecture.resolve``: the
-recipe's ``model.miles_model_args``, a Miles model script, or the model's ``config.json``, compared
-with that config.json before anything is written; a script only the image can read travels to the
-launcher as ``--model-script`` and is read there.
-
-Pure: no Miles, Ray or Slurm import (``architecture`` reads the model script and config.json when
-they are readable); values that exist only inside the allocation are Plan
-placeholders (``{nvme_dir}``, ``{head_ip}``, ``{ray_address}``) that the job fills.
+Architecture flags (``--num-layers``, ...) come from ``architecture.resolve``: the recipe's
+``model.miles_model_args``, a Miles model script, or the model's ``config.json`` (read here when
+readable; a script only the image can read travels to the launcher as ``--model-script``). Values
+that exist only inside the allocation are Plan placeholders (``{run_dir}``, ``{nvme_dir}``,
+``{ray_address}``, ...) that the job fills.
 """
 
 from __future__ import annotations
@@ -53,9 +22,12 @@ from beam_hpc.backends.miles.flags import SOURCES
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
 from beam_hpc.plan.paths import RunPaths
+from beam_hpc.plan.plan import RUN_DIR
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 from beam_hpc.run.metric_names import MILES_CHECK_KEY
 
+# The run directory's files as the driver names them: under the {run_dir} placeholder the job fills
+RUN = RunPaths(RUN_DIR)
 ENTRY_ASYNC = "train_async.py"
 ENTRY_SYNC = "train.py"
 LAUNCHER_MODULE = "beam_hpc.backends.miles.launch"
@@ -80,7 +52,9 @@ WORKER_ENV = (
 )
 
 def entry_point(recipe: Recipe) -> str:
-    """``train_async.py`` for dedicated asynchronous runs, ``train.py`` otherwise."""
+    """``train_async.py`` for dedicated pools trained asynchronously (the seed's dedicated and LoRA
+    configurations), ``train.py`` for colocated runs and ``async_training: false`` (Miles's
+    ``train_async.py`` asserts ``not args.colocate``)."""
     t = recipe.training
     return ENTRY_ASYNC if t.async_training and not t.colocated else ENTRY_SYNC
 
@@ -114,7 +88,7 @@ def _miles_args(recipe: Recipe, site: Site, arch: architecture.Architecture) -> 
 def driver_env(recipe: Recipe) -> dict[str, str]:
     """The driver's environment (the launcher adds the address and interface variables)."""
     return {
-        "TENSORBOARD_DIR": RunPaths(recipe.output_dir).tensorboard,
+        "TENSORBOARD_DIR": RUN.tensorboard,
         "PYTHONUNBUFFERED": "1",
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",  # what Miles's own launcher sets for Megatron
         "RAY_ADDRESS": "{ray_address}",
@@ -123,15 +97,15 @@ def driver_env(recipe: Recipe) -> dict[str, str]:
     }
 
 
-def build_driver(recipe: Recipe, site: Site, plan_path: str) -> tuple[list[str], dict[str, str]]:
+def build_driver(recipe: Recipe, site: Site) -> tuple[list[str], dict[str, str]]:
     """argv and environment of the driver process on the head node (Plan placeholders unfilled).
 
     ``python -m beam_hpc.backends.miles.launch [launcher options] -- <entry> <Miles flags>``:
     the launcher pins trainer bundles to trainer nodes and then runs Miles's entry point in
-    its own process (it never stops Ray or kills anything). ``plan_path`` is passed so the
+    its own process (it never stops Ray or kills anything). The plan's path is passed so the
     launcher can name the run in its errors.
     """
-    launcher = [site.node_python, "-m", LAUNCHER_MODULE, "--plan", plan_path, "--ray-address", "{ray_address}",
+    launcher = [site.node_python, "-m", LAUNCHER_MODULE, "--plan", RUN.plan, "--ray-address", "{ray_address}",
                 "--head-ip", "{head_ip}", "--group-label", GROUP_LABEL_KEY]
     if site.network.interface:
         launcher += ["--ifname", site.network.interface]
@@ -210,6 +184,9 @@ def _batch(out: _Argv, recipe: Recipe, layout: MilesLayout) -> None:
 
 
 def _reward(out: _Argv) -> None:
+    """beam-hpc's reward returns a dict: training reads ``reward`` (correctness + overlong penalty),
+    evaluation ``acc`` (1/0 correctness: the logged mean is accuracy without the penalty, as the seed
+    reports it); ``miles_math`` is Miles's own checker's verdict, logged beside it."""
     out.add("--custom-rm-path", REWARD_FUNCTION)
     out.add("--reward-key", TRAIN_REWARD_KEY)
     out.add("--eval-reward-key", EVAL_REWARD_KEY)
@@ -256,6 +233,12 @@ def _optimizer(out: _Argv, recipe: Recipe) -> None:
 
 
 def _offload(out: _Argv, recipe: Recipe) -> None:
+    """Optimizer state on node-local NVMe (the seed's ``--optimizer-disk-dir``) is streamed to the
+    staged ``{nvme_dir}``, plus ``--offload-train-target disk`` when the trainer is offloaded between
+    steps (``--colocate`` turns ``--offload-train`` on). Miles asserts "--offload-train-target=disk
+    requires --offload-train", so dedicated pools must not pass it; streaming also needs the
+    distributed optimizer and Adam and excludes the CPU-offload flags. ``cpu``: Megatron's own
+    host-RAM optimizer offload."""
     target = recipe.training.offload.target
     if target == "nvme":
         if recipe.training.colocated:  # --colocate turns --offload-train on; park it on NVMe too
@@ -296,6 +279,7 @@ def _performance(out: _Argv, recipe: Recipe) -> None:
 
 
 def _lora(out: _Argv, recipe: Recipe) -> None:
+    """Adapters through Megatron-Bridge (``bridge`` mode loads the HF checkpoint itself: no ``--ref-load``)."""
     lora = recipe.training.lora
     if recipe.training.mode != "lora" or lora is None:
         return
@@ -307,7 +291,13 @@ def _lora(out: _Argv, recipe: Recipe) -> None:
 
 
 def _outputs(out: _Argv, recipe: Recipe) -> None:
-    paths = RunPaths(recipe.output_dir)
+    """``--save`` and ``--load`` are both pinned to ``<run>/checkpoints``: Miles's launch scripts
+    default to a timestamped run id, which would start every resumed segment from scratch; with a
+    fixed ``--load`` Miles resumes from ``latest_checkpointed_iteration.txt`` and the saved data
+    cursor, and on the first segment falls back to ``--ref-load``. The lifecycle creates the
+    ``--save-trigger-sentinel`` file; Miles saves at the next rollout boundary and deletes it.
+    TensorBoard's directory reaches Miles only as ``TENSORBOARD_DIR`` (:func:`driver_env`)."""
+    paths = RUN
     out.add("--save", paths.checkpoints)
     out.add("--load", paths.checkpoints)
     out.add("--save-interval", recipe.checkpoint.interval)

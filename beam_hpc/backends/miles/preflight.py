@@ -145,9 +145,9 @@ def check_recipe(recipe: Recipe, site: Site, *, timeout_s: float = DEFAULT_TIMEO
     """The check for ``beam-hpc doctor --recipe``: the Plan's driver command, through the image
     (the run directory need not exist yet, so it is not bound)."""
     from beam_hpc.backends.miles.architecture import resolve
-    from beam_hpc.plan.plan import make_plan
+    from beam_hpc.backends.registry import plan_for
 
-    plan = make_plan(recipe, site)
+    plan = plan_for(recipe, site)
     verdict = run_check(site, plan.driver_argv, plan.output_dir, env=_env(plan.driver_env, plan.output_dir),
                         timeout_s=timeout_s, num_rollout=plan.recipe.num_rollout)
     arch = resolve(recipe.model)

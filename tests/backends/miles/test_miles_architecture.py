@@ -245,7 +245,7 @@ def write_model(tmp: Path, config: dict) -> Path:
 
 def driver(tmp: Path, *overrides: str) -> list[str]:
     r = load_recipe(ROOT / "recipes" / "dedicated.yaml", ["model.miles_model_script=null", *overrides])
-    return build_driver(r, SITE, str(tmp / "plan.json"))[0]
+    return build_driver(r, SITE)[0]
 
 
 def test_recipe_without_any_source_is_refused(tmp_path: Path) -> None:
@@ -288,7 +288,7 @@ def test_recipe_reads_a_readable_script_and_checks_it(tmp_path: Path) -> None:
 def test_unreadable_script_is_read_by_the_launcher(tmp_path: Path) -> None:
     """The seed recipes' case: the script lives in the image; the launcher reads it in the job."""
     r = load_recipe(ROOT / "recipes" / "dedicated.yaml")
-    argv = build_driver(r, SITE, str(tmp_path / "plan.json"))[0]
+    argv = build_driver(r, SITE)[0]
     assert argv[argv.index("--model-script") + 1] == r.model.miles_model_script
     script = tmp_path / "beam.sh"
     script.write_text("MODEL_ARGS=(\n  --num-layers ${L}\n  --num-experts 64\n)\n")
@@ -351,7 +351,7 @@ def python_recipe_driver(tmp: Path, script: Path, *overrides: str) -> list[str]:
     model = write_model(tmp, QWEN3_30B_A3B) if not (tmp / "model").exists() else tmp / "model"
     r = load_recipe(ROOT / "recipes" / "dedicated.yaml", [f"model.path={model}", f"model.miles_model_script={script}",
                                                          *overrides])
-    return build_driver(r, SITE, str(tmp / "plan.json"))[0]
+    return build_driver(r, SITE)[0]
 
 
 def test_recipe_with_a_readable_python_script_derives_at_submit(tmp_path: Path) -> None:

@@ -20,15 +20,16 @@ from miles_facts import PRACTICE
 from beam_hpc.backends.miles import args as miles_args
 from beam_hpc.backends.miles.args import ENTRY_ASYNC, ENTRY_SYNC, build_driver, entry_point
 from beam_hpc.backends.miles.flags import managed_flags
+from beam_hpc.backends.registry import plan_for
 from beam_hpc.config.recipe import Recipe, load_recipe
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError
 from beam_hpc.plan.paths import RunPaths
-from beam_hpc.plan.plan import PLACEHOLDERS, fill, make_plan
+from beam_hpc.plan.plan import PLACEHOLDERS, RUN_DIR, fill
 
 ROOT = Path(__file__).resolve().parents[3]
 FLAGS_FILE = Path(__file__).resolve().parents[3] / "tests" / "support" / "fixtures" / "miles-megatron-flags.txt"
-PLAN_PATH = "/shared/runs/x/plan.json"
+RUN = RunPaths(RUN_DIR)  # the run directory as the driver command names it, filled in the job
 
 
 # -- the written contract ---------------------------------------------------------------------
@@ -103,7 +104,7 @@ MODES = {
 
 def built(mode: str) -> tuple[Recipe, str, dict[str, list[str]]]:
     r = recipe(*MODES[mode])
-    argv, _ = build_driver(r, SITE, PLAN_PATH)
+    argv, _ = build_driver(r, SITE)
     cut = argv.index("--")
     return r, argv[cut + 1], parse_flags(argv[cut + 2:])
 
@@ -228,13 +229,14 @@ def test_values_are_the_recipes(mode: str) -> None:
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_checkpoints_pinned_under_the_run_dir(mode: str) -> None:
-    """Miles's default run id is a timestamp; a fixed --load/--save is what makes resume work."""
+    """Miles's default run id is a timestamp; a fixed --load/--save is what makes resume work. The
+    run directory is the job's {run_dir}: a plan whose output_dir was edited saves there."""
     r, _, f = built(mode)
-    paths = RunPaths(r.output_dir)
-    assert f["--save"] == f["--load"] == [paths.checkpoints]
-    assert f["--save-trigger-sentinel"] == [paths.sentinel]
-    assert f["--dump-details"] == [paths.dumps]
+    assert f["--save"] == f["--load"] == [RUN.checkpoints]
+    assert f["--save-trigger-sentinel"] == [RUN.sentinel]
+    assert f["--dump-details"] == [RUN.dumps]
     assert "--use-tensorboard" in f
+    assert fill(f["--save"][0], run_dir=r.output_dir) == RunPaths(r.output_dir).checkpoints
 
 
 def test_the_rollout_total_is_completed_in_the_job_not_baked() -> None:
@@ -242,8 +244,8 @@ def test_the_rollout_total_is_completed_in_the_job_not_baked() -> None:
     the segment fills with its own total, so the same plan.json runs to whatever the segment is given."""
     from beam_hpc.plan.plan import fill
 
-    fresh = build_driver(recipe("dedicated"), SITE, PLAN_PATH)[0]
-    resumed = build_driver(recipe("dedicated", "num_rollout=200"), SITE, PLAN_PATH)[0]
+    fresh = build_driver(recipe("dedicated"), SITE)[0]
+    resumed = build_driver(recipe("dedicated", "num_rollout=200"), SITE)[0]
     assert fresh == resumed
     i = resumed.index("--num-rollout") + 1
     assert fill(resumed[i], num_rollout="200") == "200"
@@ -311,27 +313,27 @@ def test_reward_is_beam_hpcs_and_eval_reads_accuracy() -> None:
 
 def test_driver_command_shape_and_placeholders() -> None:
     r = recipe("dedicated")
-    argv, env = build_driver(r, SITE, PLAN_PATH)
+    argv, env = build_driver(r, SITE)
     cut = argv.index("--")
     launcher = parse_flags(argv[3:cut])
     assert argv[:3] == [SITE.python, "-m", "beam_hpc.backends.miles.launch"]
-    assert launcher["--plan"] == [PLAN_PATH] and launcher["--ray-address"] == ["{ray_address}"]
+    assert launcher["--plan"] == [RUN.plan] and launcher["--ray-address"] == ["{ray_address}"]
     assert launcher["--head-ip"] == ["{head_ip}"] and launcher["--ifname"] == ["ib0"]
     assert launcher["--group-label"] == ["beam-group"]
     values = dict.fromkeys(PLACEHOLDERS, "X")
     filled = [fill(a, **values) for a in argv] + [fill(v, **values) for v in env.values()]
     assert not [a for a in filled if "{" in a]
-    assert env["TENSORBOARD_DIR"] == RunPaths(r.output_dir).tensorboard
+    assert env["TENSORBOARD_DIR"] == RUN.tensorboard
     assert env[miles_args.ENV_OVERLONG_BUFFER] == str(r.reward.overlong_buffer)
     assert float(env[miles_args.ENV_OVERLONG_FACTOR]) == r.reward.overlong_factor
     no_iface = Site(name="t", container={"runtime": "host"})
-    assert "--ifname" not in build_driver(r, no_iface, PLAN_PATH)[0]
+    assert "--ifname" not in build_driver(r, no_iface)[0]
 
 
 def test_make_plan_stores_the_miles_command() -> None:
     r = recipe("lora")
-    plan = make_plan(r, SITE)
-    assert list(plan.driver_argv) == build_driver(r, SITE, str(Path(r.output_dir) / "plan.json"))[0]
+    plan = plan_for(r, SITE)
+    assert list(plan.driver_argv) == build_driver(r, SITE)[0]
     assert plan.driver_env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
 
 
@@ -339,7 +341,7 @@ def test_passthrough_flags_are_appended() -> None:
     """The README's example: any other Miles flag through backend_options.extra_args, verbatim."""
     r = recipe("dedicated", "model.miles_model_args=[--num-layers, '4', --num-experts, '64']",
                "backend_options={extra_args: [--rollout-stop-token-ids, '151329', '151336', --use-tis]}")
-    argv = build_driver(r, SITE, PLAN_PATH)[0]
+    argv = build_driver(r, SITE)[0]
     assert argv[-8:] == ["--num-layers", "4", "--num-experts", "64", "--rollout-stop-token-ids", "151329",
                          "151336", "--use-tis"]
     assert all(miles_accepts(a) for a in argv[-8:] if a.startswith("--"))
@@ -379,7 +381,7 @@ def test_colocated_engine_size_option() -> None:
     _, _, f = built("colocated")
     assert f["--rollout-num-gpus-per-engine"] == ["16"]  # colocated.yaml: one engine spans 2 nodes
     r = recipe("colocated", "backend_options={rollout_gpus_per_engine: 8}")
-    argv = build_driver(r, SITE, PLAN_PATH)[0]
+    argv = build_driver(r, SITE)[0]
     assert argv[argv.index("--rollout-num-gpus-per-engine") + 1] == "8"
 
 
@@ -411,12 +413,12 @@ BAD = [
 def test_checks_raise_clear_errors(spec: tuple[str, ...], message: str) -> None:
     r = recipe(*spec)
     with pytest.raises(InputError, match=re.escape(message)):
-        build_driver(r, SITE, PLAN_PATH)
+        build_driver(r, SITE)
 
 
 def test_bad_parallelism_fails_in_make_plan_before_any_allocation() -> None:
     with pytest.raises(InputError, match="choose sizes whose product divides it"):
-        make_plan(recipe("lora", "model.pipeline_parallel=3"), SITE)
+        plan_for(recipe("lora", "model.pipeline_parallel=3"), SITE)
 
 
 # -- Miles's launchers' practice as recipe fields ----------------------------------------------------
@@ -434,7 +436,7 @@ def test_practice_fields_change_the_flags() -> None:
     r = recipe("dedicated", "training.dropout=0.1", "training.fp32_softmax=false", "training.fp32_grad_allreduce=false",
                "performance={attention_backend: null, recompute: selective, dynamic_batch_size: false, "
                "sglang_mem_fraction: 0.8, balance_data: false}")
-    argv = build_driver(r, SITE, PLAN_PATH)[0]
+    argv = build_driver(r, SITE)[0]
     f = parse_flags(argv[argv.index("--") + 2:])
     assert f["--attention-dropout"] == f["--hidden-dropout"] == ["0.1"]
     assert f["--recompute-granularity"] == ["selective"] and "--recompute-method" not in f
@@ -442,7 +444,7 @@ def test_practice_fields_change_the_flags() -> None:
     for gone in ("--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32", "--attention-backend",
                  "--use-dynamic-batch-size", "--max-tokens-per-gpu", "--balance-data"):
         assert gone not in f, gone
-    none = build_driver(recipe("dedicated", "performance.recompute=none"), SITE, PLAN_PATH)[0]
+    none = build_driver(recipe("dedicated", "performance.recompute=none"), SITE)[0]
     assert not any(k.startswith("--recompute") for k in none)
 
 
@@ -462,19 +464,19 @@ def test_model_flags_may_repeat_practice_flags_with_the_same_value() -> None:
     value is taken once; a different one names the recipe field. MLA refuses flash attention."""
     same = ["--num-layers", "4", "--attention-softmax-in-fp32", "--hidden-dropout", "0.0"]
     r = recipe("dedicated", f"model.miles_model_args={json.dumps(same)}")
-    argv = build_driver(r, SITE, PLAN_PATH)[0]
+    argv = build_driver(r, SITE)[0]
     f = parse_flags(argv[argv.index("--") + 2:])  # parse_flags fails on a repeated flag
     assert "--attention-softmax-in-fp32" in f and f["--hidden-dropout"] == ["0.0"]
     with pytest.raises(InputError, match=r"training.dropout: the model's architecture flags set --hidden-dropout 0.1 "
                                          r"but the recipe gives --hidden-dropout 0.0"):
-        build_driver(recipe("dedicated", "model.miles_model_args=[--hidden-dropout, '0.1']"), SITE, PLAN_PATH)
+        build_driver(recipe("dedicated", "model.miles_model_args=[--hidden-dropout, '0.1']"), SITE)
     with pytest.raises(InputError, match="training.fp32_softmax: .* but the recipe gives off"):
         build_driver(recipe("dedicated", "training.fp32_softmax=false",
-                            "model.miles_model_args=[--attention-softmax-in-fp32]"), SITE, PLAN_PATH)
+                            "model.miles_model_args=[--attention-softmax-in-fp32]"), SITE)
     with pytest.raises(InputError, match="performance.attention_backend: flash does not run the model's multi-latent"):
-        build_driver(recipe("dedicated", "model.miles_model_args=[--multi-latent-attention]"), SITE, PLAN_PATH)
+        build_driver(recipe("dedicated", "model.miles_model_args=[--multi-latent-attention]"), SITE)
     build_driver(recipe("dedicated", "model.miles_model_args=[--multi-latent-attention]",
-                        "performance.attention_backend=null"), SITE, PLAN_PATH)
+                        "performance.attention_backend=null"), SITE)
 
 
 # -- launcher parity: beam-hpc's command next to Miles's own launchers' --------------------------------
@@ -620,7 +622,7 @@ def test_command_matches_miless_own_launcher(launcher: str) -> None:
 
     miles = last_wins([*read_model_script(str(script)), *facts["argv"]])
     r = recipe("colocated", *overrides)
-    argv, _ = build_driver(r, SITE, PLAN_PATH)
+    argv, _ = build_driver(r, SITE)
     cut = argv.index("--")
     assert argv[cut + 1] == facts["entry"]
     ours = last_wins(argv[cut + 2:])

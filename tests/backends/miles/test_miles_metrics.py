@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from real_miles import require_miles
 
+from beam_hpc.backends.registry import plan_for
 from beam_hpc.job.segment import Segment
 from beam_hpc.lifecycle.decide import Outcome, decide
 from beam_hpc.lifecycle.segment_metrics import metrics_offset, segment_metrics
@@ -29,7 +30,6 @@ from beam_hpc.observe.plot import plot_run
 from beam_hpc.observe.status import gather
 from beam_hpc.observe.status_table import format_status
 from beam_hpc.plan.paths import RunPaths
-from beam_hpc.plan.plan import make_plan
 from beam_hpc.run import checkpoint_layout, ledger, metric_names
 from beam_hpc.run.scalars import read_scalars
 from beam_hpc.submission.submit import build_recipe, build_site
@@ -82,7 +82,7 @@ def miles_segment(tmp_path_factory: pytest.TempPathFactory) -> dict:
     mp = pytest.MonkeyPatch()
     run = tmp_path_factory.mktemp("miles-run") / "run"
     recipe = build_recipe(str(ROOT / "recipes" / "tiny.yaml"), output_dir=str(run), base_dir=run, num_rollout=10)
-    plan = make_plan(recipe, build_site("local", search_dir=ROOT / "env"))
+    plan = plan_for(recipe, build_site("local", search_dir=ROOT / "env"))
     plan.write()
     paths = plan.paths
     args = miles_args(rollout_max_response_len=64)

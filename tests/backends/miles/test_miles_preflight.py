@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from miles_facts import MILES_MAIN, QWEN3_30B_A3B
 
+from beam_hpc.backends import registry
 from beam_hpc.backends.miles import preflight
 from beam_hpc.backends.miles.flags import SOURCES
 from beam_hpc.config.recipe import load_recipe
 from beam_hpc.config.site import Site
 from beam_hpc.observe import doctor
-from beam_hpc.plan.plan import make_plan
 
 ROOT = Path(__file__).resolve().parents[3]
 OLD_MILES_LACKS = ("--save-trigger-sentinel", "--stream-optimizer-state-to-disk", "--offload-train-disk-dir",
@@ -72,7 +72,7 @@ def plan_for(tmp: Path, name: str, *overrides: str):  # type: ignore[no-untyped-
     r = load_recipe(ROOT / "recipes" / f"{name}.yaml",
                     ["model.miles_model_script=null", f"model.path={tmp}/model", f"output_dir={tmp}/run", *overrides])
     site = Site(name="t", container={"runtime": "host"}, python=sys.executable)
-    return make_plan(r, site)
+    return registry.plan_for(r, site)
 
 
 def test_check_argv_is_the_drivers_with_harmless_placeholders(tmp_path: Path) -> None:
@@ -165,7 +165,7 @@ def test_reference_plans_are_not_checked(tmp_path: Path) -> None:
     from beam_hpc.submission.submit import build_recipe
 
     r = build_recipe(ROOT / "recipes" / "tiny.yaml", base_dir=tmp_path)
-    assert preflight.check_in_job(make_plan(r, Site(name="t", container={"runtime": "host"}))) is None
+    assert preflight.check_in_job(registry.plan_for(r, Site(name="t", container={"runtime": "host"}))) is None
 
 
 @pytest.mark.slow  # a check process imports torch and transformers: 3-8 s each

@@ -27,13 +27,13 @@ import pytest
 from miles_facts import PRACTICE, QWEN3_30B_A3B
 from real_miles import require_miles
 
+from beam_hpc.backends import registry
 from beam_hpc.backends.miles import args as miles_args
 from beam_hpc.backends.miles import preflight
 from beam_hpc.backends.miles.flags import SOURCES
 from beam_hpc.backends.miles.reward import score_sample
 from beam_hpc.config.recipe import load_recipe
 from beam_hpc.config.site import Site
-from beam_hpc.plan.plan import make_plan
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "support" / "fixtures"
@@ -53,7 +53,7 @@ def plan_for(tmp: Path, name: str, *overrides: str):  # type: ignore[no-untyped-
     (model / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
     r = load_recipe(ROOT / "recipes" / f"{name}.yaml",
                     ["model.miles_model_script=null", f"model.path={model}", f"output_dir={tmp}/run", *overrides])
-    return make_plan(r, Site(name="t", container={"runtime": "host"}, python=sys.executable))
+    return registry.plan_for(r, Site(name="t", container={"runtime": "host"}, python=sys.executable))
 
 
 @pytest.fixture

@@ -89,12 +89,12 @@ def smollm2_dir() -> Path:
 
 
 def _plan(run_dir: Path, model_dir: Path, data_dir: Path, overrides: list[str]) -> Path:
+    from beam_hpc.backends.registry import plan_for
     from beam_hpc.config.recipe import load_recipe
     from beam_hpc.config.site import Site
-    from beam_hpc.plan.plan import make_plan
 
     recipe = load_recipe(RECIPE, [f"output_dir={run_dir}", f"model.path={model_dir}", f"data.dir={data_dir}", *overrides])
-    return make_plan(recipe, Site(name="test", container={"runtime": "host"})).write()
+    return plan_for(recipe, Site(name="test", container={"runtime": "host"})).write()
 
 
 @pytest.mark.slow
