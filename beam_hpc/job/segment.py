@@ -1,29 +1,17 @@
 """``python -m beam_hpc.job.segment --plan RUN/plan.json|- [--script PATH] [--resume] [--num-rollout N]``: one segment.
 
-The batch script execs into this (beam_hpc.slurm.script), so this process is the batch shell: it receives the
-walltime warning (``--signal=B:USR1@lead``) and Slurm's SIGTERM. A rendered script carries its plan
-(``--plan -``: the plan's JSON on stdin, from the script's own here-document) and names itself
-(``--script "$0"``), so a plain ``sbatch x.sbatch`` needs nothing else. What it does, in order:
+The batch script execs into this, so this process is the batch shell: it receives the walltime
+warning (``--signal=B:USR1@lead``) and Slurm's SIGTERM. A rendered script carries its plan (``--plan -``:
+its here-document on stdin) and names itself (``--script "$0"``), so a plain ``sbatch x.sbatch`` needs
+nothing else. In order: the checks before anything is written, the run lock, the run directory
+(:mod:`beam_hpc.job.run_setup`); the start line and the checks that may refuse
+(:mod:`beam_hpc.lifecycle.start`); the job (:mod:`beam_hpc.job.runner`) while interrupts and stalls
+are acted on (:mod:`beam_hpc.lifecycle.stopping`); the end: decide, resubmit or requeue, the end line
+(:mod:`beam_hpc.lifecycle.end`); the lock released (a job that requeues itself does so after that).
 
-1. checks the allocation against the plan's groups and a run directory's plan.json, before anything
-   is written (exit 2), takes the run lock (a second segment on the same run is refused; a killed
-   job's lock is taken over, :mod:`beam_hpc.run.lock`), and makes the run directory what a
-   submission leaves (:mod:`beam_hpc.job.run_setup`);
-2. writes the ledger's start line, with the job's time limit as Slurm has it, then checks that the
-   run may go on (:mod:`beam_hpc.lifecycle.start`): the cancel flag, ``max_segments``, the seed's
-   resume rules; a refusal is the segment's end line and ends the chain. A requeued segment
-   (SLURM_RESTART_COUNT > 0) resumes by itself;
-3. runs the job (:mod:`beam_hpc.job.runner`: Ray on every node, the driver) while
-   :mod:`beam_hpc.lifecycle.stopping` acts on the watchdog's interrupts (the walltime lead and
-   preemption: save, then stop; a requeue, a cancel, the time limit: the end line at once) and on
-   stalls (stack dumps, then stop);
-4. ends (:mod:`beam_hpc.lifecycle.end`): decides, resubmits or requeues, writes the ledger's end
-   line, and releases the lock (a job that requeues itself does so after that).
-
-Messages go to the segment's log and to stderr (the batch log); the exit status is 0 when the
-segment ended as planned (completed, walltime, preempted, cancelled), 1 on a runtime failure
-(including a lock another live segment holds), 2 on bad input (a damaged plan, an allocation that
-does not match the plan, a resume the run's checkpoints refuse), as the CLI maps them.
+Exit status: 0 when the segment ended as planned (completed, walltime, preempted, cancelled), 1 on
+a runtime failure (a lock another live segment holds included), 2 on bad input (a damaged plan, an
+allocation that does not match the plan, a resume the run's checkpoints refuse), as the CLI maps them.
 """
 
 from __future__ import annotations
