@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -17,10 +18,11 @@ from typing import Protocol
 from beam_hpc.job.context import JobContext
 from beam_hpc.node.ray_node import ClusterRuntime, loopback_ip, set_parent_death_signal
 from beam_hpc.plan.paths import SegmentPaths
-from beam_hpc.plan.plan import GroupPlan
+from beam_hpc.plan.plan import GroupPlan, Plan
 from beam_hpc.slurm import client as slurm_client
+from beam_hpc.slurm.environment import SlurmEnvironment
 
-log = logging.getLogger("beam_hpc.job.launchers")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -153,3 +155,15 @@ def reports(rt: ClusterRuntime, group: GroupPlan) -> list[dict]:
         with contextlib.suppress(OSError, ValueError):
             out.append(json.loads(rt.node_report(group.name, i).read_text()))
     return out
+
+
+def for_job(plan: Plan, *, srun: bool | None = None, env: Mapping[str, str] | None = None) -> tuple[JobContext, Launcher]:
+    """The job's context and launcher: srun inside a Slurm allocation, else processes of this
+    machine (``beam-hpc execute``, tests). ``srun``: None decides by whether ``env`` (default: this
+    process's) is a Slurm job's. Raises JobError when the allocation does not fit the plan."""
+    if srun is None:
+        srun = SlurmEnvironment(dict(os.environ if env is None else env)).in_job
+    if srun:
+        ctx = JobContext.from_slurm(plan, env)
+        return ctx, SrunLauncher(ctx, loopback=plan.site.network.ip_source == "loopback")
+    return JobContext.local(plan), LocalLauncher()

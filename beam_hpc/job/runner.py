@@ -59,7 +59,7 @@ from beam_hpc.job.context import (  # noqa: F401 (re-exported: the runner's publ
     StopRequested,
     expand_nodelist,
 )
-from beam_hpc.job.launchers import Launcher, LocalLauncher, SrunLauncher, StepHandle, reports  # noqa: F401
+from beam_hpc.job.launchers import Launcher, LocalLauncher, SrunLauncher, StepHandle, for_job, reports  # noqa: F401
 from beam_hpc.job.readiness import EXIT_READY
 from beam_hpc.job.smoke import smoke_driver_argv
 from beam_hpc.node import stacks
@@ -80,7 +80,6 @@ from beam_hpc.node.ray_node import (
 )
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import Plan, fill
-from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = logging.getLogger("beam_hpc.job.runner")
 
@@ -560,13 +559,8 @@ def run_plan(plan_path: str, *, smoke: bool = False, launcher: str = "auto",
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     t0 = _process_start_time()
     plan = Plan.load(plan_path)
-    use_srun = launcher == "srun" or (launcher == "auto" and SlurmEnvironment.current().in_job)
     try:
-        if use_srun:
-            ctx = JobContext.from_slurm(plan)
-            starter: Launcher = SrunLauncher(ctx, loopback=plan.site.network.ip_source == "loopback")
-        else:
-            ctx, starter = JobContext.local(plan), LocalLauncher()
+        ctx, starter = for_job(plan, srun={"srun": True, "local": False}.get(launcher))
     except JobError as err:  # the allocation does not fit the plan: a runtime failure (exit 1)
         log.error("%s", err)
         return 1

@@ -1,8 +1,8 @@
 """What follows a segment: the pure rule book (no I/O), so that every case is a fast test.
 
-The segment (:mod:`beam_hpc.job.segment`) hands in what it did (:class:`Outcome`) and the ledger's
-earlier segments; :func:`decide` answers with a :class:`Decision` whose ``action`` is written to
-the ledger's end line as ``next.action`` (the :class:`Action` values are those strings).
+The end of a segment (:mod:`beam_hpc.lifecycle.end`) hands in what it did (:class:`Outcome`) and
+the ledger's earlier segments; :func:`decide` answers with a :class:`Decision` whose ``action`` is
+written to the ledger's end line as ``next.action`` (the :class:`Action` values are those strings).
 """
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-FAILURES = ("error", "node-failure", "stalled")  # a stall is a failure too: it retries once without progress
-STALLED = "stalled"
+from beam_hpc.run.ledger import Reason
+
+# a stall is a failure too: it retries once without progress
+FAILURES = (Reason.ERROR, Reason.NODE_FAILURE, Reason.STALLED)
+STALLED = Reason.STALLED
 
 
 class Action(StrEnum):
@@ -27,7 +30,7 @@ class Action(StrEnum):
 class Outcome:
     """What a segment did, as far as the decision is concerned."""
 
-    reason: str  # a ledger reason
+    reason: Reason
     rollouts_at_start: int
     rollouts_at_end: int
     num_rollout: int
@@ -113,7 +116,7 @@ def _decide(outcome: Outcome, *, history: list[dict[str, Any]], max_segments: in
     o = outcome
     if o.rollouts_at_end >= o.num_rollout:
         return Decision(Action.NONE, f"num_rollout {o.num_rollout} reached")
-    if cancelled or o.reason == "cancelled":
+    if cancelled or o.reason == Reason.CANCELLED:
         return Decision(Action.NONE, "the run was cancelled; no further segment")
     if not o.retryable:
         return Decision(Action.NONE, "this error would repeat in another segment; fix it and resubmit with --resume")
@@ -121,7 +124,7 @@ def _decide(outcome: Outcome, *, history: list[dict[str, Any]], max_segments: in
     if run >= max_segments:
         return Decision(Action.NONE, f"lifecycle.max_segments ({max_segments}) segments have run; raise it and resubmit with --resume")
     progress = o.rollouts_at_end > o.rollouts_at_start
-    if o.reason == "preempted":
+    if o.reason == Reason.PREEMPTED:
         if not requeue_on_preemption:
             return Decision(Action.NONE, "preempted, and lifecycle.requeue_on_preemption is false")
         return Decision(Action.REQUEUE, "preempted: the same job id is requeued and resumes from the last checkpoint")

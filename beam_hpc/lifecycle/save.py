@@ -25,7 +25,7 @@ from beam_hpc.lifecycle.watchdog import fmt_clock
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import checkpoint_layout
 
-log = logging.getLogger("beam_hpc.lifecycle.save")
+log = logging.getLogger(__name__)
 
 SENTINEL_POLL_S = 0.2  # a rollout trained after the save is lost work: notice the save promptly
 # Seconds kept free before the hard end for stopping the driver, tearing Ray down and writing the

@@ -11,7 +11,9 @@ gets :data:`STARTUP_EXTRA_S` more. The probe (:class:`ProgressProbe`) re-reads t
 their files changed, at most every :data:`PROBE_EVERY_S`. Miles flushes TensorBoard only about every
 120 s, so a timeout under ~150 s can fire on a healthy Miles run.
 
-The segment asks :meth:`StallWatch.check` on each tick; what it does on a stall is its own business.
+The segment asks :meth:`StallWatch.check` on each tick (:mod:`beam_hpc.lifecycle.stopping`); on a
+stall, :func:`dump_and_stop` dumps the stacks and stops the job, and the :class:`CaughtStall` it
+returns is what the ledger's end line says (``stalled``, then :mod:`beam_hpc.lifecycle.decide`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import metric_names
@@ -225,3 +227,51 @@ class StallWatch:
         return Stall(phase=phase, last_rollout=last, rollout=self.rollouts_at_start if last is None else last + 1,
                      since=since, caught_at=now, timeout_s=timeout, basis=basis)
 
+
+
+class StackDumper(Protocol):
+    """The running job as a stall needs it (beam_hpc.job.runner.JobRunner)."""
+
+    def dump_stacks(self) -> dict[str, Any]: ...
+
+    def request_stop(self, reason: str) -> None: ...
+
+
+@dataclass
+class CaughtStall:
+    """A stall the segment acted on, and what its stack dumps found (``dumps``: None until they are done)."""
+
+    stall: Stall
+    dumps: dict[str, Any] | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The ledger end line's ``stall``: the stall, the dump files, and at most 20 skipped processes."""
+        dumps = self.dumps or {}
+        return {**self.stall.to_record(), **dumps, "skipped": dumps.get("skipped", [])[:20]}
+
+    def describe(self, stacks_dir: str | Path) -> str:
+        """The end line's detail: the stall, where the dumps are, and what did not answer."""
+        rec = self.record()
+        parts = [self.stall.describe(), f"{len(rec.get('dumps') or [])} stack dump(s) in {stacks_dir}"]
+        if rec.get("skipped"):
+            parts.append(f"{len(rec['skipped'])} process(es) did not answer within the dump timeout and were "
+                         "killed: " + "; ".join(f"pid {x['pid']} on {x['node']} ({x['why']})" for x in rec["skipped"][:3]))
+        if rec.get("silent_nodes"):
+            parts.append(f"node step(s) that did not answer: {', '.join(rec['silent_nodes'])}")
+        if rec.get("suspects"):
+            parts.append(f"suspect node(s): {', '.join(rec['suspects'])}")
+        if rec.get("error"):
+            parts.append(f"dumps failed: {rec['error']}")
+        return "; ".join(parts)
+
+
+def dump_and_stop(caught: CaughtStall, job: StackDumper) -> None:
+    """Dump every Python process's stacks (beam_hpc.node.stacks, through the job's node steps) into
+    ``caught.dumps``, then ask the job to stop; a dump that fails is recorded, and the stop still comes."""
+    log.error("stalled: %s; dumping the stacks of the job's Python processes, then stopping it", caught.stall.describe())
+    try:
+        caught.dumps = job.dump_stacks()
+    except Exception as err:  # noqa: BLE001 - the stop matters more than the dumps
+        log.exception("the stack dumps failed")
+        caught.dumps = {"dumps": [], "skipped": [], "suspects": [], "error": f"{type(err).__name__}: {err}"}
+    job.request_stop("stalled")

@@ -1,6 +1,6 @@
 """Noticing that a segment must stop: the walltime lead, preemption, requeue, cancel, time limit.
 
-Why each piece exists (facts: anchors-report.md 1.3, 1.4, 3; local-slurm-cluster.md 4, 9):
+Why each piece exists (Slurm behaviour measured on a real cluster):
 
 - The walltime warning (``--signal=B:USR1@lead``) may come up to 30 s early or late, so the
   watchdog also keeps its own deadline: the job's EndTime (``scontrol show job``) minus the lead.
@@ -31,9 +31,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from beam_hpc.run.ledger import Reason
 from beam_hpc.slurm.client import JobInfo, SlurmUnavailable, show_job
 
-log = logging.getLogger("beam_hpc.lifecycle.watchdog")
+log = logging.getLogger(__name__)
 
 
 class InterruptKind(StrEnum):
@@ -54,6 +55,27 @@ class Interrupt:
     source: str  # USR1 | deadline | SIGTERM | SIGINT
     hard_end: float | None  # when Slurm will kill the job, when known
     detail: str
+
+    @property
+    def reason(self) -> Reason:
+        """The ledger reason of a segment this interrupt ended."""
+        return _REASON[self.kind]
+
+    @property
+    def leaves_no_time(self) -> bool:
+        """Slurm stops the job any moment now: the end is recorded at once, with no save and no
+        teardown first (requeued, cancelled, the time limit itself)."""
+        return self.kind in (InterruptKind.REQUEUED, InterruptKind.CANCELLED, InterruptKind.TIMELIMIT)
+
+    @property
+    def asks_for_a_save(self) -> bool:
+        """The walltime lead or a preemption's grace time: there is time to save first."""
+        return self.kind in (InterruptKind.WALLTIME, InterruptKind.PREEMPTED)
+
+
+_REASON = {InterruptKind.WALLTIME: Reason.WALLTIME, InterruptKind.TIMELIMIT: Reason.WALLTIME,
+           InterruptKind.PREEMPTED: Reason.PREEMPTED, InterruptKind.REQUEUED: Reason.PREEMPTED,
+           InterruptKind.CANCELLED: Reason.CANCELLED}
 
 
 class Watchdog:

@@ -26,7 +26,7 @@ from beam_hpc.observe.eval_set import eval_set_of
 from beam_hpc.observe.run_dir import RunDirError, check_run_dir, checkpoint_problems, load_plan
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import checkpoint_layout, metric_names
-from beam_hpc.run.ledger import read_ledger
+from beam_hpc.run.ledger import Reason, read_ledger
 from beam_hpc.run.scalars import Scalars, read_scalars
 from beam_hpc.slurm import client as slurm_client
 
@@ -132,6 +132,7 @@ def _segment_rows(run_dir: Path, records: list[dict[str, Any]], scalars: Scalars
                 row.update(state="open", end_estimated=True,
                            end=_last_activity(run_dir, rec["segment"], scalars, start, nxt))
             else:
+                # "killed" is the row's state and its reason label, never a ledger Reason
                 row.update(state="killed", reason="killed", end_estimated=True,
                            detail="no end line: the segment was killed hard (end time estimated)",
                            end=_last_activity(run_dir, rec["segment"], scalars, start, nxt))
@@ -305,7 +306,7 @@ def _stalls(records: list[dict[str, Any]], paths: RunPaths) -> list[dict[str, An
     for r in records:
         end = r.get("end") or {}
         stall = end.get("stall")
-        if end.get("reason") != "stalled" or not isinstance(stall, dict):
+        if end.get("reason") != Reason.STALLED or not isinstance(stall, dict):
             continue
         since, caught = stall.get("since"), stall.get("caught_at")
         out.append({"segment": r["segment"], "rollout": stall.get("rollout"), "time": end.get("time"),

@@ -35,6 +35,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from beam_hpc.run.ledger import Reason
+
 BRINGUP = "bring-up and restart"
 REDONE = "rollouts re-done"
 TAIL = "walltime tail after the last save"
@@ -42,8 +44,8 @@ DAMAGED = "checkpoint found damaged"
 FAILED = "failed segments"
 STALLED = "stalls"
 CAUSES = (BRINGUP, REDONE, TAIL, DAMAGED, FAILED, STALLED)
-_STOPPED_BY_SLURM = ("walltime", "preempted", "cancelled")
-_FAILURES = ("error", "node-failure")
+_STOPPED_BY_SLURM = (Reason.WALLTIME, Reason.PREEMPTED, Reason.CANCELLED)
+_FAILURES = (Reason.ERROR, Reason.NODE_FAILURE)
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,8 @@ def segment_time(seg: dict[str, Any], *, next_start: dict[str, Any] | None, now:
     if end is None:
         if next_start is None:  # still running (or killed this very moment): held so far
             return SegmentTime(seg["segment"], max(0.0, now - t0), {}, running=True)
-        # killed without an end line: held until the next segment started (at most its walltime)
+        # killed without an end line: held until the next segment started, at most the time limit its
+        # start line recorded (Slurm's, so an edited --time counts as the job ran with it)
         t1 = _num(next_start.get("time")) or t0
         walltime = _num(start.get("walltime_s"))
         wall = max(0.0, min(t1 - t0, walltime) if walltime else t1 - t0)
@@ -111,7 +114,7 @@ def segment_time(seg: dict[str, Any], *, next_start: dict[str, Any] | None, now:
     reason = end.get("reason")
     if reason in _FAILURES and kept <= 0:
         return SegmentTime(seg["segment"], wall, {**lost, FAILED: wall})
-    if reason == "stalled" and kept <= 0:
+    if reason == Reason.STALLED and kept <= 0:
         return SegmentTime(seg["segment"], wall, {**lost, STALLED: wall})
     ready_s = _num(end.get("ready_s"))
     lost[BRINGUP] = min(wall, ready_s) if ready_s is not None else 0.0
@@ -123,7 +126,7 @@ def segment_time(seg: dict[str, Any], *, next_start: dict[str, Any] | None, now:
     last_save = _num(end.get("last_save_at"))
     if reason in _STOPPED_BY_SLURM and last_save is not None and t0 <= last_save <= t1:
         lost[TAIL] = max(0.0, (t1 - last_save) - lost[REDONE])
-    stalled_since = _num((end.get("stall") or {}).get("since")) if reason == "stalled" else None
+    stalled_since = _num((end.get("stall") or {}).get("since")) if reason == Reason.STALLED else None
     if stalled_since is not None:
         lost[STALLED] = max(0.0, t1 - max(t0, stalled_since))
     attributed = ready_s is not None and rollout_s is not None and run is not None

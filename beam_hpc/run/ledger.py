@@ -18,12 +18,26 @@ import json
 import math
 import os
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from beam_hpc.errors import InputError, shorten
 
-REASONS = ("completed", "walltime", "preempted", "node-failure", "error", "cancelled", "stalled")
+
+class Reason(StrEnum):
+    """Why a segment ended: the end line's ``reason`` (the values are the strings the ledger holds)."""
+
+    COMPLETED = "completed"  # num_rollout reached
+    WALLTIME = "walltime"  # the walltime lead or the time limit itself
+    PREEMPTED = "preempted"  # preempted (saved in the grace time, or requeued by Slurm at once)
+    NODE_FAILURE = "node-failure"  # a node step died, or a node never joined
+    ERROR = "error"  # the driver failed, or the segment refused to run
+    CANCELLED = "cancelled"  # scancel or beam-hpc cancel
+    STALLED = "stalled"  # no rollout finished within the stall timeout
+
+
+REASONS = tuple(r.value for r in Reason)
 ACTIONS = ("resubmit", "requeue", "none")
 
 
@@ -92,7 +106,7 @@ def end_record(
     job_id: str,
     restart: int,
     rollouts_at_end: int,
-    reason: str,
+    reason: Reason | str,
     detail: str,
     next_action: str,
     next_job_id: str | None,
@@ -119,7 +133,7 @@ def end_record(
     return {
         **_head("end", job_id, restart, now),
         "rollouts_at_end": int(rollouts_at_end),
-        "reason": reason,
+        "reason": Reason(reason).value,
         "detail": detail,
         "next": {"action": next_action, "job_id": None if next_job_id is None else str(next_job_id)},
         "timings": {"rollout_s": rollout_s, "save_s": save_s},
