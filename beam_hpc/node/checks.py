@@ -6,7 +6,8 @@ beam_hpc.node.checks`` there through ``srun``, one task per node; :mod:`beam_hpc
 collects the answers): a shared-filesystem canary written on the login side and read here (and an
 acknowledgement written here for the login side to read), node-local scratch that is not
 tmpfs/overlay or shared and has room, ``/dev/shm`` large enough for Ray's object store, the GPU
-count against the site, and the Ray ports of a job free on the node's address.
+count against the site, the Ray ports of a job free on the node's address, and (pyxis sites)
+``enroot`` on the node.
 
 Why in ``node``: it runs on the nodes, beside the node step, and judges by the node step's own
 rules (:mod:`beam_hpc.node.nvme` for filesystems, :mod:`beam_hpc.node.ray_node` for addresses and
@@ -76,6 +77,8 @@ def node_checks(site: Site, *, canary: Path | None = None, token: str | None = N
     where = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     checks = [_canary_check(canary, token), _scratch_check(site, scratch_gb), _shm_check(site),
               _gpu_check(site), _ports_check(site)]
+    if site.container.runtime == "pyxis":
+        checks.append(_enroot_check())
     return [Check(c.name, c.status, c.detail, c.fix, where) for c in checks]
 
 
@@ -145,6 +148,22 @@ def _shm_check(site: Site) -> Check:
         return Check("/dev/shm", "warn", f"{free_gb:.1f} GB free of {size_gb:.1f} GB; object store wants {need:g} GB",
                      "something else fills /dev/shm (stale Ray sessions?); clean it or lower ray.object_store_gb")
     return Check("/dev/shm", "pass", f"{size_gb:.1f} GB ({free_gb:.1f} free), object store {need:g} GB")
+
+
+def _enroot_check() -> Check:
+    """pyxis runs enroot on the node (as the task's user) to import and start the image."""
+    exe = shutil.which("enroot")
+    if exe is None:
+        return Check("enroot", "fail", "enroot is not on PATH on this node; pyxis needs it to start containers",
+                     "ask the admins to install enroot on the compute nodes, or use container.runtime: apptainer")
+    try:
+        out = subprocess.run([exe, "version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return Check("enroot", "fail", f"{exe} version did not answer ({err})", "check the node's enroot install")
+    if out.returncode != 0:
+        return Check("enroot", "fail", f"{exe} version exited {out.returncode}: {(out.stderr or out.stdout).strip()[:200]}",
+                     "check the node's enroot install (enroot.conf, its runtime and data paths)")
+    return Check("enroot", "pass", f"{exe} {out.stdout.strip()}")
 
 
 def _nvidia_smi_gpus() -> int:

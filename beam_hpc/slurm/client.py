@@ -357,6 +357,11 @@ def ping(*, timeout: float = 20) -> str:
     return proc.stdout.strip().splitlines()[0]
 
 
+def srun_help(*, timeout: float = 20) -> str:
+    """``srun --help``: the options srun takes here, SPANK plugins' (pyxis's) included."""
+    return _checked(["srun", "--help"], timeout=timeout).stdout
+
+
 def _output(argv: Sequence[str], timeout: float) -> str:
     """stdout of a query whose failure just means "nothing to report" ("" then)."""
     try:
