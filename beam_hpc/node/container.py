@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError, RuntimeFailure
+from beam_hpc.slurm.client import slurm_env_free
 from beam_hpc.slurm.environment import SlurmEnvironment
 
 if TYPE_CHECKING:
@@ -163,8 +164,9 @@ def _pyxis_batch_step(site: Site, argv: Sequence[str], env: Mapping[str, str], b
            "--nodes=1", "--ntasks=1", "--relative=0", "--mpi=none", "--kill-on-bad-exit=1",
            *srun_options(site, job_id=slurm.job_id, binds=binds, workdir=workdir, env_names=list(env),
                          name=container_name(slurm.job_id) + BATCH_NAME_SUFFIX)]
-    if "SLURM_CONF" in os.environ:  # the callers drop the job's SLURM_* variables; srun must find its cluster
-        full_env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    # srun is a Slurm client here: the callers' environment has no SLURM_* variables; it gets back the
+    # one slurm_env_free keeps (SLURM_CONF: the cluster to ask), and --jobid names the job
+    full_env.update((k, v) for k, v in slurm_env_free().items() if k.startswith("SLURM_"))
     return Command(cmd + list(argv), full_env)
 
 
