@@ -169,7 +169,8 @@ def _check_pyxis(site: Site) -> None:
     if c.stage_to_local:
         raise ValueError("container.stage_to_local: under pyxis, enroot imports and unpacks the image on each node "
                          "itself (set its data path to node-local disk in enroot.conf); remove stage_to_local")
-    for name, paths in (("container.binds", c.binds), ("shared_paths", site.shared_paths),
+    binds = [":".join(b.split(":")[:2]) for b in c.binds]  # a bind's options may hold commas (pyxis: "+")
+    for name, paths in (("container.binds", binds), ("shared_paths", site.shared_paths),
                         ("scratch", [site.scratch or ""])):
         bad = [p for p in paths if "," in p]
         if bad:

@@ -161,3 +161,40 @@ def test_submit_refuses_a_pyxis_site_when_srun_lacks_its_options(tmp_path: Path,
     err = capsys.readouterr().err
     assert "container.runtime: pyxis" in err and "--container-image" in err and "Traceback" not in err, err
     assert not run.exists()  # nothing written: no plan.json, no script, no job
+
+
+ENROOT_STANDIN = """#!/bin/sh
+# enroot's documented `enroot version` (NVIDIA/enroot doc/cmd/version.md): prints the version
+[ "$1" = version ] && echo 3.5.0 && exit 0
+exit 1
+"""
+
+
+def test_doctor_checks_pyxis_on_the_login_node_and_enroot_on_each_node(  # type: ignore[no-untyped-def]
+        tmp_path: Path, slurm_cluster, capsys, monkeypatch) -> None:
+    """`doctor --in-job` for a pyxis site: srun takes every pyxis option (the stand-in), the squashfs
+    is there, and each node is asked for enroot: missing on PATH fails with the fix, present passes."""
+    image = tmp_path / "beam.sqsh"
+    image.write_bytes(b"hsqs stand-in")
+    site = site_file(tmp_path, "pyxis-local", {"runtime": "pyxis", "image": str(image), "python": sys.executable},
+                     python=sys.executable)
+    args = ["doctor", "--site", str(site), "--in-job", "--nodes", "2", "--output-dir", str(tmp_path / "runs"),
+            "--wait", "120", "--json"]
+    bare = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not Path(p, "enroot").exists())
+    monkeypatch.setenv("PATH", bare)
+    assert main(args) == 1
+    checks = json.loads(capsys.readouterr().out)
+    by = {(c["where"], c["name"]): c for c in checks}
+    assert by[("login", "pyxis")]["status"] == "pass" and by[("login", "image")]["status"] == "pass", checks
+    enroot = [c for c in checks if c["name"] == "enroot"]
+    assert len(enroot) == 2 and {c["status"] for c in enroot} == {"fail"}, enroot
+    assert "install enroot on the compute nodes" in enroot[0]["fix"]
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "enroot").write_text(ENROOT_STANDIN)
+    (bin_dir / "enroot").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{bare}")  # srun passes PATH to the tasks
+    assert main(args) == 0
+    enroot = [c for c in json.loads(capsys.readouterr().out) if c["name"] == "enroot"]
+    assert len(enroot) == 2 and {c["status"] for c in enroot} == {"pass"} and "3.5.0" in enroot[0]["detail"], enroot
