@@ -1,24 +1,17 @@
-"""The container seam: how a process of the job gets into the site's image, for each runtime.
+"""The container seam: how each process of the job gets into the site's image, per runtime.
 
-``apptainer``: the node step runs on the host and wraps what it starts (``ray start``) in
-``apptainer exec --nv --bind ...``; the driver and the readiness poller on the batch host are
-wrapped the same way (:func:`container_command`). Never ``--contain``/``--containall``/``--compat``
-(a private /tmp and minimal /dev break Ray) nor ``--cleanenv`` (it drops the token and Ray
-variables). Each variable the job sets is also passed as ``APPTAINERENV_<NAME>``, so the image's
-own value of that name cannot win; inherited host variables keep Apptainer's rule (image first).
-
-``pyxis`` (flags as in NVIDIA/pyxis 0.24.0, ``args.c`` at 1075199, and its README's usage): the
-container is put around the task by Slurm. The launcher adds :func:`srun_options` to each node
-step's ``srun`` (``--container-image``, ``--container-mounts`` with the same paths Apptainer binds,
-``--container-name`` per job, ``--container-workdir``, ``--[no-]container-mount-home``), so the node
-step runs inside the image and starts Ray with no wrapper (:func:`node_step_command`). A process
-of the batch host becomes a one-task ``srun --overlap`` step on that node, in a container of its
-own name (a second name: pyxis does not serialise two steps that create one name at once). pyxis
-passes the task's environment in, the image's values first, except the names in
-``--container-env``: there the job's variables go, as APPTAINERENV_ does for Apptainer.
-
-``host`` runs the command as it is. In the tests, a SPANK stand-in takes pyxis's options and runs
-the task without a container (tests/support/spank/pyxis_standin.c): that is where the seam ends.
+``apptainer``: the node step runs on the host and wraps ``ray start`` (and the batch host its
+driver and readiness poller) in ``apptainer exec --nv --bind ...`` (:func:`container_command`);
+never ``--contain[all]``/``--compat`` (Ray needs the host's /tmp and /dev/shm) nor ``--cleanenv``;
+the job's variables also go as ``APPTAINERENV_<NAME>`` so the image's values cannot win.
+``pyxis`` (NVIDIA/pyxis 0.24.0, ``args.c`` at 1075199): Slurm puts the container around the task.
+The launcher adds :func:`srun_options` to each node step's srun (image, the mounts Apptainer binds,
+a per-job container name, workdir, no home), so the node step starts Ray unwrapped
+(:func:`node_step_command`); a batch-host process becomes a one-task ``srun --overlap`` step in a
+container of its own name (pyxis does not serialise two steps creating one name). pyxis passes the
+task's environment in, the image's values first except for ``--container-env``'s names.
+``host`` runs the command as it is. In the tests a SPANK stand-in takes pyxis's options and runs the
+task WITHOUT a container (tests/support/spank/pyxis_standin.c): that is where the seam ends.
 """
 
 from __future__ import annotations
@@ -31,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError, RuntimeFailure
-from beam_hpc.slurm.client import slurm_env_free
+from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.environment import SlurmEnvironment
 
 if TYPE_CHECKING:
@@ -78,6 +71,7 @@ def container_command(
     LD_LIBRARY_PATH) keep Apptainer's normal treatment. ``binds`` are extra host paths (the run
     directory, the NVMe dir); the site's shared paths, its extra binds, its node-local scratch and
     /dev/shm are always bound. ``image`` overrides the site's image (a node-local staged copy).
+    Under pyxis: a one-task srun step on this node of the job (:func:`_pyxis_batch_step`).
     """
     full_env = dict(os.environ if base is None else base)
     full_env.update(env)
@@ -166,7 +160,7 @@ def _pyxis_batch_step(site: Site, argv: Sequence[str], env: Mapping[str, str], b
                          name=container_name(slurm.job_id) + BATCH_NAME_SUFFIX)]
     # srun is a Slurm client here: the callers' environment has no SLURM_* variables; it gets back the
     # one slurm_env_free keeps (SLURM_CONF: the cluster to ask), and --jobid names the job
-    full_env.update((k, v) for k, v in slurm_env_free().items() if k.startswith("SLURM_"))
+    full_env.update((k, v) for k, v in slurm_client.slurm_env_free().items() if k.startswith("SLURM_"))
     return Command(cmd + list(argv), full_env)
 
 
@@ -196,8 +190,6 @@ def check_pyxis_srun(site: Site) -> None:
     exit 2, naming the field), so no job is queued that cannot start its node steps."""
     if site.container.runtime != "pyxis":
         return
-    from beam_hpc.slurm import client as slurm_client
-
     try:
         text = slurm_client.srun_help()
     except slurm_client.SlurmError as err:
@@ -212,7 +204,6 @@ def pyxis_login_checks(site: Site) -> list[Check]:
     """``doctor`` on the login node of a pyxis site: srun takes every pyxis option beam-hpc passes,
     and the image is there (a squashfs path) or left to enroot (a registry image)."""
     from beam_hpc.node.checks import Check
-    from beam_hpc.slurm import client as slurm_client
 
     try:
         problem = pyxis_srun_problem(slurm_client.srun_help())

@@ -24,17 +24,11 @@ from pathlib import Path
 import pytest
 
 from beam_hpc.cli.app import main
-from beam_hpc.node.image import (
-    SOURCE_MOUNT,
-    ImageError,
-    build_enroot_image,
-    enroot_build_commands,
-    enroot_build_script,
-    read_def,
-)
+from beam_hpc.node import image
+from beam_hpc.node.image import SOURCE_MOUNT, read_def
 
-ROOT = Path(__file__).resolve().parents[2]
-DEF = ROOT / "apptainer.def"
+DEF = Path(__file__).resolve().parents[2] / "apptainer.def"
+ROOT = DEF.parent
 
 
 def test_the_def_file_gives_the_base_image_files_post_and_environment() -> None:
@@ -47,7 +41,7 @@ def test_the_def_file_gives_the_base_image_files_post_and_environment() -> None:
 
 
 def test_the_build_commands_follow_enroots_usage(tmp_path: Path) -> None:
-    cmds = enroot_build_commands(DEF, tmp_path / "beam.sqsh", tmp_path / "work", tag="v9", force=True)
+    cmds = image.enroot_build_commands(DEF, tmp_path / "beam.sqsh", tmp_path / "work", tag="v9", force=True)
     base = str(tmp_path / "work" / "base.sqsh")
     assert cmds[0] == ["enroot", "import", "--output", base, "docker://radixark/miles:v9"]  # E1
     assert cmds[1] == ["enroot", "create", "--force", "--name", "beam-image-build", base]  # E2
@@ -63,7 +57,7 @@ def test_the_build_script_applies_the_def_file(tmp_path: Path) -> None:
     """Run the script with sh on a scratch tree: %files copied from the source mount, %post run,
     %environment appended as NAME=value lines (E5). Paths are moved under tmp_path to run it here."""
     recipe = read_def(DEF)
-    script = enroot_build_script(recipe)
+    script = image.enroot_build_script(recipe)
     root = tmp_path / "rootfs"
     (root / "etc").mkdir(parents=True)
     (root / "etc" / "environment").write_text("PATH=/usr/bin\n")
@@ -92,8 +86,8 @@ def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path: Path, capsys) ->
 
 def test_without_enroot_the_build_says_where_to_run_it(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("PATH", str(tmp_path))  # no enroot here
-    with pytest.raises(ImageError, match="enroot not found on PATH: build on a machine with enroot"):
-        build_enroot_image(DEF, tmp_path / "beam.sqsh", local_dir=tmp_path / "w")
+    with pytest.raises(image.ImageError, match="enroot not found on PATH: build on a machine with enroot"):
+        image.build_enroot_image(DEF, tmp_path / "beam.sqsh", local_dir=tmp_path / "w")
 
 
 def test_dry_run_is_for_enroot_only(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

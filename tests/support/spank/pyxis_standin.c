@@ -65,46 +65,64 @@ static int is_path(const char *s)
 	return s[0] == '/' || s[0] == '.';
 }
 
-/* SRC[:DST[:FLAGS]] entries, comma-separated; SRC a path, "tmpfs" or "umount"; DST a path. */
-static int opt_mounts(int val, const char *optarg, int remote)
+/* SRC[:DST[:FLAGS]]: SRC a path, "tmpfs" or "umount"; DST a path (SRC when left out). */
+static int valid_mount(const char *entry)
+{
+	const char *colon = strchr(entry, ':'), *dst = colon ? colon + 1 : entry;
+	size_t src_len = colon ? (size_t)(colon - entry) : strlen(entry);
+
+	if (src_len == 0 || *dst == '\0' || *dst == ':' || !is_path(dst))
+		return 0;
+	return is_path(entry) || (src_len == 5 && strncmp(entry, "tmpfs", 5) == 0) ||
+	       (src_len == 6 && strncmp(entry, "umount", 6) == 0);
+}
+
+static int valid_env_name(const char *entry)
+{
+	return *entry != '\0';
+}
+
+/* A comma-separated option (mounts, variable names): each entry checked, kept once, in order. */
+static int add_items(const char *what, const char *optarg, char **items, int *n, int (*valid)(const char *))
 {
 	char *copy, *rest, *entry;
+	int rv = 0;
 
 	if (optarg == NULL || *optarg == '\0') {
-		slurm_error("pyxis: --container-mounts: argument required");
+		slurm_error("pyxis: --%s: argument required", what);
 		return -1;
 	}
 	copy = strdup(optarg);
 	if (copy == NULL)
 		return -1;
 	rest = copy;
-	while ((entry = strsep(&rest, ",")) != NULL) {
-		char *whole = strdup(entry), *fields = entry, *src = strsep(&fields, ":");
-		char *dst = fields ? strsep(&fields, ":") : src;
+	while (rv == 0 && (entry = strsep(&rest, ",")) != NULL) {
 		int known = 0;
 
-		if (whole == NULL || src == NULL || *src == '\0' || dst == NULL || *dst == '\0' || !is_path(dst) ||
-		    !(is_path(src) || strcmp(src, "tmpfs") == 0 || strcmp(src, "umount") == 0)) {
-			slurm_error("pyxis: --container-mounts: invalid format: %s", optarg);
-			free(whole);
-			free(copy);
-			return -1;
+		if (!valid(entry)) {
+			slurm_error("pyxis: --%s: invalid format: %s", what, optarg);
+			rv = -1;
+			break;
 		}
-		entry = whole;
-		for (int i = 0; i < n_mounts; ++i)
-			known |= strcmp(mounts[i], entry) == 0;
-		if (known) {
-			free(entry);
-		} else if (n_mounts == MAX_ITEMS) {
-			free(entry);
-			free(copy);
-			return -1;
-		} else {
-			mounts[n_mounts++] = entry;
-		}
+		for (int i = 0; i < *n; ++i)
+			known |= strcmp(items[i], entry) == 0;
+		if (!known && (*n == MAX_ITEMS || (items[*n] = strdup(entry)) == NULL))
+			rv = -1;
+		else if (!known)
+			(*n)++;
 	}
 	free(copy);
-	return 0;
+	return rv;
+}
+
+static int opt_mounts(int val, const char *optarg, int remote)
+{
+	return add_items("container-mounts", optarg, mounts, &n_mounts, valid_mount);
+}
+
+static int opt_env(int val, const char *optarg, int remote)
+{
+	return add_items("container-env", optarg, env_names, &n_env_names, valid_env_name);
 }
 
 static int opt_name(int val, const char *optarg, int remote)
@@ -117,37 +135,6 @@ static int opt_name(int val, const char *optarg, int remote)
 		return -1;
 	}
 	return set_once(&name, "container-name", optarg);
-}
-
-static int opt_env(int val, const char *optarg, int remote)
-{
-	char *copy, *rest, *one;
-
-	if (optarg == NULL || *optarg == '\0') {
-		slurm_error("pyxis: --container-env: argument required");
-		return -1;
-	}
-	copy = strdup(optarg);
-	if (copy == NULL)
-		return -1;
-	rest = copy;
-	while ((one = strsep(&rest, ",")) != NULL) {
-		int known = 0;
-
-		if (*one == '\0') {
-			slurm_error("pyxis: --container-env: invalid format: %s", optarg);
-			free(copy);
-			return -1;
-		}
-		for (int i = 0; i < n_env_names; ++i)
-			known |= strcmp(env_names[i], one) == 0;
-		if (!known && (n_env_names == MAX_ITEMS || (env_names[n_env_names++] = strdup(one)) == NULL)) {
-			free(copy);
-			return -1;
-		}
-	}
-	free(copy);
-	return 0;
 }
 
 static int opt_image(int val, const char *optarg, int remote) { return set_once(&image, "container-image", optarg); }
