@@ -1,7 +1,7 @@
 """`beam-hpc image build --runtime enroot` (beam_hpc.node.image) against a written contract of
 enroot's documented usage; enroot cannot be installed where these tests run.
 
-Contract (NVIDIA/enroot doc/cmd/*.md, v4.1.2 at 8ea147d):
+Contract (NVIDIA/enroot doc/cmd/*.md at 8ea147d, 14 commits after v4.1.2):
   E1  ``enroot import [--output PATH] URI``; ``docker://[USER@][REGISTRY#]IMAGE[:TAG]`` imports a
       registry image to a squashfs file.
   E2  ``enroot create [--name NAME] [--force] IMAGE`` unpacks a squashfs into a container.

@@ -398,14 +398,14 @@ class LocalSlurmCluster:
         return out
 
     def _write_plugstack(self) -> None:
-        """plugstack.conf: the stand-in, ``optional`` (a machine without a compiler still runs every
-        other test; the pyxis tests then find srun without its options and say so)."""
+        """plugstack.conf: the stand-in when it builds, else nothing (a machine without a compiler
+        still runs every other test; the pyxis tests then find srun without its options and say so)."""
         with contextlib.suppress(SlurmClusterError, OSError):
             self.build_pyxis_plugin()
         self.pyxis_records.mkdir(parents=True, exist_ok=True)
         self.pyxis_records.chmod(0o1777)
-        _write_atomic(self.lab / "etc" / "plugstack.conf",
-                      f"optional {self.pyxis_plugin} record_dir={self.pyxis_records}\n")
+        line = f"optional {self.pyxis_plugin} record_dir={self.pyxis_records}\n" if self.pyxis_plugin.exists() else ""
+        _write_atomic(self.lab / "etc" / "plugstack.conf", line)
 
     def _remove_etc_links(self) -> None:
         for name in ("slurm.conf", "gres.conf"):
