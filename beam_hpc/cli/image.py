@@ -1,4 +1,4 @@
-"""``beam-hpc image build|stage|verify``: the CLI face of :mod:`beam_hpc.node.image` (registered by
+"""``beam-hpc image build [--runtime apptainer|enroot]|stage|verify``: the CLI face of :mod:`beam_hpc.node.image` (registered by
 beam_hpc/cli/app.py). Errors are :class:`beam_hpc.node.image.ImageError` (exit 1), or its
 ImagePathError for a missing or wrong path (exit 2); cli/app.py turns them into the exit code.
 """
@@ -10,17 +10,22 @@ from pathlib import Path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("image", help="build, stage or verify the Apptainer image",
-                              description="The Apptainer image the Miles backend runs in.")
+    p = subparsers.add_parser("image", help="build, stage or verify the image",
+                              description="The image the Miles backend runs in (Apptainer .sif, or a squashfs for pyxis).")
     sub = p.add_subparsers(dest="image_command", required=True)
 
-    b = sub.add_parser("build", help="apptainer build from apptainer.def (cache and tmp on local disk)")
+    b = sub.add_parser("build", help="build from apptainer.def: apptainer build, or enroot for pyxis sites "
+                       "(cache and tmp on local disk)")
+    b.add_argument("--runtime", choices=("apptainer", "enroot"), default="apptainer",
+                   help="apptainer: a .sif; enroot: a squashfs for pyxis (enroot import of the def file's From: "
+                   "image, then its %%files, %%post and %%environment) (default: %(default)s)")
     b.add_argument("--def", dest="def_file", default="apptainer.def", help="definition file (default: %(default)s)")
-    b.add_argument("--output", "-o", default="beam.sif", help="image to write (default: %(default)s)")
+    b.add_argument("--output", "-o", default=None, help="image to write (default: beam.sif, or beam.sqsh for enroot)")
     b.add_argument("--tag", default=None, help="Miles image tag (default: the def file's, beam)")
-    b.add_argument("--local-dir", default=None, help="local disk for Apptainer's cache and tmp "
-                   "(default: /tmp/beam-apptainer-$UID; APPTAINER_CACHEDIR/TMPDIR win when set)")
+    b.add_argument("--local-dir", default=None, help="local disk for the builder's cache and tmp (default: "
+                   "/tmp/beam-<runtime>-$UID; APPTAINER_CACHEDIR/TMPDIR or ENROOT_*_PATH win when set)")
     b.add_argument("--force", action="store_true", help="overwrite an existing image")
+    b.add_argument("--dry-run", action="store_true", help="enroot: print the commands (and build script), run nothing")
     b.set_defaults(func=_build)
 
     s = sub.add_parser("stage", help="copy the image to node-local disk once per node, sha256-checked")
@@ -34,9 +39,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def _build(args: argparse.Namespace) -> int:
-    from beam_hpc.node.image import build_image
+    from beam_hpc.node.image import DEFAULT_OUTPUT, DEFAULT_SQUASHFS, ImagePathError, build_enroot_image, build_image
 
-    out = build_image(args.def_file, args.output, tag=args.tag, local_dir=args.local_dir, force=args.force)
+    if args.runtime == "enroot":
+        out = build_enroot_image(args.def_file, args.output or DEFAULT_SQUASHFS, tag=args.tag,
+                                 local_dir=args.local_dir, force=args.force, dry_run=args.dry_run)
+        if args.dry_run:
+            return 0
+    else:
+        if args.dry_run:
+            raise ImagePathError("--dry-run: only with --runtime enroot")
+        out = build_image(args.def_file, args.output or DEFAULT_OUTPUT, tag=args.tag, local_dir=args.local_dir,
+                          force=args.force)
     print(f"built {out} (checksum in {out}.sha256)")
     return 0
 

@@ -17,20 +17,35 @@ from beam_hpc.config.recipe import _format_errors, _Strict, load_yaml
 from beam_hpc.config.slurm_size import SIZE_HINT, parse_mib
 from beam_hpc.errors import InputError, shorten
 
-Runtime = Literal["apptainer", "host"]
+Runtime = Literal["apptainer", "pyxis", "host"]
+RUNTIMES = ("apptainer", "pyxis", "host")
+RUNTIME_ALIASES = {"none": "host"}  # ``runtime: none`` reads as "no container": the host runtime
 TMP_NONE = "none"  # site ``tmp: none``: no --tmp in any request
 IpSource = Literal["interface", "hostname", "loopback"]
 
 
 class ContainerSpec(_Strict):
     """``apptainer``: every node step runs inside the image (``exec --nv``, never ``--containall``,
-    which breaks Ray's /tmp and /dev/shm). ``host``: no container (laptops, tests)."""
+    which breaks Ray's /tmp and /dev/shm). ``pyxis``: Slurm's pyxis plugin (enroot underneath)
+    starts every node step inside the image (``srun --container-image``; ``image`` is a squashfs
+    path or an enroot URI such as ``nvcr.io#nvidia/pytorch:24.01-py3``). ``host`` (or ``none``): no
+    container (laptops, tests)."""
 
     runtime: Runtime = "apptainer"
-    image: str | None = None  # .sif on shared storage
+    image: str | None = None  # .sif on shared storage (apptainer); .sqsh or enroot URI (pyxis)
     binds: list[str] = Field(default_factory=list)  # extra "src[:dst[:opts]]"
-    stage_to_local: bool = False  # copy the .sif to node-local disk once per node
+    stage_to_local: bool = False  # copy the .sif to node-local disk once per node (apptainer)
+    mount_home: bool = False  # pyxis: bind the user's home (--container-mount-home); else never
     python: str = "python3"  # interpreter inside the container (or on the host)
+
+    @field_validator("runtime", mode="before")
+    @classmethod
+    def _known_runtime(cls, value: object) -> object:
+        value = RUNTIME_ALIASES.get(value, value) if isinstance(value, str) else value
+        if value not in RUNTIMES:
+            raise ValueError(f"{value!r} is not a container runtime; use one of {', '.join(RUNTIMES)} "
+                             "(none = host: no container)")
+        return value
 
 
 class NetworkSpec(_Strict):
@@ -105,9 +120,9 @@ class Site(_Strict):
     @property
     def node_python(self) -> str:
         """The one answer to "which Python runs beam-hpc or backend code on a node": the
-        container's interpreter inside the Apptainer image, else the site's own (``python: auto``
-        is resolved when the site is loaded, to the interpreter that submitted the run)."""
-        return self.container.python if self.container.runtime == "apptainer" else self.python
+        container's interpreter inside the image (Apptainer or pyxis), else the site's own (``python:
+        auto`` is resolved when the site is loaded, to the interpreter that submitted the run)."""
+        return self.container.python if self.container.runtime != "host" else self.python
 
     @field_validator("tmp", mode="before")
     @classmethod
@@ -131,6 +146,8 @@ class Site(_Strict):
                 "container.image: the apptainer runtime needs the .sif path; build it with "
                 "`beam-hpc image build` or set container.runtime: host"
             )
+        if self.container.runtime == "pyxis":
+            _check_pyxis(self)
         if self.network.ip_source == "interface" and not self.network.interface:
             raise ValueError("network.interface: ip_source is 'interface' but no interface is named (e.g. ib0)")
         _check_existing_ray(self.ray_address, self.ray_token_file)
@@ -138,6 +155,27 @@ class Site(_Strict):
             raise ValueError(f"quarantine: {self.quarantine!r} is relative; give an absolute path on shared "
                              "storage (e.g. /shared/beam/bad-nodes.json)")
         return self
+
+
+def _check_pyxis(site: Site) -> None:
+    """What pyxis needs of the site: an image it can take, and mount paths its option can carry."""
+    c = site.container
+    if not c.image:
+        raise ValueError("container.image: the pyxis runtime needs a squashfs path or an enroot URI "
+                         "([USER@][REGISTRY#]IMAGE[:TAG]); build a squashfs with `beam-hpc image build --runtime enroot`")
+    if "://" in c.image:
+        raise ValueError(f"container.image: {shorten(c.image)}: pyxis takes [USER@][REGISTRY#]IMAGE[:TAG] "
+                         "without a scheme (it imports it as docker://), or a squashfs path")
+    if c.stage_to_local:
+        raise ValueError("container.stage_to_local: under pyxis, enroot imports and unpacks the image on each node "
+                         "itself (set its data path to node-local disk in enroot.conf); remove stage_to_local")
+    binds = [":".join(b.split(":")[:2]) for b in c.binds]  # a bind's options may hold commas (pyxis: "+")
+    for name, paths in (("container.binds", binds), ("shared_paths", site.shared_paths),
+                        ("scratch", [site.scratch or ""])):
+        bad = [p for p in paths if "," in p]
+        if bad:
+            raise ValueError(f"{name}: {shorten(bad[0])} holds a comma, which separates mounts in pyxis's "
+                             "--container-mounts; use a path without one")
 
 
 def _check_existing_ray(address: str | None, token_file: str | None) -> None:

@@ -10,12 +10,12 @@ import logging
 import os
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from beam_hpc.job.context import JobContext
+from beam_hpc.job.context import JobContext, JobError
 from beam_hpc.node.ray_node import ClusterRuntime, loopback_ip, set_parent_death_signal
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import GroupPlan, Plan
@@ -40,7 +40,11 @@ class Launcher(Protocol):
 
     loopback: bool  # nodes share this host (distinct loopback addresses, per-node ports)
 
-    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime) -> list[StepHandle]: ...
+    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime,
+               container: Sequence[str] = ()) -> list[StepHandle]:
+        """Start the group's node steps; ``container``: srun options that put each task in the
+        site's image (pyxis's, from beam_hpc.node.container.srun_options), empty otherwise."""
+        ...
 
     def ask_to_stop(self, handles: list[StepHandle], rt: ClusterRuntime) -> None: ...
 
@@ -66,7 +70,8 @@ class SrunLauncher:
     def __init__(self, ctx: JobContext, *, loopback: bool) -> None:
         self.ctx, self.loopback = ctx, loopback
 
-    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime) -> list[StepHandle]:
+    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime,
+               container: Sequence[str] = ()) -> list[StepHandle]:
         cmd = ["srun"]
         if len(self.ctx.nodelists) > 1:
             cmd.append(f"--het-group={group.het_index}")
@@ -75,6 +80,7 @@ class SrunLauncher:
             "--kill-on-bad-exit=1", "--overlap", "--mpi=none", f"--job-name=beam-{group.name}",
             f"--output={SegmentPaths(rt.segment_dir).node_log(group.name, '%t')}",
         ]
+        cmd += container  # the site's container around each task (pyxis), after srun's own options
         out = SegmentPaths(rt.segment_dir).srun_log(group.name)
         with open(out, "ab") as fh:
             proc = subprocess.Popen(cmd + argv, env=env, stdin=subprocess.DEVNULL, stdout=fh,
@@ -114,7 +120,11 @@ class LocalLauncher:
 
     loopback = True
 
-    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime) -> list[StepHandle]:
+    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime,
+               container: Sequence[str] = ()) -> list[StepHandle]:
+        if container:
+            raise JobError("container.runtime: pyxis puts containers around srun's tasks; a run without Slurm "
+                           "(beam-hpc execute) needs a site with runtime host or apptainer")
         handles = []
         first = rt_first_index(rt, group)
         for i in range(group.nodes):

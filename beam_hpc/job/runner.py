@@ -62,7 +62,7 @@ from beam_hpc.job.context import (  # noqa: F401 (re-exported: the runner's publ
 from beam_hpc.job.launchers import Launcher, LocalLauncher, SrunLauncher, StepHandle, for_job, reports  # noqa: F401
 from beam_hpc.job.readiness import EXIT_READY
 from beam_hpc.job.smoke import smoke_driver_argv
-from beam_hpc.node import stacks
+from beam_hpc.node import container, stacks
 from beam_hpc.node.container import container_command
 from beam_hpc.node.ray_node import (
     LOOPBACK_MAX_NODES,
@@ -78,6 +78,7 @@ from beam_hpc.node.ray_node import (
     write_json_atomic,
     write_token,
 )
+from beam_hpc.node.step import node_binds
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import Plan, fill
 
@@ -207,8 +208,8 @@ class JobRunner:
     def start(self) -> dict:
         """Launch every group's node steps and the readiness poller; return ready.json's report."""
         rt = self.rt or self.prepare()
-        step_argv = [sys.executable, "-m", "beam_hpc.node.step", "--plan", self.plan.paths.plan,
-                     "--runtime", str(rt.path), "--nonce", rt.nonce]
+        step_argv = [container.node_step_python(self.site), "-m", "beam_hpc.node.step", "--plan",
+                     self.plan.paths.plan, "--runtime", str(rt.path), "--nonce", rt.nonce]
         step_env = dict(os.environ, PYTHONUNBUFFERED="1")
         if rt.existing:
             log.info("using the site's Ray cluster at %s: no node step started", rt.address)
@@ -216,7 +217,11 @@ class JobRunner:
             for g in self.plan.groups:
                 log.info("starting node steps of group %s (%d nodes: %s)", g.name, g.nodes,
                          ",".join(rt.nodelists.get(g.name, [])))
-                self.steps += self.launcher.launch(g, step_argv + ["--group", g.name], step_env, rt)
+                # pyxis: the container around each task, given to srun (none for other runtimes)
+                around = container.srun_options(self.site, job_id=rt.job_id, workdir=self.plan.output_dir,
+                                                binds=node_binds(self.plan, rt.token_path, g))
+                self.steps += self.launcher.launch(g, step_argv + ["--group", g.name], step_env, rt,
+                                                   container=around)
         ready_json = self.seg.ready
         argv, env = self._ray_process([self._container_python(), "-m", "beam_hpc.job.readiness",
                                        "--plan", self.plan.paths.plan, "--runtime", str(rt.path),

@@ -5,7 +5,7 @@ doctor check is reported in (:class:`Check`).
 allocation (one ``srun`` task per node; :mod:`beam_hpc.observe.doctor` collects the answers): a
 shared-filesystem canary both ways, node-local scratch that is not tmpfs/overlay or shared and has
 room, ``/dev/shm`` large enough for Ray's object store, the GPU count against the site, and a job's
-Ray ports free on the node's address. Why in ``node``: it judges by the node step's own rules
+Ray ports free on the node's address, and (pyxis sites) ``enroot`` on the node. Why in ``node``: it judges by the node step's own rules
 (:mod:`beam_hpc.node.nvme`, :mod:`beam_hpc.node.ray_node`), so a check cannot drift from what a job
 does. It imports no Slurm code: the login side owns ``srun``. The answer is one machine-readable
 line on stdout (:data:`NODE_LINE_PREFIX` + a JSON list of checks), a protocol, not text for people.
@@ -70,6 +70,8 @@ def node_checks(site: Site, *, canary: Path | None = None, token: str | None = N
     where = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     checks = [_canary_check(canary, token), _scratch_check(site, scratch_gb), _shm_check(site),
               _gpu_check(site), _ports_check(site)]
+    if site.container.runtime == "pyxis":
+        checks.append(_enroot_check())
     return [Check(c.name, c.status, c.detail, c.fix, where) for c in checks]
 
 
@@ -139,6 +141,22 @@ def _shm_check(site: Site) -> Check:
         return Check("/dev/shm", "warn", f"{free_gb:.1f} GB free of {size_gb:.1f} GB; object store wants {need:g} GB",
                      "something else fills /dev/shm (stale Ray sessions?); clean it or lower ray.object_store_gb")
     return Check("/dev/shm", "pass", f"{size_gb:.1f} GB ({free_gb:.1f} free), object store {need:g} GB")
+
+
+def _enroot_check() -> Check:
+    """pyxis runs enroot on the node (as the task's user) to import and start the image."""
+    exe = shutil.which("enroot")
+    if exe is None:
+        return Check("enroot", "fail", "enroot is not on PATH on this node; pyxis needs it to start containers",
+                     "ask the admins to install enroot on the compute nodes, or use container.runtime: apptainer")
+    try:
+        out = subprocess.run([exe, "version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return Check("enroot", "fail", f"{exe} version did not answer ({err})", "check the node's enroot install")
+    if out.returncode != 0:
+        return Check("enroot", "fail", f"{exe} version exited {out.returncode}: {(out.stderr or out.stdout).strip()[:200]}",
+                     "check the node's enroot install (enroot.conf, its runtime and data paths)")
+    return Check("enroot", "pass", f"{exe} {out.stdout.strip()}")
 
 
 def _nvidia_smi_gpus() -> int:

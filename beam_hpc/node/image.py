@@ -1,16 +1,20 @@
-"""The Apptainer image: build it from apptainer.def, stage it onto node-local disk, verify its stack.
+"""The image: build it from apptainer.def, stage it onto node-local disk, verify its stack.
 
 - ``build``: ``apptainer build`` with the Miles tag as a build argument, its cache and temp dirs on
   local disk (Apptainer defaults them to $HOME and /tmp; a home directory on a network filesystem
-  makes a multi-GB build crawl or fail), and a ``.sha256`` file beside the image.
+  makes a multi-GB build crawl or fail), and a ``.sha256`` file beside the image. For pyxis sites
+  (``--runtime enroot``) the same def file is the recipe: ``enroot import`` of its ``From:`` image,
+  then its ``%files``, ``%post`` and ``%environment`` applied in a writable enroot container, then
+  ``enroot export`` to the squashfs that ``container.image`` names.
 - ``stage``: copy the image once per node to node-local disk, checking the sha256 while copying, so
   hundreds of ranks do not read one SIF from Lustre/GPFS at once; a copy that is already there and
   valid is reused, older staged versions are removed. Concurrent stagers on one node serialise on a
   lock file.
 - ``verify``: import and version-check the stack the recipe needs; the image's ``%test`` runs it.
 
-The Apptainer binary cannot be installed where this project is tested: ``build`` is tested up to
-the command line it runs and the clear error when the binary is missing (tests/node/test_apptainer_def.py).
+Neither Apptainer nor enroot can be installed where this project is tested: ``build`` is tested up
+to the command lines it runs and the clear error when the binary is missing
+(tests/node/test_apptainer_def.py, tests/node/test_pyxis.py).
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import importlib.metadata
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,15 +104,7 @@ def build_image(def_file: str | Path = DEFAULT_DEF, output: str | Path = DEFAULT
                 tag: str | None = None, local_dir: str | Path | None = None, force: bool = False) -> Path:
     """Build the image; returns its path. ``%files`` paths in the def file are relative to the
     def file's directory, so the build runs there."""
-    def_path = Path(def_file).resolve()
-    if not def_path.is_file():
-        raise ImagePathError(f"--def: {shorten(str(def_file))} is not a definition file "
-                             f"({'a directory' if def_path.is_dir() else 'no such file'}; the repository ships apptainer.def)")
-    out = Path(output).resolve()
-    if out.is_dir():
-        raise ImagePathError(f"--output: {shorten(str(output))} is a directory; give the image's file name, e.g. beam.sif")
-    if not out.parent.is_dir():
-        raise ImagePathError(f"--output: {shorten(str(out.parent))} is not a directory; create it first")
+    def_path, out = _checked_paths(def_file, output, example="beam.sif")
     cmd = build_command(def_path, out, apptainer=apptainer_binary(), tag=tag, force=force)
     env = build_env(os.environ, local_dir or default_local_dir())
     log.info("building %s: %s", out, " ".join(cmd))
@@ -116,6 +113,149 @@ def build_image(def_file: str | Path = DEFAULT_DEF, output: str | Path = DEFAULT
         raise ImageError(f"apptainer build failed with exit code {res.returncode}; its output is above")
     write_checksum(out)
     return out
+
+
+# -- build for enroot (pyxis sites) -----------------------------------------------------------------
+ENROOT = "enroot"
+DEFAULT_SQUASHFS = "beam.sqsh"
+SOURCE_MOUNT = "/mnt/beam-hpc-source"  # the def file's directory inside the build container, read-only
+
+
+@dataclass(frozen=True)
+class DefRecipe:
+    """What an enroot build takes from the def file: the base image and the three sections."""
+
+    base: str  # the ``From:`` image with its {{ NAME }} arguments filled in
+    files: tuple[tuple[str, str], ...]  # (source relative to the def file, destination in the image)
+    post: str
+    environment: tuple[str, ...]  # ``NAME=value`` lines for the image's /etc/environment
+
+
+def read_def(def_file: str | Path, *, tag: str | None = None) -> DefRecipe:
+    """The parts of an Apptainer definition file an enroot build applies; ``{{ NAME }}`` is filled
+    from ``tag`` (for MILES_TAG) or the file's ``%arguments``, as ``apptainer build`` fills it."""
+    header: dict[str, str] = {}
+    sections: dict[str, list[str]] = {}
+    current: str | None = None
+    for raw in Path(def_file).read_text().splitlines():
+        if raw.startswith("%"):
+            current = raw[1:].split()[0]
+            sections[current] = []
+        elif current is None:
+            key, _, value = raw.partition(":")
+            if key.strip() and not key.startswith("#"):
+                header[key.strip()] = value.strip()
+        else:
+            sections[current].append(raw)
+    args = dict(line.strip().split("=", 1) for line in sections.get("arguments", []) if "=" in line)
+    if tag:
+        args[TAG_ARG] = tag
+
+    def fill_args(text: str) -> str:
+        return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: args.get(m[1], m[0]), text)
+
+    if header.get("Bootstrap") != "docker" or not header.get("From"):
+        raise ImagePathError(f"--def: {shorten(str(def_file))}: an enroot build needs `Bootstrap: docker` and `From:`")
+    files = []
+    for line in sections.get("files", []):
+        parts = line.split("#", 1)[0].split()
+        if parts:
+            files.append((parts[0], parts[1] if len(parts) > 1 else parts[0]))
+    env = tuple(line.strip().removeprefix("export ").strip() for line in sections.get("environment", [])
+                if "=" in line and not line.strip().startswith("#"))
+    return DefRecipe(fill_args(header["From"]), tuple(files), fill_args("\n".join(sections.get("post", []))), env)
+
+
+def enroot_build_script(recipe: DefRecipe) -> str:
+    """The build container's command script: ``%files`` copied in from the read-only source mount,
+    ``%post`` run as root (remapped), ``%environment`` appended to the image's /etc/environment."""
+    lines = ["#!/bin/sh", "set -e"]
+    for src, dst in recipe.files:
+        lines += [f"mkdir -p {shlex.quote(str(Path(dst).parent))}",
+                  f"cp -R {shlex.quote(f'{SOURCE_MOUNT}/{src}')} {shlex.quote(dst)}"]
+    lines += ["(", recipe.post, ")"]
+    lines += [f"echo {shlex.quote(e)} >> /etc/environment" for e in recipe.environment]
+    return "\n".join(lines) + "\n"
+
+
+def enroot_build_commands(def_file: str | Path, output: str | Path, work_dir: str | Path, *,
+                          enroot: str = ENROOT, tag: str | None = None, force: bool = False,
+                          name: str = "beam-image-build") -> list[list[str]]:
+    """The enroot commands of a build, in order (enroot's documented usage, NVIDIA/enroot doc/cmd):
+    import the base image to a squashfs, create a container from it, start it writable and
+    remapped to root with the build script, export it to ``output``. ``work_dir/build.rc`` must
+    hold :func:`enroot_build_script`'s text; ``enroot remove --force NAME`` ends every build."""
+    def_path = Path(def_file).resolve()
+    recipe = read_def(def_path, tag=tag)
+    base = Path(work_dir, "base.sqsh")
+    return [
+        [enroot, "import", "--output", str(base), f"docker://{recipe.base}"],
+        [enroot, "create", "--force", "--name", name, str(base)],
+        [enroot, "start", "--root", "--rw", "--mount", f"{def_path.parent}:{SOURCE_MOUNT}:none:x-create=dir,bind,ro",
+         "--rc", str(Path(work_dir, "build.rc")), name],
+        [enroot, "export", *(["--force"] if force else []), "--output", str(output), name],
+    ]
+
+
+def enroot_env(base: Mapping[str, str], local_dir: str | Path) -> dict[str, str]:
+    """enroot's cache, data (the build container) and temp dirs on local disk, unless set already."""
+    env = dict(base)
+    for var, sub in (("ENROOT_CACHE_PATH", "cache"), ("ENROOT_DATA_PATH", "data"), ("ENROOT_TEMP_PATH", "tmp")):
+        if not env.get(var):
+            d = Path(local_dir, sub)
+            d.mkdir(parents=True, exist_ok=True)
+            env[var] = str(d)
+    return env
+
+
+def build_enroot_image(def_file: str | Path = DEFAULT_DEF, output: str | Path = DEFAULT_SQUASHFS, *,
+                       tag: str | None = None, local_dir: str | Path | None = None, force: bool = False,
+                       dry_run: bool = False, echo: Callable[[str], None] = print) -> Path:
+    """Build the squashfs for pyxis from the def file (:func:`enroot_build_commands`). ``dry_run``:
+    print the commands (and the build script) for a machine with enroot, run nothing."""
+    def_path, out = _checked_paths(def_file, output, example="beam.sqsh")
+    if out.exists() and not force and not dry_run:
+        raise ImagePathError(f"--output: {shorten(str(out))} exists; pass --force to overwrite it")
+    work = Path(local_dir or Path("/tmp", f"beam-enroot-{os.getuid()}"))
+    script = enroot_build_script(read_def(def_path, tag=tag))
+    enroot = ENROOT if dry_run else shutil.which(ENROOT)
+    if enroot is None:
+        raise ImageError("enroot not found on PATH: build on a machine with enroot (a compute node of the pyxis "
+                         "cluster, e.g. in `srun --pty bash`), or pass --dry-run to print the commands")
+    cmds = enroot_build_commands(def_path, out, work, enroot=enroot, tag=tag, force=force)
+    if dry_run:
+        echo(f"# write this to {work}/build.rc:\n{script}")
+        for cmd in cmds:
+            echo(shlex.join(cmd))
+        echo(shlex.join([ENROOT, "remove", "--force", cmds[1][4]]))
+        return out
+    work.mkdir(parents=True, exist_ok=True)
+    write_atomic(work / "build.rc", script)
+    (work / "build.rc").chmod(0o755)
+    env = enroot_env(os.environ, work)
+    try:
+        for cmd in cmds:
+            log.info("%s", shlex.join(cmd))
+            res = subprocess.run(cmd, env=env, check=False)
+            if res.returncode != 0:
+                raise ImageError(f"{shlex.join(cmd[:2])} failed with exit code {res.returncode}; its output is above")
+    finally:
+        subprocess.run([enroot, "remove", "--force", cmds[1][4]], env=env, check=False, capture_output=True)
+    write_checksum(out)
+    return out
+
+
+def _checked_paths(def_file: str | Path, output: str | Path, *, example: str) -> tuple[Path, Path]:
+    def_path = Path(def_file).resolve()
+    if not def_path.is_file():
+        raise ImagePathError(f"--def: {shorten(str(def_file))} is not a definition file "
+                             f"({'a directory' if def_path.is_dir() else 'no such file'}; the repository ships apptainer.def)")
+    out = Path(output).resolve()
+    if out.is_dir():
+        raise ImagePathError(f"--output: {shorten(str(output))} is a directory; give the image's file name, e.g. {example}")
+    if not out.parent.is_dir():
+        raise ImagePathError(f"--output: {shorten(str(out.parent))} is not a directory; create it first")
+    return def_path, out
 
 
 # -- checksums and staging --------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from typing import IO
 from beam_hpc.config.site import Site
 from beam_hpc.errors import RuntimeFailure
 from beam_hpc.node import jit_cache, nvme, stacks
-from beam_hpc.node.container import container_command
+from beam_hpc.node.container import node_step_command
 from beam_hpc.node.ray_node import (
     GB,
     ClusterRuntime,
@@ -102,6 +102,16 @@ def _test_bad_node(hostname: str) -> None:
         os.unlink(tmp)
     if Path(path).read_text().strip() == hostname:
         raise NodeStepError(f"node {hostname} is the bad node of {TEST_BAD_NODE_FILE_VAR} (test hook)")
+
+
+def node_binds(plan: Plan, token_path: str, group: GroupPlan) -> list[str]:
+    """Host paths a node's Ray needs inside the container, beside the site's own (node.container):
+    the run directory, the token's directory and, on groups that stage it, the NVMe root. The
+    node step binds them around ``ray start`` (Apptainer); the launcher mounts them (pyxis)."""
+    binds = [plan.output_dir, str(Path(token_path).parent)]
+    if plan.nvme.enabled and group.stage_nvme:
+        binds.append(plan.nvme.root)
+    return binds
 
 
 class NodeStepError(RuntimeFailure):
@@ -272,13 +282,12 @@ class NodeStep:
         env = ray_env(token_path=self.rt.token_path, job_tag=self.rt.job_tag, node_index=self.index)
         env.update(self.jit_env)  # the raylet's environment is every actor's: compilers cache node-locally
         env[stacks.SEGMENT_DIR_VAR] = self.rt.segment_dir  # where a process that registers dumps its stacks
-        binds = [self.plan.output_dir, str(Path(self.rt.token_path).parent)]
+        binds = node_binds(self.plan, self.rt.token_path, self.group)
         if self.plan.nvme.enabled and self.group.stage_nvme:
-            binds.append(self.plan.nvme.root)
             # Actors inherit the raylet's environment: this is how the backend's optimizer
             # offload finds the dir staged on its own node (beam_hpc.backends.reference.offload).
             env["BEAM_NVME_DIR"] = self._nvme_dir()
-        cmd = container_command(self.site, ray_start_argv(node, python), env, binds,
+        cmd = node_step_command(self.site, ray_start_argv(node, python), env, binds,
                                 base=clean_env(os.environ), image=image)
         cleanup.callback(self._stop_child)
         for attempt in range(1, RAY_START_ATTEMPTS + 1):

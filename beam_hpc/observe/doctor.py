@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from beam_hpc.config.site import TMP_NONE, Site
 from beam_hpc.config.slurm_size import gib_text
-from beam_hpc.node import nvme
+from beam_hpc.node import container, nvme
 from beam_hpc.node.checks import SHARED_FS, Check, command, existing_parent, fs_type, node_checks, parse_answers
 from beam_hpc.plan import local_disk
 from beam_hpc.plan.local_disk import TmpDisk
@@ -229,6 +229,8 @@ def _container_checks(site: Site) -> list[Check]:
     c = site.container
     if c.runtime == "host":
         return [Check("container", "skip", "runtime host: no container")]
+    if c.runtime == "pyxis":  # srun takes pyxis's options; the squashfs exists (beam_hpc.node.container)
+        return container.pyxis_login_checks(site)
     exe = shutil.which("apptainer") or shutil.which("singularity")
     checks = [Check("apptainer", "pass", exe) if exe else
               Check("apptainer", "fail", "neither apptainer nor singularity is on PATH",
@@ -322,6 +324,8 @@ def miles_parser_check(site: Site, recipe: Recipe) -> Check:
     name = f"miles parser ({recipe.name})"
     if recipe.backend != "miles":
         return Check(name, "skip", f"backend {recipe.backend}: no Miles command")
+    if site.container.runtime == "pyxis":
+        return Check(name, "skip", "pyxis starts the image only in a job: the job runs this check on its head node")
     try:
         verdict = preflight.check_recipe(recipe, site)
     except InputError as err:  # the recipe itself is refused (architecture flags, layout)

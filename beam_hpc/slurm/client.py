@@ -9,7 +9,8 @@ states are an enum (:class:`JobState`), and a failure is one error type carrying
 (:class:`SlurmError`; :class:`SlurmUnavailable` when Slurm could not be asked at all).
 
 What stays outside: the job's own ``srun`` steps (the job launcher,
-:class:`beam_hpc.job.runner.SrunLauncher`, owns them), and submitit's own squeue poll in :mod:`beam_hpc.slurm.submitit_het` (submitit's
+:class:`beam_hpc.job.runner.SrunLauncher`, owns them; under pyxis the batch host's container steps
+are :mod:`beam_hpc.node.container`'s), and submitit's own squeue poll in :mod:`beam_hpc.slurm.submitit_het` (submitit's
 InfoWatcher runs the command it is given; see that module).
 
 Environment: a client run from inside a job inherits the job's SLURM_* variables, which e.g. make
@@ -355,6 +356,11 @@ def ping(*, timeout: float = 20) -> str:
     if "UP" not in proc.stdout:
         raise SlurmUnavailable(argv, _words(proc), proc.returncode)
     return proc.stdout.strip().splitlines()[0]
+
+
+def srun_help(*, timeout: float = 20) -> str:
+    """``srun --help``: the options srun takes here, SPANK plugins' (pyxis's) included."""
+    return _checked(["srun", "--help"], timeout=timeout).stdout
 
 
 def _output(argv: Sequence[str], timeout: float) -> str:

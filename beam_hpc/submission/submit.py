@@ -20,6 +20,7 @@ from beam_hpc.config.recipe import Recipe, apply_overrides, load_yaml, recipe_fr
 from beam_hpc.config.site import Site, find_site, site_from_dict
 from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.lifecycle import exclusions, quarantine
+from beam_hpc.node import container
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.segment_args import SegmentArgs
@@ -130,8 +131,9 @@ def check_paths(recipe: Recipe, site: Site) -> None:
     need = [("data.dir", recipe.data.train_path()), ("data.dir", recipe.data.eval_path())]
     if not (recipe.backend_options.get("tiny_model") or recipe.backend_options.get("smollm2_model")):
         need.append(("model.path", recipe.model.path))
-    if site.container.runtime == "apptainer" and site.container.image:
-        need.append(("container.image", site.container.image))
+    if image := container.image_file(site):  # an Apptainer .sif or a pyxis squashfs (not a registry URI)
+        need.append(("container.image", image))
+    container.check_pyxis_srun(site)  # pyxis: this srun must take its options (exit 2 before sbatch)
     for field_name, path in need:
         if not Path(path).exists():
             hint = {

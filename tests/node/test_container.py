@@ -1,4 +1,4 @@
-"""beam_hpc.node.container against a written contract of Apptainer's command line.
+"""beam_hpc.node.container against written contracts of Apptainer's and pyxis's command lines.
 
 The Apptainer binary cannot be installed on the machines these tests run on, so the contract
 below is taken from Apptainer's documentation (apptainer-userdocs: bind_paths_and_mounts.rst,
@@ -15,6 +15,18 @@ Contract:
       the same name; ``APPTAINERENV_X=v`` sets X=v inside, over the image's value.
   C5  ``--contain``, ``--containall``, ``--compat`` give a private /tmp and minimal /dev (Ray's
       sockets and object store break); ``--cleanenv`` drops host variables (token, Ray mode).
+
+pyxis's contract (NVIDIA/pyxis 0.24.0: README "Usage", the option table in args.c at 1075199):
+  P1  ``srun [options] --container-image=IMAGE COMMAND``: IMAGE is ``[USER@][REGISTRY#]IMAGE[:TAG]``
+      (an enroot URI without scheme) or a squashfs path (starts with / or .).
+  P2  ``--container-mounts=SRC:DST[:FLAGS][,SRC:DST...]``: mounts separated by commas, a mount's
+      flags by "+" (pyxis turns them into enroot's commas); DST defaults to SRC.
+  P3  ``--container-name=NAME``: a named container is kept on the node and reused by later steps
+      of that name (import skipped); unnamed ones go with the task.
+  P4  ``--container-workdir=PATH``; ``--[no-]container-mount-home``.
+  P5  The task's environment goes in, the image's values winning; ``--container-env=NAME[,...]``
+      keeps the host's value of those names.
+The same options on the real local Slurm cluster, through a SPANK stand-in: tests/node/test_pyxis_slurm.py.
 """
 
 from __future__ import annotations
@@ -27,19 +39,22 @@ import pytest
 from fake_apptainer import install_fake_apptainer
 
 from beam_hpc.config.site import Site
-from beam_hpc.node.container import container_command
+from beam_hpc.node import container
+from beam_hpc.node.container import ContainerError, container_command
 
 FORBIDDEN = {"--contain", "--containall", "-C", "-c", "--compat", "--cleanenv", "-e"}
 
-def _site(runtime: str, tmp_path: Path, **extra) -> Site:
+def _site(runtime: str, tmp_path: Path, image: str | None = None, **extra) -> Site:
     shared = tmp_path / "shared"
     scratch = tmp_path / "scratch"
     shared.mkdir(exist_ok=True)
     scratch.mkdir(exist_ok=True)
-    image = tmp_path / "beam.sif"
-    image.write_text("not really an image")
-    container = {"runtime": runtime, "image": str(image), "binds": [str(shared) + ":/data:ro"]}
-    return Site.model_validate({"name": "t", "container": container, "shared_paths": [str(shared)],
+    if image is None:
+        image = str(tmp_path / ("beam.sqsh" if runtime == "pyxis" else "beam.sif"))
+        Path(image).write_text("not really an image")
+    spec = {"runtime": runtime, "image": image, "binds": [str(shared) + ":/data:ro"],
+            **extra.pop("container", {})}
+    return Site.model_validate({"name": "t", "container": spec, "shared_paths": [str(shared)],
                                 "scratch": str(scratch), **extra})
 
 
@@ -91,3 +106,101 @@ def test_commands_run_with_the_job_environment_inside(tmp_path, runtime):
     assert out.returncode == 0, out.stderr
     expected_nv = "True" if runtime == "apptainer" else "None"
     assert out.stdout.split() == ["token", "r.1.0", expected_nv]
+
+
+# -- pyxis -------------------------------------------------------------------------------------------
+def _option(opts: list[str], name: str) -> str | None:
+    values = [o.split("=", 1)[1] for o in opts if o.startswith(name + "=")]
+    assert len(values) <= 1, (name, opts)
+    return values[0] if values else None
+
+
+def test_pyxis_srun_options_mount_what_apptainer_binds(tmp_path):
+    """P1-P4: the image, every path Apptainer would bind for the same call (flags joined by "+"),
+    the job's container name, the working directory, and no home unless the site asks."""
+    site = _site("pyxis", tmp_path)
+    run_dir = str(tmp_path / "run")
+    opts = container.srun_options(site, job_id="42", binds=[run_dir], workdir=run_dir)
+    assert _option(opts, "--container-image") == site.container.image  # P1
+    assert _option(opts, "--container-name") == "beam-42" and _option(opts, "--container-workdir") == run_dir
+    assert "--no-container-mount-home" in opts and "--container-mount-home" not in opts
+    assert _option(opts, "--container-env") is None  # a node step's own variables: pyxis's rule (P5)
+    mounts = _option(opts, "--container-mounts").split(",")  # P2
+    shared = str(tmp_path / "shared")
+    assert mounts == [f"{shared}:{shared}", f"{shared}:/data:ro", f"{tmp_path / 'scratch'}:{tmp_path / 'scratch'}",
+                      "/dev/shm:/dev/shm", f"{run_dir}:{run_dir}"]
+    apptainer = container_command(_site("apptainer", tmp_path), ["true"], {}, [run_dir])
+    binds = [apptainer.argv[i + 1] for i, a in enumerate(apptainer.argv) if a == "--bind"]
+    assert [container.pyxis_mount(b) for b in binds] == mounts  # the same paths, in the same order
+    assert container.pyxis_mount("/a:/b:ro,nosuid") == "/a:/b:ro+nosuid" and container.pyxis_mount("/a") == "/a:/a"
+    asked = _site("pyxis", tmp_path, container={"mount_home": True})
+    assert "--container-mount-home" in container.srun_options(asked, job_id="42", binds=[], workdir="/")
+
+
+@pytest.mark.parametrize("runtime", ["host", "apptainer"])
+def test_other_runtimes_put_nothing_on_srun_and_run_the_node_step_on_the_host(tmp_path, runtime):
+    site = _site(runtime, tmp_path)
+    assert container.srun_options(site, job_id="42", binds=[str(tmp_path)], workdir=str(tmp_path)) == []
+    assert container.node_step_python(site) == sys.executable
+
+
+def test_under_pyxis_the_node_step_is_in_the_image_and_runs_ray_as_it_is(tmp_path):
+    """The seam: the launcher's srun put the node step inside the container, so what it starts
+    gets no wrapper, only the job's variables; its interpreter is the image's."""
+    site = _site("pyxis", tmp_path, container={"python": "/opt/venv/bin/python"})
+    assert container.node_step_python(site) == "/opt/venv/bin/python"
+    cmd = container.node_step_command(site, ["python3", "-m", "ray.scripts.scripts", "start"],
+                                      {"RAY_AUTH_MODE": "token"}, [str(tmp_path)], base={"PATH": "/bin"})
+    assert cmd.argv == ["python3", "-m", "ray.scripts.scripts", "start"]
+    assert cmd.env == {"PATH": "/bin", "RAY_AUTH_MODE": "token"}
+    apptainer = container.node_step_command(_site("apptainer", tmp_path), ["true"], {}, base={})
+    assert apptainer.argv[:3] == ["apptainer", "exec", "--nv"]
+
+
+def test_a_batch_host_process_under_pyxis_is_a_one_task_srun_step_on_this_node(tmp_path, monkeypatch):
+    """Readiness and the driver: srun --overlap in the job (het group 0, its first node: the batch
+    host), the same image and mounts, a container name of their own, the job's variables kept
+    over the image's (P5: --container-env), and only SLURM_CONF of the job's SLURM_* variables."""
+    site = _site("pyxis", tmp_path)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_HET_SIZE", "2")
+    monkeypatch.setenv("SLURM_CONF", "/etc/x/slurm.conf")
+    monkeypatch.chdir(tmp_path / "shared")  # a mounted directory: the process starts there, as on the host
+    run_dir = str(tmp_path / "run")
+    cmd = container_command(site, ["python3", "-m", "beam_hpc.job.readiness"], {"RAY_AUTH_MODE": "token", "B": "1"},
+                            [run_dir], base={"PATH": "/bin"})
+    cut = cmd.argv.index("python3")
+    srun, argv = cmd.argv[:cut], cmd.argv[cut:]
+    assert argv == ["python3", "-m", "beam_hpc.job.readiness"]
+    assert srun[:2] == ["srun", "--overlap"] and {"--jobid=7", "--het-group=0", "--nodes=1", "--ntasks=1",
+                                                  "--relative=0"} <= set(srun)
+    assert srun[srun.index("--kill-on-bad-exit=1") + 1:] == container.srun_options(
+        site, job_id="7", binds=[run_dir], workdir=str(tmp_path / "shared"), env_names=["B", "RAY_AUTH_MODE"],
+        name="beam-7-batch")
+    assert cmd.env == {"PATH": "/bin", "RAY_AUTH_MODE": "token", "B": "1", "SLURM_CONF": "/etc/x/slurm.conf"}
+    monkeypatch.chdir(tmp_path)  # not mounted: the caller's first path (the run directory) instead
+    outside = container_command(site, ["true"], {}, [run_dir], base={})
+    assert f"--container-workdir={run_dir}" in outside.argv
+
+
+def test_pyxis_outside_a_job_is_refused_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(ContainerError, match="container.runtime: pyxis starts containers through srun, inside a Slurm job"):
+        container_command(_site("pyxis", tmp_path), ["true"], {}, [])
+
+
+def test_srun_help_without_pyxis_options_is_named(tmp_path):
+    """What `srun --help` must list: every option beam-hpc passes (as pyxis's table registers them)."""
+    with_pyxis = "\n".join(f"      {o}=X   [pyxis] ..." if o != "--no-container-mount-home" else f"      {o}"
+                           for o in container.PYXIS_OPTIONS)
+    assert container.pyxis_srun_problem("srun options\n" + with_pyxis) is None
+    plain = "Usage: srun [OPTIONS(0)...]\n      --overlap   ...\n"
+    problem = container.pyxis_srun_problem(plain)
+    assert problem.startswith("container.runtime: pyxis") and "--container-image" in problem
+
+
+def test_image_file_is_a_path_but_not_a_registry_image(tmp_path):
+    assert container.image_file(_site("apptainer", tmp_path)) == str(tmp_path / "beam.sif")
+    assert container.image_file(_site("pyxis", tmp_path)) == str(tmp_path / "beam.sqsh")
+    assert container.image_file(_site("pyxis", tmp_path, image="nvcr.io#nvidia/pytorch:24.01-py3")) is None
+    assert container.image_file(_site("host", tmp_path)) is None

@@ -3,7 +3,8 @@
 It accepts exactly the documented grammar of the options beam-hpc uses (the contract at the top of
 tests/node/test_container.py: ``exec``, ``--nv``, ``--bind src[:dest[:opts]]``, then an existing image
 and the command), rejects anything else, applies the documented environment rules (the image's
-variables over the host's, ``APPTAINERENV_X`` over both) and execs the command on the host.
+variables over the host's, ``APPTAINERENV_X`` over both) and execs the command on the host. With
+``FAKE_APPTAINER_RECORD=DIR`` it also writes what each exec got (binds, image, command) to DIR.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ env.update({{k[len("APPTAINERENV_"):]: v for k, v in os.environ.items() if k.sta
 env["FAKE_APPTAINER_BINDS"] = ",".join(binds)
 env["FAKE_APPTAINER_NV"] = str(nv)
 env["FAKE_APPTAINER_IMAGE"] = image  # which image ran: the tests check it is the node-local copy
+record = os.environ.get("FAKE_APPTAINER_RECORD")  # a directory: one JSON file per exec, for the tests
+if record:
+    import json, socket
+    with open(os.path.join(record, f"{{socket.gethostname()}}.{{os.getpid()}}.json"), "w") as fh:
+        json.dump({{"node": socket.gethostname(), "binds": binds, "image": image, "argv": command}}, fh)
 os.execvpe(command[0], command, env)
 '''
 

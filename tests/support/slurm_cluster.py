@@ -12,7 +12,8 @@ cancelled first. Several pytest sessions may share one cluster: each session hol
 `LAB/leases/`, and the cluster is stopped only when the last lease goes and it was started by tests
 (a cluster that a developer brought up with `up` is left running).
 
-CLI for developers (root): `python tests/support/slurm_cluster.py up|down|status [--lab DIR]`.
+CLI for developers (root): `python tests/support/slurm_cluster.py up|down|status|plugin [--lab DIR]`
+(``plugin``: build the pyxis stand-in SPANK plugin, spank/pyxis_standin.c, as `up` does).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ TERMINAL_JOB_STATES = frozenset({
 })
 _MUNGE_PIDFILE = Path("/run/munge/munged.pid")
 _ETC_SLURM = Path("/etc/slurm")
+# The pyxis stand-in (a SPANK plugin: pyxis's srun options, recorded per task, no container), built
+# from its C source against libslurm-dev's spank.h into LAB/lib and loaded through plugstack.conf.
+PYXIS_STANDIN_SRC = Path(__file__).resolve().parent / "spank" / "pyxis_standin.c"
 
 
 class SlurmClusterError(RuntimeError):
@@ -316,6 +320,7 @@ class LocalSlurmCluster:
             "PreemptMode=REQUEUE",
             # with GraceTime, preempted jobs get submitit's USR2 before SIGTERM
             "SlurmctldParameters=preempt_send_user_signal",
+            f"PlugStackConfig={lab}/etc/plugstack.conf",  # the pyxis stand-in (pyxis_standin.c)
         ]
         for i, name in enumerate(s.every_name):
             tmp = s.small_tmp_disk_mb if s.nodes - s.small_disk_nodes <= i < s.nodes else s.tmp_disk_mb
@@ -352,6 +357,7 @@ class LocalSlurmCluster:
                 os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
         _write_atomic(self.conf, self.slurm_conf_text())
         _write_atomic(lab / "etc" / "gres.conf", self.gres_conf_text())
+        self._write_plugstack()
         # A client run without SLURM_CONF would otherwise try DNS SRV ("configless") discovery.
         _ETC_SLURM.mkdir(exist_ok=True)
         for name in ("slurm.conf", "gres.conf"):
@@ -363,6 +369,43 @@ class LocalSlurmCluster:
             tmp.unlink(missing_ok=True)
             tmp.symlink_to(lab / "etc" / name)
             os.replace(tmp, link)
+
+    # -- the pyxis stand-in ---------------------------------------------------------------------
+    @property
+    def pyxis_plugin(self) -> Path:
+        return self.lab / "lib" / "pyxis_standin.so"
+
+    @property
+    def pyxis_records(self) -> Path:
+        """Where the stand-in writes one ``<job>.<step>.<node>.<task>.json`` per containerised task."""
+        return self.lab / "pyxis"
+
+    def build_pyxis_plugin(self) -> Path:
+        """Compile the stand-in (when its source is newer than the .so); SlurmClusterError without
+        gcc or spank.h (apt-get install gcc libc6-dev libslurm-dev)."""
+        out = self.pyxis_plugin
+        if out.exists() and out.stat().st_mtime >= PYXIS_STANDIN_SRC.stat().st_mtime:
+            return out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}")
+        res = subprocess.run(["gcc", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(tmp), str(PYXIS_STANDIN_SRC)],
+                             capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise SlurmClusterError(f"cannot build the pyxis stand-in: {res.stderr.strip()[-500:]} "
+                                    "(apt-get install gcc libc6-dev libslurm-dev)")
+        os.replace(tmp, out)  # a step starting now loads the old or the new one, never half of one
+        return out
+
+    def _write_plugstack(self) -> None:
+        """plugstack.conf: the stand-in when it builds, else nothing (a machine without a compiler
+        still runs every other test; the pyxis tests then find srun without its options and say so)."""
+        with contextlib.suppress(SlurmClusterError, OSError):
+            self.build_pyxis_plugin()
+        self.pyxis_records.mkdir(parents=True, exist_ok=True)
+        self.pyxis_records.chmod(0o1777)
+        line = f"optional {self.pyxis_plugin} record_dir={self.pyxis_records}\n" if self.pyxis_plugin.exists() else ""
+        _write_atomic(self.lab / "etc" / "plugstack.conf", line)
 
     def _remove_etc_links(self) -> None:
         for name in ("slurm.conf", "gres.conf"):
@@ -588,11 +631,14 @@ def _wait_until(predicate: Callable[[], bool], timeout: float, what: str,
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["up", "down", "status"])
+    parser.add_argument("action", choices=["up", "down", "status", "plugin"])
     parser.add_argument("--lab", type=Path, default=DEFAULT_LAB, help="cluster directory")
     args = parser.parse_args(argv)
     cluster = LocalSlurmCluster(ClusterSpec(lab=args.lab))
     try:
+        if args.action == "plugin":
+            print(f"built {cluster.build_pyxis_plugin()}")
+            return 0
         if args.action == "up":
             t0 = time.monotonic()
             started = cluster.up()
