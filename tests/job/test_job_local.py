@@ -19,6 +19,7 @@ from job_plans import make_test_plan
 from run_watch import gone
 
 from beam_hpc.job.runner import run_local, smoke_driver_argv
+from beam_hpc.node import procs
 from beam_hpc.node.ray_node import TEST_HANG_RAY_START_VAR, tagged_pids
 
 
@@ -68,19 +69,11 @@ def test_a_node_whose_ray_start_hangs_is_named_at_the_readiness_deadline(tmp_pat
     assert "did not join in time" in outcome.failed_nodes[0]["why"]
     assert "hung ray start" not in (seg / "node-trainer-0.log").read_text()
     hung_pid = json.loads((seg / "nodes" / "rollout-0.json").read_text())["ray_pid"]
-    assert not gone(lambda: _alive(hung_pid))
+    assert not gone(lambda: procs.running(hung_pid))
     job_id = f"l{os.getpid()}"
     assert gone(lambda: tagged_pids(f"{plan.run_id}.{job_id}.0")) == []
     assert gone(lambda: glob(f"/tmp/beam-{job_id}.0-*")) == []
     assert not Path(plan.output_dir, ".ray-auth").exists()
-
-
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (a zombie has ended; only its parent's reap is late)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 @pytest.mark.ray

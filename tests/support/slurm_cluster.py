@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from beam_hpc.node import procs
+
 DEFAULT_LAB = Path(os.environ.get("BEAM_SLURM_LAB", "/tmp/beam-slurm"))
 # slurmctld's port; the nodes' slurmd ports (17001, 17002, ...) move by the same amount. Set
 # another value (and another LAB) to run a second cluster beside the default one.
@@ -460,7 +462,7 @@ class LocalSlurmCluster:
         process holds a lease. Return True if it was stopped."""
         with self._lock():
             (self.lab / "leases" / str(os.getpid())).unlink(missing_ok=True)
-            others = [p for p in (self.lab / "leases").glob("*") if _pid_alive(int(p.name))]
+            others = [p for p in (self.lab / "leases").glob("*") if procs.running(int(p.name))]
             if others or not (self.lab / "run" / "started-by-tests").exists():
                 return False
             self._down_locked()
@@ -527,23 +529,14 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _pid_alive(pid: int) -> bool:
-    """Linux-only, like the cluster: a zombie (exited, not yet reaped by PID 1) counts as dead."""
-    try:
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat_line.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
 def _live_pid(pidfile: Path, program: str) -> int | None:
     """PID from `pidfile` if that process is alive and is `program` (guards against PID reuse)."""
     try:
         pid = int(pidfile.read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
     except (OSError, ValueError):
         return None
-    return pid if os.path.basename(cmdline.decode(errors="replace")) == program else None
+    argv = procs.cmdline(pid)
+    return pid if argv and os.path.basename(argv[0]) == program else None
 
 
 def _stop_by_pidfiles(pidfiles: Sequence[Path], program: str, timeout: float = 15) -> None:
@@ -553,10 +546,10 @@ def _stop_by_pidfiles(pidfiles: Sequence[Path], program: str, timeout: float = 1
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 15)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(procs.running(p) for p in pids):
         time.sleep(0.1)
     for pid in pids:
-        if _pid_alive(pid):
+        if procs.running(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
     for f in pidfiles:
