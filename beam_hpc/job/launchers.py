@@ -20,7 +20,7 @@ from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import GroupPlan
 from beam_hpc.slurm import client as slurm_client
 
-log = logging.getLogger("beam_hpc.job.launchers")
+log = logging.getLogger(__name__)
 
 
 @dataclass

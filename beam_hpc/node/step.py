@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import shutil
 import signal
@@ -41,6 +40,7 @@ from typing import IO
 
 from beam_hpc.config.site import Site
 from beam_hpc.errors import RuntimeFailure
+from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node import jit_cache, nvme, stacks
 from beam_hpc.node.container import container_command
 from beam_hpc.node.ray_node import (
@@ -70,7 +70,7 @@ from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import GroupPlan, Plan, fill
 from beam_hpc.slurm.environment import SlurmEnvironment
 
-log = logging.getLogger("beam_hpc.node.step")
+log = module_logger(__name__)  # also run as python -m
 
 RAY_STOP_GRACE_S = 3.0  # SIGTERM to SIGKILL for this node's Ray processes: below Slurm's usual KillWait
 RAY_START_ATTEMPTS = 3
@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=None, help="GPUs of this node (default: from Slurm)")
     parser.add_argument("--cpus", type=int, default=None, help="CPUs of this node (default: from Slurm)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_to_stream()
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     try:
         rt = ClusterRuntime.load(args.runtime)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import re
 import shlex
@@ -55,6 +54,7 @@ from beam_hpc.backends.miles import architecture
 from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError, RuntimeFailure
+from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node.container import Command, container_command
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import lock as run_lock
@@ -62,7 +62,7 @@ from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
 from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.environment import SlurmEnvironment
 
-log = logging.getLogger("beam_hpc.backends.miles.convert")
+log = module_logger(__name__)  # also run as python -m
 
 CONVERTER = "tools/convert_hf_to_torch_dist.py"  # under the Miles tree
 RELEASE = "release"  # Megatron's name for a checkpoint that is not a training iteration
@@ -419,7 +419,7 @@ def exec_converter(spec_path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_to_stream()
     p = argparse.ArgumentParser(prog="python -m beam_hpc.backends.miles.convert")
     p.add_argument("phase", choices=["run", "exec"], help="run: on the batch host; exec: inside the container")
     p.add_argument("--spec", required=True, help="<output_dir>/convert/convert.json")

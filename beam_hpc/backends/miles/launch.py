@@ -40,7 +40,6 @@ import argparse
 import importlib
 import importlib.util
 import json
-import logging
 import os
 import runpy
 import sys
@@ -59,11 +58,12 @@ from beam_hpc.backends.miles.checkpoint import (
 )
 from beam_hpc.backends.miles.placement import DEFAULT_TIMEOUT_S, PlacementLayout, apply_placement_patch
 from beam_hpc.errors import InputError, RuntimeFailure
+from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
 
-logger = logging.getLogger(__name__)
+logger = module_logger(__name__)  # also run as python -m
 
 PLACEMENT_MODULE = "miles.ray.placement_group"
 
@@ -171,7 +171,7 @@ def record_placement(run_dir: Path, layout: PlacementLayout) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Connect to the allocation's Ray cluster, patch Miles's placement, run its entry point."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_to_stream()
     opts, rest = parse_args(sys.argv[1:] if argv is None else argv)
     entry = find_entry(rest[0], opts.miles_dir)
     run_dir = Path(opts.plan).resolve().parent

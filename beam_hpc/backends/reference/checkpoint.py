@@ -28,7 +28,7 @@ DRIVER_FILE = "driver.pt"
 META_FILE = "meta.json"
 MANIFEST_FILE = layout.MANIFEST_FILE  # size + sha256 of every file: how a truncated checkpoint is told
 
-log = logging.getLogger("beam_hpc.reference.checkpoint")
+log = logging.getLogger(__name__)
 
 
 def verify(it_dir: Path) -> str | None:

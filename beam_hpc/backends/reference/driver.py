@@ -51,7 +51,7 @@ from beam_hpc.run import metric_names as names
 from beam_hpc.run.checkpoint_layout import write_atomic
 from beam_hpc.slurm.environment import SlurmEnvironment
 
-log = logging.getLogger("beam_hpc.reference")
+log = logging.getLogger(__name__)
 
 LOCAL = "local"
 LOCAL_RESOURCES = {f"{GROUP_RESOURCE_PREFIX}trainer": 1000, f"{GROUP_RESOURCE_PREFIX}rollout": 1000}
