@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from beam_hpc.node import procs
+from beam_hpc.run.files import write_atomic
 
 DEFAULT_LAB = Path(os.environ.get("BEAM_SLURM_LAB", "/tmp/beam-slurm"))
 # slurmctld's port; the nodes' slurmd ports (17001, 17002, ...) move by the same amount. Set
@@ -352,8 +353,8 @@ class LocalSlurmCluster:
             if not dev.is_char_device():
                 dev.unlink(missing_ok=True)
                 os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-        _write_atomic(self.conf, self.slurm_conf_text())
-        _write_atomic(lab / "etc" / "gres.conf", self.gres_conf_text())
+        write_atomic(self.conf, self.slurm_conf_text())
+        write_atomic(lab / "etc" / "gres.conf", self.gres_conf_text())
         # A client run without SLURM_CONF would otherwise try DNS SRV ("configless") discovery.
         _ETC_SLURM.mkdir(exist_ok=True)
         for name in ("slurm.conf", "gres.conf"):
@@ -523,12 +524,6 @@ def spot_site(site: Path, dst: Path) -> Path:
 
 
 # -- process helpers ---------------------------------------------------------------------------
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _live_pid(pidfile: Path, program: str) -> int | None:
     """PID from `pidfile` if that process is alive and is `program` (guards against PID reuse)."""
     try:

@@ -59,6 +59,7 @@ from beam_hpc.node.container import Command, container_command
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import lock as run_lock
 from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
+from beam_hpc.run.files import write_json_atomic
 from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.environment import SlurmEnvironment
 
@@ -384,7 +385,7 @@ def _convert(spec: ConvertSpec, spec_path: str) -> int:
                            f"{LATEST_FILE}, or an empty {RELEASE}/); not marking it done")
     marker = {"key": spec.key(), "converter": CONVERTER, "gpus": spec.gpus, "seconds": round(time.time() - t0, 1),
               "job_id": SlurmEnvironment.current().job_id, "finished": time.time()}
-    write_atomic(Path(spec.output, MARKER), json.dumps(marker, indent=2) + "\n")
+    write_json_atomic(Path(spec.output, MARKER), marker, indent=2)
     log.info("converted in %.1f s; marked done: %s", marker["seconds"], Path(spec.output, MARKER))
     return 0
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import json
 import os
 import runpy
 import sys
@@ -61,7 +60,8 @@ from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
-from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
+from beam_hpc.run.checkpoint_layout import LATEST_FILE
+from beam_hpc.run.files import write_json_atomic
 
 logger = module_logger(__name__)  # also run as python -m
 
@@ -166,7 +166,7 @@ def check_resume(miles_argv: list[str], *, full_read_max_bytes: int = FULL_READ_
 
 
 def record_placement(run_dir: Path, layout: PlacementLayout) -> None:
-    write_atomic(RunPaths(str(run_dir)).placement, json.dumps(layout.as_dict(), indent=2) + "\n")
+    write_json_atomic(RunPaths(str(run_dir)).placement, layout.as_dict(), indent=2)
 
 
 def main(argv: list[str] | None = None) -> None:

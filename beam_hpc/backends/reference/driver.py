@@ -49,6 +49,7 @@ from beam_hpc.reward.miles_check import miles_verdict, verdict_fractions
 from beam_hpc.run import checkpoint_layout
 from beam_hpc.run import metric_names as names
 from beam_hpc.run.checkpoint_layout import write_atomic
+from beam_hpc.run.files import write_json_atomic
 from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = logging.getLogger(__name__)
@@ -213,9 +214,7 @@ class Loop:
 
         where = ray.get([self.trainer.where.remote()] + [w.where.remote() for w in self.workers])
         placement = {"trainer": where[0], "rollout": where[1:], "nodes": node_table()}
-        import json
-
-        write_atomic(self.paths.placement, json.dumps(placement, indent=2, sort_keys=True))
+        write_json_atomic(self.paths.placement, placement, indent=2)
         for a in where:
             log.info("placement: %s %d on node %s (%s, group %s)", a["role"], a["index"], a["node_id"][:12], a["node_ip"], a["group"])
         return placement
