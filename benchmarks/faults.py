@@ -438,15 +438,15 @@ class Campaign:
 
     def hung_in(self) -> str | None:
         """The segment whose driver the hook hung (its marker), if one did."""
-        from beam_hpc.plan.paths import TEST_HANG_FILE
+        from beam_hpc.fault_hooks import hang_markers
 
-        found = sorted(self.dir.glob(f"logs/*/{TEST_HANG_FILE}"))
+        found = hang_markers(self.dir / "logs")
         return found[0].parent.name if found else None
 
     def hang_time(self, segment: str) -> float | None:
-        from beam_hpc.plan.paths import TEST_HANG_FILE
+        from beam_hpc.fault_hooks import HANG_MARKER_FILE
 
-        marker = self.dir / "logs" / segment / TEST_HANG_FILE
+        marker = self.dir / "logs" / segment / HANG_MARKER_FILE
         return json.loads(marker.read_text())["time"] if marker.is_file() else None
 
     def job_nodes(self, job: str) -> list[str]:

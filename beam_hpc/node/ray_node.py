@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from beam_hpc import fault_hooks
 from beam_hpc.config.site import NetworkSpec, RayPortSpec
 from beam_hpc.errors import RuntimeFailure
 from beam_hpc.node import procs
@@ -59,10 +60,6 @@ NODE_TAG_VAR = "BEAM_RAY_NODE"
 # Variables of the srun task and of MPI launchers that must not leak into Ray's workers.
 CLEARED_PREFIXES = ("SLURM_", "SLURMD_", "PMI_", "PMIX_", "OMPI_", "MPI_", "I_MPI_", "HYDRA_", "MV2_")
 CLEARED_NAMES = frozenset({"PMI_RANK", "PMI_SIZE", "RAY_ADDRESS", "RAY_AUTH_TOKEN"})
-# FOR TESTS ONLY: node indices (comma-separated) whose `ray start` is replaced by a process that
-# never starts Ray, the way a node hangs on a stuck filesystem or network. It lets the readiness
-# deadline be tested on a real job (tests/job/test_job_local.py); nothing in beam-hpc sets it.
-TEST_HANG_RAY_START_VAR = "BEAM_TEST_HANG_RAY_START"
 
 
 class RayNodeError(RuntimeFailure):
@@ -285,7 +282,7 @@ def ray_start_argv(node: RayNode, python: str) -> list[str]:
                  "--include-dashboard=false", "--no-monitor"]
     else:
         argv.append(f"--address={node.gcs_address}")
-    if str(node.index) in os.environ.get(TEST_HANG_RAY_START_VAR, "").split(","):  # tests only, see above
+    if fault_hooks.hangs_ray_start(node.index):
         return [python, "-c", "import time\nwhile True: time.sleep(60)", "hung ray start", *argv[1:]]
     return argv
 

@@ -18,9 +18,10 @@ from fake_apptainer import install_fake_apptainer
 from job_plans import make_test_plan
 from run_watch import gone
 
+from beam_hpc.fault_hooks import HANG_RAY_START_VAR
 from beam_hpc.job.runner import run_local, smoke_driver_argv
 from beam_hpc.node import procs
-from beam_hpc.node.ray_node import TEST_HANG_RAY_START_VAR, tagged_pids
+from beam_hpc.node.ray_node import tagged_pids
 
 
 @pytest.mark.ray
@@ -52,7 +53,7 @@ def test_a_node_whose_ray_start_hangs_is_named_at_the_readiness_deadline(tmp_pat
     """The rollout node's `ray start` never starts Ray (ray_node's test-only hang hook, set for node
     index 1 only); the trainer head comes up for real. At the short deadline the job ends not-ready,
     naming the rollout node, its state and its log, and leaves nothing running."""
-    monkeypatch.setenv(TEST_HANG_RAY_START_VAR, "1")
+    monkeypatch.setenv(HANG_RAY_START_VAR, "1")
     plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1, local_run=True)
     # The deadline must leave the trainer's head time to take a driver (the message counts its node):
     # 10 s did not, once, on a quiet 2-core machine (the session's first Ray start, cold caches).

@@ -480,8 +480,8 @@ def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(s
     chain) is excluded from the node too; B waits on a dependency that never holds, so it costs
     no allocation, and is cancelled once Slurm shows its ExcNodeList."""
     from beam_hpc.cli.app import main as cli
+    from beam_hpc.fault_hooks import BAD_NODE_FILE_VAR
     from beam_hpc.lifecycle.quarantine import quarantined
-    from beam_hpc.node.step import TEST_BAD_NODE_FILE_VAR
     from beam_hpc.observe.status import gather
     from beam_hpc.observe.status_table import format_status
 
@@ -490,7 +490,7 @@ def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(s
     bad_nodes = runs / "site-bad-nodes.json"
     site = runs / "quarantine-site.yaml"
     site.write_text(SITE.read_text() + f"quarantine: {bad_nodes}\nquarantine_days: 1\n")
-    monkeypatch.setenv(TEST_BAD_NODE_FILE_VAR, str(claim))  # exported to the job by sbatch
+    monkeypatch.setenv(BAD_NODE_FILE_VAR, str(claim))  # exported to the job by sbatch
     plan, first = submit_run(run, tiny_assets, num_rollout=2, interval=1, site=site,
                              extra=("topology.trainer.gpus_per_node=1", "topology.rollout.gpus_per_node=1"))
     wait_for("the chain to finish", lambda: chain_finished(run), run)
