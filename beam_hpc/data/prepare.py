@@ -82,8 +82,10 @@ def _write_jsonl_atomically(path: Path, records: Iterable[dict[str, Any]]) -> tu
 
 
 def _records(name: str, sources: list[Source], progress: bool, stats: dict[str, int]) -> Iterator[dict[str, Any]]:
-    """The Miles records of output ``name`` from its sources, each row named in errors by source and line."""
-    rows = iter_rows(sources, _DATASET_OF_FILE.get(name, AIME), progress)
+    """The Miles records of output ``name`` from its sources, each row named in errors by source and line.
+    The progress bar is labelled with the dataset, or for another eval file (the tiny set's
+    ``tiny-add.jsonl``) with that file's name: it holds no AIME2025 problems."""
+    rows = iter_rows(sources, _DATASET_OF_FILE.get(name, Path(name).stem), progress)
     if name == TRAIN_FILE:
         return dapo_records(((f"{s.label}: row {n + 1}", row) for s, n, row in rows), stats)
     return aime_records(((f"{s.label}: row {n + 1}", s.aime_config, n, row) for s, n, row in rows), stats)

@@ -20,6 +20,7 @@ of 10) and finishes 8-11. So the kept rollout time is 8*10 + 12 + 3*10 = 122 s o
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -382,6 +383,14 @@ def test_scalars_keep_the_last_attempt_of_a_redone_rollout(run_dir: Path) -> Non
     sc = read_scalars(run_dir)
     times = sc.by_step(metric_names.ROLLOUT_TIME)
     assert sorted(times) == list(range(12)) and times[8].value == 12.0
+
+
+def test_reading_scalars_leaves_tensorboard_s_own_log_quiet(run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The stall watchdog reads the scalars every few seconds; TensorBoard's INFO line at each
+    read ("No path found after .../events.out.tfevents...") stays out of the segment's log."""
+    with caplog.at_level(logging.INFO):
+        assert read_scalars(run_dir).source == "tensorboard"
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("tensorboard")] == []
 
 
 # -- logs --------------------------------------------------------------------------------------
