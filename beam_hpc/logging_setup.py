@@ -25,12 +25,12 @@ class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """A handler on ``sys.<name>`` as it is at each line."""
 
     def __init__(self, name: str) -> None:
-        self._name = name
+        self._stream_name = name
         super().__init__()
 
     @property  # type: ignore[override]
     def stream(self) -> TextIO:
-        return getattr(sys, self._name)
+        return getattr(sys, self._stream_name)
 
     @stream.setter
     def stream(self, _value: object) -> None:  # StreamHandler.__init__ sets it; the name decides
@@ -59,8 +59,8 @@ def log_to_stream(stream: str = "stderr", level: int | None = logging.INFO) -> N
     root = logging.getLogger()
     if level is not None:
         root.setLevel(level)
-    if any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in root.handlers):
-        return
+    if any(isinstance(h, _ConsoleHandler) or type(h) is logging.StreamHandler for h in root.handlers):
+        return  # (a subclass, such as pytest's capture, is no console)
     handler = _ConsoleHandler(stream)
     handler.setFormatter(formatter())
     root.addHandler(handler)
