@@ -615,7 +615,8 @@ def check_run(run_dir: Path, plan: Any, segments: list[dict[str, Any]], rollouts
 def reference_run(ref_dir: Path) -> Path:
     """The uninterrupted run (the reference backend alone, on a local Ray head), or the one already
     in ``ref_dir`` when it was made with the same total and overrides."""
-    from reference_harness import LocalRayHead, build_tiny_assets, make_plan, run_backend
+    from job_plans import HOST_SITE, make_test_plan
+    from reference_harness import LocalRayHead, build_tiny_assets, run_backend
 
     from beam_hpc.run import checkpoint_layout
 
@@ -629,7 +630,8 @@ def reference_run(ref_dir: Path) -> Path:
     assets = build_tiny_assets()
     t0 = time.time()
     with LocalRayHead() as address:
-        run_backend(make_plan(ref_dir, assets, [*RECIPE_OVERRIDES, f"num_rollout={ROLLOUTS}"]), address, timeout=3000)
+        plan = make_test_plan(ref_dir, assets=assets, site=HOST_SITE, overrides=[*RECIPE_OVERRIDES, f"num_rollout={ROLLOUTS}"])
+        run_backend(Path(plan.paths.plan), address, timeout=3000)
     marker.write_text(json.dumps(want))
     print(f"uninterrupted run: {time.time() - t0:.0f} s in {ref_dir}", flush=True)
     return ref_dir

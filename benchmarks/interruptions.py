@@ -58,8 +58,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
+from polling import poll_until
 from reference_harness import SMALL, TinyAssets, build_tiny_assets
-from run_watch import poll_until
 from slurm_cluster import LocalSlurmCluster
 
 from beam_hpc.plan.plan import Plan

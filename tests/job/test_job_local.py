@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from fake_apptainer import install_fake_apptainer
 from job_plans import make_test_plan
-from run_watch import gone
+from polling import gone
 
 from beam_hpc.fault_hooks import HANG_RAY_START_VAR
 from beam_hpc.job.runner import run_local, smoke_driver_argv

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 import run_watch
+from job_plans import HOST_SITE, make_test_plan
 from reference_harness import SMALL, TinyAssets, assert_bitwise_equal, load_checkpoint, run_backend
-from reference_harness import make_plan as reference_plan
 from run_watch import chain_finished, diagnostics, segments
 from run_watch import read_text as _read
 
@@ -93,8 +93,9 @@ def uninterrupted(chains, tiny_assets, reference_ray) -> Iterator[Callable[[], P
     for it and gives its run directory."""
     whole = chains["once"].run.parent / "uninterrupted"
     with ThreadPoolExecutor(1) as pool:
-        done = pool.submit(run_backend, reference_plan(
-            whole, tiny_assets, [*SMALL, f"num_rollout={N}", f"checkpoint.interval={INTERVAL}"]), reference_ray)
+        plan = make_test_plan(whole, assets=tiny_assets, site=HOST_SITE,
+                              overrides=[*SMALL, f"num_rollout={N}", f"checkpoint.interval={INTERVAL}"])
+        done = pool.submit(run_backend, plan.paths.plan, reference_ray)
         yield lambda: (done.result(), whole)[1]
 
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from polling import poll_until
 
 from beam_hpc.node import procs
 
@@ -55,9 +56,7 @@ def test_this_process() -> None:
 
 def test_a_zombie_has_ended_and_a_missing_pid_is_gone() -> None:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
-    deadline = time.monotonic() + 30
-    while procs.state(p.pid) != "Z" and time.monotonic() < deadline:  # exited, not reaped yet
-        time.sleep(0.05)
+    poll_until(lambda: procs.state(p.pid) == "Z", 30, 0.05)  # exited, not reaped yet
     assert procs.state(p.pid) == "Z" and not procs.running(p.pid) and procs.parent(p.pid) == os.getpid()
     p.wait()
     assert procs.state(p.pid) == procs.GONE and not procs.running(p.pid)

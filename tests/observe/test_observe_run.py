@@ -234,15 +234,15 @@ def test_status_and_plot_of_a_real_two_segment_run(tiny_assets, reference_ray, t
     output goes to the segment's driver.log. What is read back is what the backend wrote."""
     import socket
 
+    from job_plans import HOST_SITE, make_test_plan
     from reference_harness import SMALL, run_backend
-    from reference_harness import make_plan as harness_plan
 
     run = tmp_path / "real"
     common = [*SMALL, "num_rollout=4", "eval.interval=2", "checkpoint.interval=2"]
     segments = [("9001", ["backend_options.stop_after_rollout=1"], "walltime", "resubmit", "9002"),
                 ("9002", [], "completed", "none", None)]
     for job, extra, reason, action, nxt in segments:
-        plan = harness_plan(run, tiny_assets, common + extra)
+        plan = make_test_plan(run, assets=tiny_assets, site=HOST_SITE, overrides=common + extra).paths.plan
         ckpt = run / "checkpoints"
         ledger.append(run / "ledger.jsonl", ledger.start_record(
             job_id=job, restart=0, host=socket.gethostname(), rollouts_at_start=checkpoint_layout.rollouts_done(ckpt),

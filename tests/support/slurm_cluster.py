@@ -31,8 +31,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polling import poll_until
+
 from beam_hpc.node import procs
 from beam_hpc.run.files import write_atomic
+from beam_hpc.slurm.client import JobState, parse_key_values, parse_show_job_records, slurm_time
 
 DEFAULT_LAB = Path(os.environ.get("BEAM_SLURM_LAB", "/tmp/beam-slurm"))
 # slurmctld's port; the nodes' slurmd ports (17001, 17002, ...) move by the same amount. Set
@@ -40,11 +43,6 @@ DEFAULT_LAB = Path(os.environ.get("BEAM_SLURM_LAB", "/tmp/beam-slurm"))
 DEFAULT_CTLD_PORT = int(os.environ.get("BEAM_SLURM_CTLD_PORT", "6817"))
 REQUIRED_BINARIES = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "srun",
                      "squeue", "scontrol", "scancel", "sinfo", "unshare", "runuser")
-# States after which a job will not run again (squeue/scontrol spelling).
-TERMINAL_JOB_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT",
-})
 _MUNGE_PIDFILE = Path("/run/munge/munged.pid")
 _ETC_SLURM = Path("/etc/slurm")
 
@@ -221,27 +219,28 @@ class LocalSlurmCluster:
             states[name] = state.strip()
         return states
 
-    def job_states(self, job_id: str) -> list[str]:
-        """States of every component of job `job_id` (hetjobs have several), [] once purged."""
+    def job_states(self, job_id: str) -> list[JobState]:
+        """States of every component of job `job_id` (hetjobs have several, leader first), [] once
+        purged: the Slurm client's parse of ``scontrol --oneliner show job``."""
         res = self.run("scontrol", "--oneliner", "show", "job", str(job_id), check=False)
-        return [tok.split("=", 1)[1] for line in res.stdout.splitlines()
-                for tok in line.split() if tok.startswith("JobState=")]
+        return [JobState(r["JobState"]) for r in parse_show_job_records(res.stdout) if "JobState" in r]
 
     def wait_for_job(self, job_id: str, timeout: float = 120, poll_s: float = 0.5) -> str:
-        """Block until job `job_id` (all components) is finished; return the leader's state.
+        """Block until job `job_id` (all components) is finished; return the leader's state
+        ("PURGED" once Slurm forgot it). Raises TimeoutError naming the last seen states, so a
+        stuck test says why."""
+        states: list[JobState] = []
 
-        Raises TimeoutError naming the last seen states, so a stuck test says why.
-        """
-        deadline = time.monotonic() + timeout
-        states: list[str] = []
-        while time.monotonic() < deadline:
-            states = self.job_states(job_id)
+        def finished() -> str | None:
+            states[:] = self.job_states(job_id)
             if not states:
                 return "PURGED"
-            if all(s in TERMINAL_JOB_STATES for s in states):
-                return states[0]
-            time.sleep(poll_s)
-        raise TimeoutError(f"job {job_id} not finished after {timeout:.0f} s (states {states})")
+            return states[0].value if all(s.terminal for s in states) else None
+
+        state = poll_until(finished, timeout, poll_s)
+        if state is None:
+            raise TimeoutError(f"job {job_id} not finished after {timeout:.0f} s (states {[s.value for s in states]})")
+        return state
 
     def end_soon(self, job_id: str, *, left_s: float = 45) -> tuple[int, float]:
         """Lower running job ``job_id``'s time limit so that it ends more than ``left_s`` and at most
@@ -251,8 +250,6 @@ class LocalSlurmCluster:
         deadline (EndTime - lead) has passed. The walltime tests and benchmarks/faults.py enter the
         walltime this way instead of waiting out a limit long enough for a slow bring-up. Returns
         the new limit (minutes) and the job's new end (epoch seconds)."""
-        from beam_hpc.slurm.client import parse_key_values, slurm_time
-
         shown = self.run("scontrol", "--oneliner", "show", "job", str(job_id)).stdout.splitlines()[0]
         start = slurm_time(parse_key_values(shown).get("StartTime"))
         if start is None:
@@ -540,9 +537,7 @@ def _stop_by_pidfiles(pidfiles: Sequence[Path], program: str, timeout: float = 1
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 15)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(procs.running(p) for p in pids):
-        time.sleep(0.1)
+    poll_until(lambda: not any(procs.running(p) for p in pids), timeout, 0.1)
     for pid in pids:
         if procs.running(pid):
             with contextlib.suppress(ProcessLookupError):
@@ -562,11 +557,9 @@ def _munge_works() -> bool:
 
 def _wait_until(predicate: Callable[[], bool], timeout: float, what: str,
                 log: Path | None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
+    """Return once ``predicate()`` holds; SlurmClusterError with the log's last lines after ``timeout`` s."""
+    if poll_until(predicate, timeout, 0.2):
+        return
     hint = ""
     if log is not None and log.exists():
         hint = "; last log lines of " + str(log) + ":\n" + "\n".join(
