@@ -12,7 +12,7 @@ cancelled first. Several pytest sessions may share one cluster: each session hol
 `LAB/leases/`, and the cluster is stopped only when the last lease goes and it was started by tests
 (a cluster that a developer brought up with `up` is left running).
 
-CLI for developers (root): `python tests/support/slurm_cluster.py up|down|status [--lab DIR]`.
+CLI for developers (root): `.venv/bin/python tests/support/slurm_cluster.py up|down|status [--lab DIR]`.
 """
 
 from __future__ import annotations
