@@ -4,7 +4,7 @@
     python benchmarks/faults.py --reanalyse FILE
 
 The tiny recipe (its own batch, evaluation off) with the reference backend on the local Slurm
-cluster (tests/support/slurm_cluster.py), submitted once, the user's way (``beam_hpc.submission.submit``,
+cluster (tests/support/cluster/slurm_cluster.py), submitted once, the user's way (``beam_hpc.submission.submit``,
 ``via="sbatch"``), with its total of :data:`ROLLOUTS` rollouts: plan.json is never touched again. The
 chain then meets, in an order drawn from ``--seed`` (printed, with the schedule):
 
@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support"), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d) for d in ("builders", "cluster", "standins")), str(ROOT / "benchmarks")]
 
 ROLLOUTS = 80  # the chain's total: room for every stop's progress, and a last segment that completes
 INTERVAL = 5  # periodic checkpoints

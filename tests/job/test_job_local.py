@@ -1,5 +1,5 @@
 """beam_hpc.job.runner.run_local: the same job code with no Slurm (what `beam-hpc execute` runs), on the
-host and through the Apptainer seam (the stand-in binary of tests/support/fake_apptainer.py, whose image
+host and through the Apptainer seam (the stand-in binary of tests/support/standins/fake_apptainer.py, whose image
 sets RAY_AUTH_MODE=disabled: only the job's forced environment can turn token auth back on), and
 the readiness deadline with one node whose `ray start` hangs; warm JIT caches and the node-local
 image copy across two segments (through the stand-in)."""
@@ -100,7 +100,7 @@ def test_jit_cache_and_image_copy_carry_over_to_another_node(tmp_path, monkeypat
     site = {"container": {"runtime": "apptainer", "image": str(image), "python": sys.executable,
                           "stage_to_local": True}, "scratch": str(scratch)}
     plan = make_test_plan(tmp_path / "run", trainer_nodes=2, rollout_nodes=0, gpus=1, site=site, local_run=True)
-    driver = [sys.executable, str(Path(__file__).resolve().parents[2] / "tests" / "support" / "jit_cache_driver.py"), "--ray-address", "{ray_address}"]
+    driver = [sys.executable, str(Path(__file__).resolve().parents[2] / "tests" / "support" / "programs" / "jit_cache_driver.py"), "--ray-address", "{ray_address}"]
     n0, n1 = "127.0.0.10", "127.0.0.11"
 
     first = run_local(plan, driver_argv=[*driver, "--write-on", n0, "--out", str(tmp_path / "seg1.json")],

@@ -1,7 +1,7 @@
 """beam-hpc's submitit plugin (beam_hpc.slurm.submitit_het) against the real local Slurm cluster.
 
 The slurm-marked tests submit real heterogeneous jobs through submitit to the cluster that
-tests/support/slurm_cluster.py starts (no slurmdbd, so every state comes from the squeue watcher). The
+tests/support/cluster/slurm_cluster.py starts (no slurmdbd, so every state comes from the squeue watcher). The
 unmarked tests check the script writer and state logic without a cluster.
 """
 

@@ -9,7 +9,7 @@ Slow test: ``beam-hpc prepare --convert`` on the real local Slurm cluster. Real 
 sbatch, the rendered script, the job on a trainer-partition node with fake GPUs, torchrun with
 one gloo process per GPU, megatron-core writing a real torch_dist checkpoint. The seam: Miles's
 converter needs CUDA and mbridge, so the site points ``MILES_DIR`` at
-``tests/support/miles_standin/``, whose ``tools/convert_hf_to_torch_dist.py`` is a contract double (see its
+``tests/support/standins/miles_standin/``, whose ``tools/convert_hf_to_torch_dist.py`` is a contract double (see its
 docstring). A second ``prepare --convert`` must submit nothing.
 """
 
@@ -34,7 +34,7 @@ from beam_hpc.errors import InputError
 from beam_hpc.run import lock as run_lock
 
 ROOT = Path(__file__).resolve().parents[3]
-STANDIN = ROOT / "tests" / "support" / "miles_standin"
+STANDIN = ROOT / "tests" / "support" / "standins" / "miles_standin"
 MODEL_ARGS = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2", "--swiglu"]
 
 

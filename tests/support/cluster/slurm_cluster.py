@@ -12,7 +12,7 @@ cancelled first. Several pytest sessions may share one cluster: each session hol
 `LAB/leases/`, and the cluster is stopped only when the last lease goes and it was started by tests
 (a cluster that a developer brought up with `up` is left running).
 
-CLI for developers (root): `.venv/bin/python tests/support/slurm_cluster.py up|down|status [--lab DIR]`.
+CLI for developers (root): `.venv/bin/python tests/support/cluster/slurm_cluster.py up|down|status [--lab DIR]`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from polling import poll_until
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "builders"))  # run as a program: polling
+from polling import poll_until  # noqa: E402
 
 from beam_hpc.node import procs
 from beam_hpc.run.files import write_atomic
@@ -384,7 +385,7 @@ class LocalSlurmCluster:
                 if self.conf.read_text() != self.slurm_conf_text():
                     raise SlurmClusterError(
                         f"a Slurm cluster with a different configuration runs in {self.lab} "
-                        f"(slurmctld pid {ctld_pid}); stop it with `python tests/support/slurm_cluster.py "
+                        f"(slurmctld pid {ctld_pid}); stop it with `python tests/support/cluster/slurm_cluster.py "
                         f"down --lab {self.lab}` or use another BEAM_SLURM_LAB")
             self._write_config(fresh_state=ctld_pid is None)
             self._start_munged()

@@ -20,7 +20,7 @@ from typing import Any
 
 from polling import poll_until
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TINY_RECIPE = REPO / "recipes" / "tiny.yaml"
 
 

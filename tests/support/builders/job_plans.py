@@ -18,8 +18,8 @@ from beam_hpc.config.recipe import apply_overrides, load_yaml, recipe_from_dict
 from beam_hpc.config.site import site_from_dict
 from beam_hpc.plan.plan import Plan, make_plan
 
-ROOT = Path(__file__).resolve().parents[2]
-HOLD_DRIVER = Path(__file__).with_name("ray_hold_driver.py")
+ROOT = Path(__file__).resolve().parents[3]
+HOLD_DRIVER = ROOT / "tests" / "support" / "programs" / "ray_hold_driver.py"
 
 
 # Port bands for jobs a test starts itself, outside the local Slurm cluster (run_local, a node step
