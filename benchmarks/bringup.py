@@ -19,7 +19,7 @@ For each node count N, in one run:
   (same command line) from launch until the head lists it alive. The table's "ready / one join"
   is beam-hpc's ready time over that.
 
-The cluster is started (or reused) through tests/support/slurm_cluster.py. On a 2-core machine every
+The cluster is started (or reused) through tests/support/cluster/slurm_cluster.py. On a 2-core machine every
 Ray node adds Python helper processes, so times grow with N here; on a real cluster each node
 brings its own cores. Note the machine's load (printed) when comparing runs.
 """
@@ -35,7 +35,7 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
+sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d) for d in ("builders", "cluster", "standins"))]
 
 from job_plans import batch_script, make_test_plan  # noqa: E402
 from slurm_cluster import LocalSlurmCluster  # noqa: E402

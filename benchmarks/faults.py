@@ -4,7 +4,7 @@
     python benchmarks/faults.py --reanalyse FILE
 
 The tiny recipe (its own batch, evaluation off) with the reference backend on the local Slurm
-cluster (tests/support/slurm_cluster.py), submitted once, the user's way (``beam_hpc.submission.submit``,
+cluster (tests/support/cluster/slurm_cluster.py), submitted once, the user's way (``beam_hpc.submission.submit``,
 ``via="sbatch"``), with its total of :data:`ROLLOUTS` rollouts: plan.json is never touched again. The
 chain then meets, in an order drawn from ``--seed`` (printed, with the schedule):
 
@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support"), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d) for d in ("builders", "cluster", "standins")), str(ROOT / "benchmarks")]
 
 ROLLOUTS = 80  # the chain's total: room for every stop's progress, and a last segment that completes
 INTERVAL = 5  # periodic checkpoints
@@ -438,15 +438,15 @@ class Campaign:
 
     def hung_in(self) -> str | None:
         """The segment whose driver the hook hung (its marker), if one did."""
-        from beam_hpc.plan.paths import TEST_HANG_FILE
+        from beam_hpc.fault_hooks import hang_markers
 
-        found = sorted(self.dir.glob(f"logs/*/{TEST_HANG_FILE}"))
+        found = hang_markers(self.dir / "logs")
         return found[0].parent.name if found else None
 
     def hang_time(self, segment: str) -> float | None:
-        from beam_hpc.plan.paths import TEST_HANG_FILE
+        from beam_hpc.fault_hooks import HANG_MARKER_FILE
 
-        marker = self.dir / "logs" / segment / TEST_HANG_FILE
+        marker = self.dir / "logs" / segment / HANG_MARKER_FILE
         return json.loads(marker.read_text())["time"] if marker.is_file() else None
 
     def job_nodes(self, job: str) -> list[str]:
@@ -615,7 +615,8 @@ def check_run(run_dir: Path, plan: Any, segments: list[dict[str, Any]], rollouts
 def reference_run(ref_dir: Path) -> Path:
     """The uninterrupted run (the reference backend alone, on a local Ray head), or the one already
     in ``ref_dir`` when it was made with the same total and overrides."""
-    from reference_harness import LocalRayHead, build_tiny_assets, make_plan, run_backend
+    from job_plans import HOST_SITE, make_test_plan
+    from reference_harness import LocalRayHead, build_tiny_assets, run_backend
 
     from beam_hpc.run import checkpoint_layout
 
@@ -629,7 +630,8 @@ def reference_run(ref_dir: Path) -> Path:
     assets = build_tiny_assets()
     t0 = time.time()
     with LocalRayHead() as address:
-        run_backend(make_plan(ref_dir, assets, [*RECIPE_OVERRIDES, f"num_rollout={ROLLOUTS}"]), address, timeout=3000)
+        plan = make_test_plan(ref_dir, assets=assets, site=HOST_SITE, overrides=[*RECIPE_OVERRIDES, f"num_rollout={ROLLOUTS}"])
+        run_backend(Path(plan.paths.plan), address, timeout=3000)
     marker.write_text(json.dumps(want))
     print(f"uninterrupted run: {time.time() - t0:.0f} s in {ref_dir}", flush=True)
     return ref_dir

@@ -2,7 +2,7 @@
 
     python benchmarks/interruptions.py [--json results.json] [--seed N]
 
-The tiny recipe with the reference backend on the local Slurm cluster (tests/support/slurm_cluster.py),
+The tiny recipe with the reference backend on the local Slurm cluster (tests/support/cluster/slurm_cluster.py),
 submitted the user's way (``beam_hpc.submission.submit``: plan, script, sbatch), saving every 20 rollouts as
 Miles does by default. Two runs of the same recipe go side by side (at the same time, so that
 both see the same machine load):
@@ -56,10 +56,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
+sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d) for d in ("builders", "cluster", "standins"))]
 
+from polling import poll_until
 from reference_harness import SMALL, TinyAssets, build_tiny_assets
-from run_watch import poll_until
 from slurm_cluster import LocalSlurmCluster
 
 from beam_hpc.plan.plan import Plan

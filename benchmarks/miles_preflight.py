@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
+sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d) for d in ("builders", "cluster", "standins"))]
 
 from miles_facts import QWEN3_30B_A3B  # noqa: E402
 

@@ -177,10 +177,11 @@ class Comparison:
         return next_step_s([st["step_s"] for st in self.sides[side]]) < self.left_s()
 
     def write(self) -> Path:
+        from beam_hpc.run.files import write_atomic, write_json_atomic
+
         out = Path(self.args.out_dir) / f"reference_step-{dt.date.today().isoformat()}-{self.args.machine}.md"
-        write_atomic_text(out, render(self))
-        write_atomic_text(out.with_suffix(".json"), json.dumps({"settings": self.settings, "steps": self.sides,
-                                                               "notes": self.notes}, indent=1))
+        write_atomic(out, render(self))
+        write_json_atomic(out.with_suffix(".json"), {"settings": self.settings, "steps": self.sides, "notes": self.notes})
         return out
 
 
@@ -247,13 +248,6 @@ def _num(x: float | None) -> str:
     if x is None:
         return "—"
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
-
-
-def write_atomic_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 COMMON_DIFFERENCES = [

@@ -603,10 +603,12 @@ class Bench:
                      f"micro-batch {s.micro_batch}, sampler {s.sampler}",
             "steps": a.steps, "sync_reps": a.sync_reps,
         }
+        from beam_hpc.run.files import write_atomic
+
         out = Path(a.out_dir) / f"two_gpu-{date}-{machine}.md"
-        write_atomic_text(out, render(self, meta))
+        write_atomic(out, render(self, meta))
         raw = {"meta": meta, "rows": [asdict(r) for r in self.rows], "sync": [asdict(w) for w in self.sync_rows], "notes": self.extra}
-        write_atomic_text(out.with_suffix(".json"), json.dumps(raw, indent=1, default=str))
+        write_atomic(out.with_suffix(".json"), json.dumps(raw, indent=1, default=str))
         return out
 
     # -- modes ----------------------------------------------------------------------------------
@@ -858,13 +860,6 @@ def machine_name(device: str) -> str:
     name = torch.cuda.get_device_name(0).lower().replace(" ", "-")
     n = torch.cuda.device_count()
     return name if n == 1 else f"{name}-x{n}"
-
-
-def write_atomic_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # -- wheels for the device machine ------------------------------------------------------------------

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from slurm_cluster import LocalSlurmCluster, SlurmClusterError
 
-# -- spreading the suite over xdist workers (tests/support/xdist_schedule.py) ------------------
+# -- spreading the suite over xdist workers (tests/support/xdist/xdist_schedule.py) ------------------
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -37,7 +37,7 @@ _CONTROLLER_LEASE: list[LocalSlurmCluster] = []
 def pytest_configure(config: pytest.Config) -> None:
     """The xdist controller holds a lease on the local Slurm cluster for the whole run, so that a
     worker that finishes early cannot stop the cluster under the others (it is stopped when the
-    last lease goes: tests/support/slurm_cluster.py)."""
+    last lease goes: tests/support/cluster/slurm_cluster.py)."""
     is_worker = hasattr(config, "workerinput")
     if is_worker or not getattr(config.option, "numprocesses", None):
         return
@@ -58,7 +58,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[LocalSlurmCluster]:
-    """A real local Slurm cluster (tests/slurm_cluster.py), started once per session.
+    """A real local Slurm cluster (tests/support/cluster/slurm_cluster.py), started once per session.
 
     Skips where it cannot run (not root, Slurm binaries missing), except when
     BEAM_REQUIRE_SLURM=1 (CI, which installs Slurm): then it fails, so a broken install cannot
@@ -112,7 +112,7 @@ def _slurm_marked_tests_get_the_cluster(request: pytest.FixtureRequest) -> Itera
 
 @pytest.fixture(scope="session")
 def tiny_assets():  # type: ignore[no-untyped-def]
-    """The tiny model and data, built once by the project's code (tests/reference_harness.py)."""
+    """The tiny model and data, built once by the project's code (tests/support/builders/reference_harness.py)."""
     from reference_harness import build_tiny_assets
 
     return build_tiny_assets()

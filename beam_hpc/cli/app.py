@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from beam_hpc import __version__
 from beam_hpc.errors import EXIT_FAILURE, BeamError, InputError, shorten
+from beam_hpc.logging_setup import log_to_stream
 
 # Modules that contribute subcommands with add_parser(subparsers); missing ones are skipped so a
 # partial install (no torch, no ray) still renders and submits.
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; the only place where errors become exit codes (beam_hpc.errors)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    log_to_stream(level=None)  # warnings (and a segment's INFO lines) in the one format
     handler: Callable[[argparse.Namespace], int] = args.func
     try:
         return int(handler(args) or 0)

@@ -28,7 +28,7 @@ from typing import Any
 from beam_hpc.data.convert import AIME, DAPO, PrepareError, aime_records, dapo_records
 from beam_hpc.data.sources import PreparePathError, Source, hub_source, iter_rows, local_source
 from beam_hpc.errors import shorten
-from beam_hpc.run.files import atomic_path, sha256_file, write_atomic
+from beam_hpc.run.files import atomic_path, sha256_file, write_json_atomic
 
 DAPO_REPO = "BytedTsinghua-SIA/DAPO-Math-17k"
 AIME_REPO = "opencompass/AIME2025"
@@ -81,13 +81,11 @@ def _write_jsonl_atomically(path: Path, records: Iterable[dict[str, Any]]) -> tu
     return rows, digest.hexdigest(), size
 
 
-def _write_json_atomically(path: Path, obj: Any) -> None:
-    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
 def _records(name: str, sources: list[Source], progress: bool, stats: dict[str, int]) -> Iterator[dict[str, Any]]:
-    """The Miles records of output ``name`` from its sources, each row named in errors by source and line."""
-    rows = iter_rows(sources, _DATASET_OF_FILE.get(name, AIME), progress)
+    """The Miles records of output ``name`` from its sources, each row named in errors by source and line.
+    The progress bar is labelled with the dataset, or for another eval file (the tiny set's
+    ``tiny-add.jsonl``) with that file's name: it holds no AIME2025 problems."""
+    rows = iter_rows(sources, _DATASET_OF_FILE.get(name, Path(name).stem), progress)
     if name == TRAIN_FILE:
         return dapo_records(((f"{s.label}: row {n + 1}", row) for s, n, row in rows), stats)
     return aime_records(((f"{s.label}: row {n + 1}", s.aime_config, n, row) for s, n, row in rows), stats)
@@ -241,5 +239,5 @@ def prepare(
                 prepared.append(_prepare_file(data_dir, name, group, manifest, progress))
         model_dir, model_skipped = _prepare_model(data_dir, model, manifest) if model else (None, False)
     finally:
-        _write_json_atomically(manifest_path, manifest)  # records whatever did complete
+        write_json_atomic(manifest_path, manifest, indent=2)  # records whatever did complete
     return PrepareReport(data_dir, manifest_path, tuple(prepared), model_dir, model_skipped, tuple(notes))

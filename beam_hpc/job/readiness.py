@@ -27,12 +27,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node.ray_node import ClusterRuntime
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
 from beam_hpc.run.files import write_json_atomic
 
-log = logging.getLogger("beam_hpc.job.readiness")
+log = module_logger(__name__)  # also run as python -m
 
 POLL_S = 0.25
 EXIT_READY, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 3
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime", required=True, help="the segment's runtime.json")
     parser.add_argument("--output", required=True, help="where to write ready.json")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_to_stream()
     plan = Plan.load(args.plan)
     rt = ClusterRuntime.load(args.runtime)
     status = wait_ready(plan, rt, output=Path(args.output))

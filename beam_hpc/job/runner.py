@@ -533,13 +533,9 @@ def install_signal_handlers(runner: JobRunner, signals: Sequence[int] = (
 
 def _process_start_time() -> float:
     """When this process started (the batch script execs into it): bring-up is timed from here."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return time.time()
+    from beam_hpc.node import procs
+
+    return procs.start_time() or time.time()
 
 
 def main(argv: list[str] | None = None) -> int:

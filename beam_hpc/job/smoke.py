@@ -21,12 +21,13 @@ import sys
 import time
 from pathlib import Path
 
+from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
 from beam_hpc.run.files import write_json_atomic
 
-log = logging.getLogger("beam_hpc.job.smoke")
+log = module_logger(__name__)  # also run as python -m
 PG_TIMEOUT_S = 120.0
 
 
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-address", required=True)
     parser.add_argument("--output", default=None, help="default: RUN_DIR/smoke.json")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_to_stream()
     plan = Plan.load(args.plan)
     t = time.time()
     result = run_smoke(plan, args.ray_address)

@@ -11,7 +11,7 @@ a per-job container name, workdir, no home), so the node step starts Ray unwrapp
 container of its own name (pyxis does not serialise two steps creating one name). pyxis passes the
 task's environment in, the image's values first except for ``--container-env``'s names.
 ``host`` runs the command as it is. In the tests a SPANK stand-in takes pyxis's options and runs the
-task WITHOUT a container (tests/support/spank/pyxis_standin.c): that is where the seam ends.
+task WITHOUT a container (tests/support/standins/spank/pyxis_standin.c): that is where the seam ends.
 """
 
 from __future__ import annotations

@@ -35,8 +35,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from beam_hpc import fault_hooks
 from beam_hpc.config.site import NetworkSpec, RayPortSpec
 from beam_hpc.errors import RuntimeFailure
+from beam_hpc.node import procs
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.ports import RAY_PORT_KINDS, band_port, highest_port
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
@@ -58,10 +60,6 @@ NODE_TAG_VAR = "BEAM_RAY_NODE"
 # Variables of the srun task and of MPI launchers that must not leak into Ray's workers.
 CLEARED_PREFIXES = ("SLURM_", "SLURMD_", "PMI_", "PMIX_", "OMPI_", "MPI_", "I_MPI_", "HYDRA_", "MV2_")
 CLEARED_NAMES = frozenset({"PMI_RANK", "PMI_SIZE", "RAY_ADDRESS", "RAY_AUTH_TOKEN"})
-# FOR TESTS ONLY: node indices (comma-separated) whose `ray start` is replaced by a process that
-# never starts Ray, the way a node hangs on a stuck filesystem or network. It lets the readiness
-# deadline be tested on a real job (tests/job/test_job_local.py); nothing in beam-hpc sets it.
-TEST_HANG_RAY_START_VAR = "BEAM_TEST_HANG_RAY_START"
 
 
 class RayNodeError(RuntimeFailure):
@@ -284,7 +282,7 @@ def ray_start_argv(node: RayNode, python: str) -> list[str]:
                  "--include-dashboard=false", "--no-monitor"]
     else:
         argv.append(f"--address={node.gcs_address}")
-    if str(node.index) in os.environ.get(TEST_HANG_RAY_START_VAR, "").split(","):  # tests only, see above
+    if fault_hooks.hangs_ray_start(node.index):
         return [python, "-c", "import time\nwhile True: time.sleep(60)", "hung ray start", *argv[1:]]
     return argv
 
@@ -348,17 +346,11 @@ def tagged_pids(job_tag: str, node_index: int | None = None, proc: str = "/proc"
     want_node = f"{NODE_TAG_VAR}={node_index}".encode() if node_index is not None else None
     me = os.getpid()
     found = []
-    for entry in os.scandir(proc):
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            with open(f"{proc}/{entry.name}/environ", "rb") as fh:
-                items = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if want in items and (want_node is None or want_node in items):
-            found.append(int(entry.name))
-    return sorted(found)
+    for pid in procs.pids(proc):
+        items = procs.environ(pid, proc) if pid != me else None
+        if items is not None and want in items and (want_node is None or want_node in items):
+            found.append(pid)
+    return found
 
 
 def stop_pids(pids: Iterable[int], grace_s: float) -> list[int]:
@@ -371,7 +363,7 @@ def stop_pids(pids: Iterable[int], grace_s: float) -> list[int]:
     alive = pids
     while alive and time.monotonic() < deadline:
         time.sleep(0.1)
-        alive = [p for p in alive if _running(p)]
+        alive = [p for p in alive if procs.running(p)]
     for pid in alive:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
@@ -395,16 +387,6 @@ def sweep(job_tag: str, node_index: int | None = None, grace_s: float = 3.0) -> 
     if pids:
         stop_pids(pids, grace_s)
     return pids
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie is dead; only its parent can reap it)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 @dataclass(frozen=True)

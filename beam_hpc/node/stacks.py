@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
+from beam_hpc.node import procs
 from beam_hpc.plan.paths import SegmentPaths
 
 DUMP_SIGNAL = signal.SIGWINCH
@@ -70,57 +71,35 @@ def register(segment_dir: str | None = None) -> Path | None:
     return path
 
 
-# -- /proc ------------------------------------------------------------------------------------------
-def process_state(pid: int) -> str:
-    """The kernel's one-letter state (R, S, D, T, Z...), or "gone"."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return "gone"
+# -- processes (read through beam_hpc.node.procs) --------------------------------------------------
+process_state = procs.state  # the kernel's one-letter state, or "gone"
 
 
 def _name(pid: int) -> str:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return "?"
-    return " ".join(a.decode(errors="replace") for a in argv if a)[:160]
+    return " ".join(procs.cmdline(pid))[:160] or "?"
 
 
 def is_python(pid: int) -> bool:
     """The process runs a Python interpreter (by its executable; Ray renames its workers' titles)."""
-    try:
-        return "python" in os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-    except OSError:
-        return False
+    return "python" in os.path.basename(procs.executable(pid) or "")
 
 
 def catches(pid: int, sig: int = DUMP_SIGNAL) -> bool:
     """The process has a handler for ``sig`` (``SigCgt`` in /proc/<pid>/status)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
+    return procs.catches(pid, sig)
 
 
 def process_tree(root: int) -> list[int]:
     """``root`` and every process below it (by parent pid), alive now."""
     children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int(Path(f"/proc/{entry.name}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
+    for pid in procs.pids():
+        ppid = procs.parent(pid)
+        if ppid is not None:
+            children.setdefault(ppid, []).append(pid)
     out, todo = [], [root]
     while todo:
         pid = todo.pop()
-        if pid in out or process_state(pid) == "gone":
+        if pid in out or process_state(pid) == procs.GONE:
             continue
         out.append(pid)
         todo.extend(children.get(pid, []))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import shutil
 import signal
@@ -39,8 +38,10 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from beam_hpc import fault_hooks
 from beam_hpc.config.site import Site
 from beam_hpc.errors import RuntimeFailure
+from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node import jit_cache, nvme, stacks
 from beam_hpc.node.container import node_step_command
 from beam_hpc.node.ray_node import (
@@ -70,38 +71,13 @@ from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import GroupPlan, Plan, fill
 from beam_hpc.slurm.environment import SlurmEnvironment
 
-log = logging.getLogger("beam_hpc.node.step")
+log = module_logger(__name__)  # also run as python -m
 
 RAY_STOP_GRACE_S = 3.0  # SIGTERM to SIGKILL for this node's Ray processes: below Slurm's usual KillWait
 RAY_START_ATTEMPTS = 3
 RAY_STARTED_LINE = "Ray runtime started"  # `ray start --block` gets this long after SIGTERM before SIGKILL
 GCS_POLL_S = 0.25
 RAY_LOG_COPY_MAX_BYTES = 5_000_000  # per file, when copying Ray's logs of a failed node
-
-
-# FOR TESTS ONLY: a file path. The first node step that reaches the check claims the file (writes
-# its node name into it, atomically) and fails; later node steps fail only on the node named there.
-# So exactly one node of the cluster goes bad, whichever the first allocation got, the way a node
-# with a broken disk or GPU does: the failed-node exclusion is tested on a real chain with it
-# (tests/lifecycle/test_lifecycle_slurm.py). Nothing in beam-hpc sets it.
-TEST_BAD_NODE_FILE_VAR = "BEAM_TEST_BAD_NODE_FILE"
-
-
-def _test_bad_node(hostname: str) -> None:
-    """The TEST_BAD_NODE_FILE_VAR hook: raise NodeStepError on the claimed node."""
-    path = os.environ.get(TEST_BAD_NODE_FILE_VAR)
-    if not path:
-        return
-    tmp = f"{path}.{hostname}.{os.getpid()}"
-    Path(tmp).write_text(hostname)
-    try:
-        os.link(tmp, path)  # atomic: only one node step claims it
-    except FileExistsError:
-        pass
-    finally:
-        os.unlink(tmp)
-    if Path(path).read_text().strip() == hostname:
-        raise NodeStepError(f"node {hostname} is the bad node of {TEST_BAD_NODE_FILE_VAR} (test hook)")
 
 
 def node_binds(plan: Plan, token_path: str, group: GroupPlan) -> list[str]:
@@ -207,7 +183,10 @@ class NodeStep:
         )
         self.report.update(ip=ip, gpus=gpus, cpus=cpus, temp_dir=node.temp_dir)
         self._write_report("starting")
-        _test_bad_node(self.hostname)
+        try:
+            fault_hooks.check_bad_node(self.hostname)
+        except fault_hooks.InjectedFault as err:
+            raise NodeStepError(str(err)) from None
         check_object_store(node.object_store_bytes)
         self._check_stop()
         if self.plan.nvme.enabled and group.stage_nvme:
@@ -410,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=None, help="GPUs of this node (default: from Slurm)")
     parser.add_argument("--cpus", type=int, default=None, help="CPUs of this node (default: from Slurm)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_to_stream()
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     try:
         rt = ClusterRuntime.load(args.runtime)

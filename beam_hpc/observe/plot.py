@@ -21,6 +21,7 @@ from beam_hpc.observe.eval_set import EvalSet, eval_set_of
 from beam_hpc.observe.run_dir import check_run_dir, load_plan
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import metric_names
+from beam_hpc.run.files import atomic_path
 from beam_hpc.run.ledger import read_ledger
 from beam_hpc.run.scalars import Point, Scalars, read_scalars
 
@@ -146,8 +147,7 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> PlotResul
             fig.tight_layout()
         out_dir.mkdir(parents=True, exist_ok=True)
         target = out_dir / chart.filename
-        tmp = target.with_name(f".{target.name}.tmp.png")
-        fig.savefig(tmp, dpi=DPI)  # atomic: a reader never sees half a PNG
-        tmp.replace(target)
+        with atomic_path(target, durable=False) as tmp:  # a reader never sees half a PNG
+            fig.savefig(tmp, dpi=DPI, format="png")
         result.written.append(target)
     return result

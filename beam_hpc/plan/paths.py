@@ -41,7 +41,6 @@ SUBMITIT_DIR = "submitit"  # under logs/: submitit's folder (its %j expands per 
 IDENTITY_FILE = "run_identity.json"  # under checkpoints/
 PLACEMENT_FILE = "placement.json"
 STACKS_DIR = "stacks"  # in each segment directory
-TEST_HANG_FILE = "test-hang.json"  # in a segment directory, tests only
 SEGMENT_DIR_RE = re.compile(r"^(\d+)-(\d+)$")  # logs/<jobid>-<restart>
 
 
@@ -133,11 +132,6 @@ class SegmentPaths:
     def stacks_index(self) -> Path:
         """Every process asked for its stacks on a stall, and what came of it (the ledger keeps a summary)."""
         return self._p(STACKS_DIR, "index.json")
-
-    @property
-    def test_hang_marker(self) -> Path:
-        """Tests only: the reference driver hung in this segment on purpose (BEAM_TEST_HANG_AFTER_ROLLOUT)."""
-        return self._p(TEST_HANG_FILE)
 
 
 @dataclass(frozen=True)

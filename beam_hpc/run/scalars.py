@@ -13,6 +13,7 @@ warning, a torn or hand-edited metrics line is skipped.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +109,9 @@ def _from_tensorboard(dirs: list[Path]) -> dict[str, list[Point]]:
     from tensorboard.backend.event_processing import event_accumulator as ea
     from tensorboard.util import tensor_util
 
+    # TensorBoard's own INFO lines ("No path found after ..." at every read of a finished file)
+    # would land in the segment's log at each stall check; its warnings still get through.
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)
     points: dict[tuple[str, int], Point] = {}
     for d in dirs:
         acc = ea.EventAccumulator(str(d), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})

@@ -137,13 +137,15 @@ def test_reanalyse_prints_the_table_from_a_saved_record_without_running(tmp_path
 
 
 def test_the_detection_is_the_first_warning_the_segment_logged_after_the_fault(tmp_path: Path) -> None:
-    """segment.log as the segment writes it (beam_hpc.job.segment's format, local time)."""
+    """segment.log as the segment writes it (beam_hpc.logging_setup's one format, local time)."""
     import logging
     import time
 
+    from beam_hpc.logging_setup import LOG_FORMAT
+
     log_path = tmp_path / "segment.log"
     handler = logging.FileHandler(log_path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
     log = logging.getLogger("beam_hpc.job.segment.test")
     log.addHandler(handler)
     log.propagate = False

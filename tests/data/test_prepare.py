@@ -195,6 +195,14 @@ def test_tiny_sources_are_deterministic_and_prepare_like_real_data(tmp_path: Pat
         write_tiny_sources(tmp_path / "x", n_train=5000)
 
 
+def test_the_tiny_eval_set_is_labelled_by_its_own_name_not_aime(tmp_path: Path, capsys) -> None:
+    """`prepare --tiny`'s progress bars: the eval file holds additions, and its bar says so."""
+    sources = write_tiny_sources(tmp_path / "src", n_train=300, n_eval=30)
+    prepare(tmp_path / "data", from_local=sources, eval_file=PREPARED_EVAL_NAME)
+    bars = capsys.readouterr().err
+    assert "tiny-add: [" in bars and "DAPO-Math-17k: [" in bars and "AIME" not in bars, bars
+
+
 def _cli(argv: list[str]) -> int:
     from beam_hpc.cli import prepare as cli_prepare
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from job_plans import make_test_plan
-from run_watch import gone
+from polling import gone
 
 from beam_hpc.cli import app as cli
 from beam_hpc.config.site import RayPortSpec, site_from_dict, with_existing_ray

@@ -1,5 +1,5 @@
 """beam_hpc.job.runner.run_local: the same job code with no Slurm (what `beam-hpc execute` runs), on the
-host and through the Apptainer seam (the stand-in binary of tests/support/fake_apptainer.py, whose image
+host and through the Apptainer seam (the stand-in binary of tests/support/standins/fake_apptainer.py, whose image
 sets RAY_AUTH_MODE=disabled: only the job's forced environment can turn token auth back on), and
 the readiness deadline with one node whose `ray start` hangs; warm JIT caches and the node-local
 image copy across two segments (through the stand-in)."""
@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 from fake_apptainer import install_fake_apptainer
 from job_plans import make_test_plan
-from run_watch import gone
+from polling import gone
 
+from beam_hpc.fault_hooks import HANG_RAY_START_VAR
 from beam_hpc.job.runner import run_local, smoke_driver_argv
-from beam_hpc.node.ray_node import TEST_HANG_RAY_START_VAR, tagged_pids
+from beam_hpc.node import procs
+from beam_hpc.node.ray_node import tagged_pids
 
 
 @pytest.mark.ray
@@ -51,7 +53,7 @@ def test_a_node_whose_ray_start_hangs_is_named_at_the_readiness_deadline(tmp_pat
     """The rollout node's `ray start` never starts Ray (ray_node's test-only hang hook, set for node
     index 1 only); the trainer head comes up for real. At the short deadline the job ends not-ready,
     naming the rollout node, its state and its log, and leaves nothing running."""
-    monkeypatch.setenv(TEST_HANG_RAY_START_VAR, "1")
+    monkeypatch.setenv(HANG_RAY_START_VAR, "1")
     plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=1, local_run=True)
     # The deadline must leave the trainer's head time to take a driver (the message counts its node):
     # 10 s did not, once, on a quiet 2-core machine (the session's first Ray start, cold caches).
@@ -68,19 +70,11 @@ def test_a_node_whose_ray_start_hangs_is_named_at_the_readiness_deadline(tmp_pat
     assert "did not join in time" in outcome.failed_nodes[0]["why"]
     assert "hung ray start" not in (seg / "node-trainer-0.log").read_text()
     hung_pid = json.loads((seg / "nodes" / "rollout-0.json").read_text())["ray_pid"]
-    assert not gone(lambda: _alive(hung_pid))
+    assert not gone(lambda: procs.running(hung_pid))
     job_id = f"l{os.getpid()}"
     assert gone(lambda: tagged_pids(f"{plan.run_id}.{job_id}.0")) == []
     assert gone(lambda: glob(f"/tmp/beam-{job_id}.0-*")) == []
     assert not Path(plan.output_dir, ".ray-auth").exists()
-
-
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (a zombie has ended; only its parent's reap is late)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 @pytest.mark.ray
@@ -106,7 +100,7 @@ def test_jit_cache_and_image_copy_carry_over_to_another_node(tmp_path, monkeypat
     site = {"container": {"runtime": "apptainer", "image": str(image), "python": sys.executable,
                           "stage_to_local": True}, "scratch": str(scratch)}
     plan = make_test_plan(tmp_path / "run", trainer_nodes=2, rollout_nodes=0, gpus=1, site=site, local_run=True)
-    driver = [sys.executable, str(Path(__file__).resolve().parents[2] / "tests" / "support" / "jit_cache_driver.py"), "--ray-address", "{ray_address}"]
+    driver = [sys.executable, str(Path(__file__).resolve().parents[2] / "tests" / "support" / "programs" / "jit_cache_driver.py"), "--ray-address", "{ray_address}"]
     n0, n1 = "127.0.0.10", "127.0.0.11"
 
     first = run_local(plan, driver_argv=[*driver, "--write-on", n0, "--out", str(tmp_path / "seg1.json")],

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from job_plans import batch_script, hold_driver, make_test_plan
+from polling import gone
 
 from beam_hpc.node.ray_node import tagged_pids
 from beam_hpc.plan.plan import Plan
@@ -67,10 +68,7 @@ def _leftovers(plan: Plan, job_id: str) -> list[str]:
 
 
 def _wait_no_leftovers(plan: Plan, job_id: str, timeout: float = 60) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while (left := _leftovers(plan, job_id)) and time.monotonic() < deadline:
-        time.sleep(0.2)  # the kernel may still be reaping
-    return left
+    return gone(lambda: _leftovers(plan, job_id), timeout)  # the kernel may still be reaping
 
 
 @dataclass

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 import run_watch
+from job_plans import HOST_SITE, make_test_plan
 from reference_harness import (
     SMALL,
     TinyAssets,
@@ -44,7 +45,6 @@ from reference_harness import (
     load_checkpoint,
     run_backend,
 )
-from reference_harness import make_plan as reference_plan
 from run_watch import chain_finished, diagnostics, segments
 from run_watch import read_text as _read
 from slurm_cluster import spot_site
@@ -357,8 +357,9 @@ def test_two_random_requeues_and_a_killed_driver_lose_at_most_what_was_unsaved(s
     plan, first = submit_run(run, tiny_assets, num_rollout=n, interval=interval)
     # the same recipe and seed in one go, through the backend alone, while the chain waits on Slurm
     whole = runs / "uninterrupted"
-    uninterrupted = ThreadPoolExecutor(1).submit(run_backend, reference_plan(
-        whole, tiny_assets, [*SMALL, f"num_rollout={n}", f"checkpoint.interval={interval}"]), reference_ray)
+    whole_plan = make_test_plan(whole, assets=tiny_assets, site=HOST_SITE,
+                                overrides=[*SMALL, f"num_rollout={n}", f"checkpoint.interval={interval}"])
+    uninterrupted = ThreadPoolExecutor(1).submit(run_backend, whole_plan.paths.plan, reference_ray)
     sent = []
     for hit in hits:
         what, name = _strike(hit, run, plan, slurm_cluster)
@@ -480,8 +481,8 @@ def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(s
     chain) is excluded from the node too; B waits on a dependency that never holds, so it costs
     no allocation, and is cancelled once Slurm shows its ExcNodeList."""
     from beam_hpc.cli.app import main as cli
+    from beam_hpc.fault_hooks import BAD_NODE_FILE_VAR
     from beam_hpc.lifecycle.quarantine import quarantined
-    from beam_hpc.node.step import TEST_BAD_NODE_FILE_VAR
     from beam_hpc.observe.status import gather
     from beam_hpc.observe.status_table import format_status
 
@@ -490,7 +491,7 @@ def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(s
     bad_nodes = runs / "site-bad-nodes.json"
     site = runs / "quarantine-site.yaml"
     site.write_text(SITE.read_text() + f"quarantine: {bad_nodes}\nquarantine_days: 1\n")
-    monkeypatch.setenv(TEST_BAD_NODE_FILE_VAR, str(claim))  # exported to the job by sbatch
+    monkeypatch.setenv(BAD_NODE_FILE_VAR, str(claim))  # exported to the job by sbatch
     plan, first = submit_run(run, tiny_assets, num_rollout=2, interval=1, site=site,
                              extra=("topology.trainer.gpus_per_node=1", "topology.rollout.gpus_per_node=1"))
     wait_for("the chain to finish", lambda: chain_finished(run), run)

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pytest
 import run_watch
+from job_plans import HOST_SITE, make_test_plan
 from reference_harness import SMALL, TinyAssets, assert_bitwise_equal, load_checkpoint, run_backend
-from reference_harness import make_plan as reference_plan
 from run_watch import chain_finished, diagnostics, segments
 from run_watch import read_text as _read
 
-from beam_hpc.backends.reference.driver import TEST_HANG_AFTER_VAR, TEST_HANG_TIMES_VAR
+from beam_hpc.fault_hooks import HANG_AFTER_ROLLOUT_VAR, HANG_TIMES_VAR
 from beam_hpc.plan.plan import Plan
 from beam_hpc.run import checkpoint_layout, metric_names
 
@@ -77,8 +77,8 @@ def chains(slurm_cluster, tiny_assets) -> Iterator[dict[str, Chain]]:
     and may hang twice: the resumed segment re-does rollout 2 and hangs there again."""
     root = Path(tempfile.mkdtemp(prefix="beam-stall-", dir="/tmp"))  # outlives every segment of the chains
     started = time.monotonic()
-    out = {"once": _submit(root / "once", tiny_assets, {TEST_HANG_AFTER_VAR: "1"}),
-           "twice": _submit(root / "twice", tiny_assets, {TEST_HANG_AFTER_VAR: "2", TEST_HANG_TIMES_VAR: "2"})}
+    out = {"once": _submit(root / "once", tiny_assets, {HANG_AFTER_ROLLOUT_VAR: "1"}),
+           "twice": _submit(root / "twice", tiny_assets, {HANG_AFTER_ROLLOUT_VAR: "2", HANG_TIMES_VAR: "2"})}
     yield out
     print(f"\nstall chains: {time.monotonic() - started:.0f} s from submission to the last test's end")
     for c in out.values():  # a failed test may leave a segment queued
@@ -93,8 +93,9 @@ def uninterrupted(chains, tiny_assets, reference_ray) -> Iterator[Callable[[], P
     for it and gives its run directory."""
     whole = chains["once"].run.parent / "uninterrupted"
     with ThreadPoolExecutor(1) as pool:
-        done = pool.submit(run_backend, reference_plan(
-            whole, tiny_assets, [*SMALL, f"num_rollout={N}", f"checkpoint.interval={INTERVAL}"]), reference_ray)
+        plan = make_test_plan(whole, assets=tiny_assets, site=HOST_SITE,
+                              overrides=[*SMALL, f"num_rollout={N}", f"checkpoint.interval={INTERVAL}"])
+        done = pool.submit(run_backend, plan.paths.plan, reference_ray)
         yield lambda: (done.result(), whole)[1]
 
 
@@ -128,7 +129,7 @@ def check_stall(seg: dict, *, rollout: int, finished_at: float, run_dir: Path) -
     dumps = [Path(d) for d in stall["dumps"]]
     assert all(d.parent == run_dir / "logs" / seg["segment"] / "stacks" for d in dumps), dumps
     texts = {d.name: _read(d) for d in dumps}
-    hung = [n for n, t in texts.items() if "in _test_hang_after" in t and "driver.py" in t]
+    hung = [n for n, t in texts.items() if "in hang_after_rollout" in t and "driver.py" in t]
     assert len(hung) == 1, texts  # the driver, stopped in the hook's sleep
     # the trainer and the rollout worker (Ray actors) registered and answered through their node steps
     assert len(dumps) >= 3 and all("most recent call first" in t for t in texts.values()), texts

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from job_plans import make_test_plan
+from polling import poll_until
 
 from beam_hpc.node import nvme
 from beam_hpc.node.ray_node import ClusterRuntime, loopback_ip
@@ -113,17 +114,18 @@ def _start_worker(plan, rt: ClusterRuntime) -> subprocess.Popen:
 
 
 def _wait_for_state(rt: ClusterRuntime, state: str, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
     path = rt.node_report("trainer", 1)
-    while time.monotonic() < deadline:
+
+    def report() -> dict | None:
         try:
-            report = json.loads(path.read_text())
-            if report.get("state") == state:
-                return report
+            got = json.loads(path.read_text())
         except (OSError, ValueError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"node step never reached state {state!r}: {path}")
+            return None
+        return got if got.get("state") == state else None
+
+    found = poll_until(report, timeout, 0.1)
+    assert found is not None, f"node step never reached state {state!r}: {path}"
+    return found
 
 
 @pytest.mark.slow

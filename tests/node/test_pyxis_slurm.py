@@ -1,7 +1,7 @@
 """The pyxis runtime on the real local Slurm cluster, through the pyxis stand-in.
 
 pyxis and enroot cannot run here; Slurm's SPANK interface can. The cluster loads
-tests/support/spank/pyxis_standin.c (its plugstack.conf): it registers pyxis's srun options with
+tests/support/standins/spank/pyxis_standin.c (its plugstack.conf): it registers pyxis's srun options with
 pyxis's argument forms, refuses malformed ones as pyxis does, and writes what each task received
 to ``<LAB>/pyxis/<job>.<step>.<node>.<task>.json``; it runs the task WITHOUT a container, which is
 where the seam under test ends. So these tests prove that Slurm takes every option beam-hpc
@@ -12,7 +12,7 @@ passes, and what each step gets; not that enroot would start the image.
   its working directory and no home; the batch host's processes (readiness, driver) got the same
   image and mounts in a container of their own name, with the job's variables kept over the
   image's (--container-env). In the same test, the same recipe under Apptainer (the stand-in
-  binary, tests/support/fake_apptainer.py; a smoke run: Ray on every node and a driver) binds
+  binary, tests/support/standins/fake_apptainer.py; a smoke run: Ray on every node and a driver) binds
   exactly those paths around each `ray start`, and around its readiness poller and driver.
 - A submission to a pyxis site whose srun lacks pyxis's options (the cluster's config with an
   empty plugstack.conf) exits 2 naming container.runtime, before anything is written.

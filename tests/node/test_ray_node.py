@@ -7,11 +7,10 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from run_watch import gone
+from polling import gone, poll_until
 
 from beam_hpc.config.site import NetworkSpec, RayPortSpec, load_site
 from beam_hpc.node.ray_node import (
@@ -190,9 +189,7 @@ def _sleeper(tag: str) -> subprocess.Popen:
 def test_sweep_stops_exactly_this_jobs_processes_by_pid():
     mine, other = _sleeper("test-sweep.1.0"), _sleeper("test-sweep.2.0")
     try:
-        deadline = time.monotonic() + 5
-        while mine.pid not in tagged_pids("test-sweep.1.0") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll_until(lambda: mine.pid in tagged_pids("test-sweep.1.0"), 5, 0.05)
         assert tagged_pids("test-sweep.1.0", node_index=0) == [mine.pid]
         assert gone(lambda: tagged_pids("test-sweep.1.0", node_index=1)) == []
         assert sweep("test-sweep.1.0", grace_s=2.0) == [mine.pid]

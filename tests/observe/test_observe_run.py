@@ -20,6 +20,7 @@ of 10) and finishes 8-11. So the kept rollout time is 8*10 + 12 + 3*10 = 122 s o
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -233,15 +234,15 @@ def test_status_and_plot_of_a_real_two_segment_run(tiny_assets, reference_ray, t
     output goes to the segment's driver.log. What is read back is what the backend wrote."""
     import socket
 
+    from job_plans import HOST_SITE, make_test_plan
     from reference_harness import SMALL, run_backend
-    from reference_harness import make_plan as harness_plan
 
     run = tmp_path / "real"
     common = [*SMALL, "num_rollout=4", "eval.interval=2", "checkpoint.interval=2"]
     segments = [("9001", ["backend_options.stop_after_rollout=1"], "walltime", "resubmit", "9002"),
                 ("9002", [], "completed", "none", None)]
     for job, extra, reason, action, nxt in segments:
-        plan = harness_plan(run, tiny_assets, common + extra)
+        plan = make_test_plan(run, assets=tiny_assets, site=HOST_SITE, overrides=common + extra).paths.plan
         ckpt = run / "checkpoints"
         ledger.append(run / "ledger.jsonl", ledger.start_record(
             job_id=job, restart=0, host=socket.gethostname(), rollouts_at_start=checkpoint_layout.rollouts_done(ckpt),
@@ -382,6 +383,14 @@ def test_scalars_keep_the_last_attempt_of_a_redone_rollout(run_dir: Path) -> Non
     sc = read_scalars(run_dir)
     times = sc.by_step(metric_names.ROLLOUT_TIME)
     assert sorted(times) == list(range(12)) and times[8].value == 12.0
+
+
+def test_reading_scalars_leaves_tensorboard_s_own_log_quiet(run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The stall watchdog reads the scalars every few seconds; TensorBoard's INFO line at each
+    read ("No path found after .../events.out.tfevents...") stays out of the segment's log."""
+    with caplog.at_level(logging.INFO):
+        assert read_scalars(run_dir).source == "tensorboard"
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("tensorboard")] == []
 
 
 # -- logs --------------------------------------------------------------------------------------

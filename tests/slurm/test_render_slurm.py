@@ -1,4 +1,4 @@
-"""Rendered scripts against the real local Slurm cluster (tests/support/slurm_cluster.py, 12 nodes x 8 GPUs).
+"""Rendered scripts against the real local Slurm cluster (tests/support/cluster/slurm_cluster.py, 12 nodes x 8 GPUs).
 
 - the seed's three configurations, rendered for the local site, pass `sbatch --test-only`;
 - a hetjob rendered by beam-hpc really runs: `srun --het-group=i` of each group lands on that

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 import stat
-import time
 from pathlib import Path
 
 import pytest
+from polling import poll_until
 
 from beam_hpc.slurm import client
 from beam_hpc.slurm.client import JobState, SlurmError, SlurmUnavailable
@@ -131,13 +131,9 @@ def test_a_requeue_from_inside_the_job_survives_the_sigterm_it_causes(tmp_path: 
 
 
 def _wait(what: str, cond, timeout: float = 90.0):  # type: ignore[no-untyped-def]
-    end = time.time() + timeout
-    while time.time() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    value = poll_until(cond, timeout, 0.5)
+    assert value, f"timed out waiting for {what}"
+    return value
 
 
 def _script(tmp_path: Path) -> Path:

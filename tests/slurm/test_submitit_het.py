@@ -1,7 +1,7 @@
 """beam-hpc's submitit plugin (beam_hpc.slurm.submitit_het) against the real local Slurm cluster.
 
 The slurm-marked tests submit real heterogeneous jobs through submitit to the cluster that
-tests/support/slurm_cluster.py starts (no slurmdbd, so every state comes from the squeue watcher). The
+tests/support/cluster/slurm_cluster.py starts (no slurmdbd, so every state comes from the squeue watcher). The
 unmarked tests check the script writer and state logic without a cluster.
 """
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 import submitit
+from polling import poll_until
 from submitit.core import utils
 
 from beam_hpc.slurm.submitit_het import (
@@ -80,12 +81,15 @@ def one_plus_one_node_executor(folder: Path, **parameters) -> HetSlurmExecutor:
 
 
 def wait_for_state(job: HetSlurmJob, wanted: set[str], timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    state = job.state
-    while state not in wanted and time.monotonic() < deadline:
-        time.sleep(0.5)
-        state = job.watcher.get_state(job.job_id, mode="force")
-    return state
+    if job.state in wanted:
+        return job.state
+    seen: list[str] = []
+
+    def state() -> str | None:
+        seen.append(job.watcher.get_state(job.job_id, mode="force"))
+        return seen[-1] if seen[-1] in wanted else None
+
+    return poll_until(state, timeout, 0.5) or seen[-1]
 
 
 # -- a real 2-group hetjob (trainer: 2 nodes, rollout: 1 node; 1 GPU per node) ----------------

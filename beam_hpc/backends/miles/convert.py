@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import re
 import shlex
@@ -34,15 +33,17 @@ from beam_hpc.backends.miles import architecture
 from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError, RuntimeFailure
+from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node.container import Command, container_command
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import lock as run_lock
 from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
+from beam_hpc.run.files import write_json_atomic
 from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.environment import SlurmEnvironment
 from beam_hpc.slurm.script import BatchJob, render_batch, site_component
 
-log = logging.getLogger("beam_hpc.backends.miles.convert")
+log = module_logger(__name__)  # also run as python -m
 
 CONVERTER = "tools/convert_hf_to_torch_dist.py"  # under the Miles tree
 RELEASE = "release"  # Megatron's name for a checkpoint that is not a training iteration
@@ -343,7 +344,7 @@ def _convert(spec: ConvertSpec, spec_path: str) -> int:
                            f"{LATEST_FILE}, or an empty {RELEASE}/); not marking it done")
     marker = {"key": spec.key(), "converter": CONVERTER, "gpus": spec.gpus, "seconds": round(time.time() - t0, 1),
               "job_id": SlurmEnvironment.current().job_id, "finished": time.time()}
-    write_atomic(Path(spec.output, MARKER), json.dumps(marker, indent=2) + "\n")
+    write_json_atomic(Path(spec.output, MARKER), marker, indent=2)
     log.info("converted in %.1f s; marked done: %s", marker["seconds"], Path(spec.output, MARKER))
     return 0
 
@@ -378,7 +379,7 @@ def exec_converter(spec_path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_to_stream()
     p = argparse.ArgumentParser(prog="python -m beam_hpc.backends.miles.convert")
     p.add_argument("phase", choices=["run", "exec"], help="run: on the batch host; exec: inside the container")
     p.add_argument("--spec", required=True, help="<output_dir>/convert/convert.json")

@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import json
-import logging
 import os
 import runpy
 import sys
@@ -39,11 +37,13 @@ from beam_hpc.backends.miles.checkpoint import (
 )
 from beam_hpc.backends.miles.placement import DEFAULT_TIMEOUT_S, PlacementLayout, apply_placement_patch
 from beam_hpc.errors import InputError, RuntimeFailure
+from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
-from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
+from beam_hpc.run.checkpoint_layout import LATEST_FILE
+from beam_hpc.run.files import write_json_atomic
 
-logger = logging.getLogger(__name__)
+logger = module_logger(__name__)  # also run as python -m
 
 PLACEMENT_MODULE = "miles.ray.placement_group"
 
@@ -150,12 +150,12 @@ def check_resume(miles_argv: list[str], *, full_read_max_bytes: int = FULL_READ_
 
 
 def record_placement(run_dir: Path, layout: PlacementLayout) -> None:
-    write_atomic(RunPaths(str(run_dir)).placement, json.dumps(layout.as_dict(), indent=2) + "\n")
+    write_json_atomic(RunPaths(str(run_dir)).placement, layout.as_dict(), indent=2)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Connect to the allocation's Ray cluster, patch Miles's placement, run its entry point."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_to_stream()
     opts, rest = parse_args(sys.argv[1:] if argv is None else argv)
     entry = find_entry(rest[0], opts.miles_dir)
     run_dir = Path(opts.plan).resolve().parent

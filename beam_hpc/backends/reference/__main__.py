@@ -8,8 +8,9 @@ resources, for ``beam-hpc execute`` and the tests. Progress goes to stdout, one 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
+
+from beam_hpc.logging_setup import log_to_stream
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-rollout", type=int, default=None,
                         help="the total to run to (the segment's; default: the plan's)")
     args = parser.parse_args(argv)
-    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    log_to_stream("stdout")
     from beam_hpc.backends.reference.driver import run
 
     return run(args.plan, args.ray_address, num_rollout=args.num_rollout)

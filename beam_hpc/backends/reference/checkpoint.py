@@ -23,12 +23,13 @@ from typing import Any
 
 from beam_hpc.run import checkpoint_layout as layout
 from beam_hpc.run import files
+from beam_hpc.run.files import write_json_atomic
 
 DRIVER_FILE = "driver.pt"
 META_FILE = "meta.json"
 MANIFEST_FILE = layout.MANIFEST_FILE  # size + sha256 of every file: how a truncated checkpoint is told
 
-log = logging.getLogger("beam_hpc.reference.checkpoint")
+log = logging.getLogger(__name__)
 
 
 def verify(it_dir: Path) -> str | None:
@@ -57,7 +58,7 @@ def publish(ckpt_dir: str, iteration: int, staged: Path, dataset_state: dict[str
     """Make ``staged`` checkpoint ``iteration``: rename, dataset state, pointer (in that order)."""
     final = layout.iteration_dir(ckpt_dir, iteration)
     manifest = {f.name: layout.file_digest(f) for f in sorted(staged.iterdir()) if f.is_file()}
-    layout.write_atomic(staged / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True))
+    write_json_atomic(staged / MANIFEST_FILE, manifest)
     # Renamed whole (the trainer's files fsync'ed first: it wrote them from another process); a
     # directory already at ``final`` was left by a save that died before its pointer was written.
     files.publish_dir(staged, final)

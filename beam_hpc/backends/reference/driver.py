@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from beam_hpc import fault_hooks
 from beam_hpc.backends.reference import checkpoint
 from beam_hpc.backends.reference import metrics_log as mlog
 from beam_hpc.backends.reference.policy import device_of, load_tokenizer, setup_process, threads_of
@@ -43,48 +44,19 @@ from beam_hpc.backends.reference.prompt_source import DataError, Prompt, PromptO
 from beam_hpc.backends.reference.weight_sync import TRANSPORTS
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.errors import RuntimeFailure
+from beam_hpc.node.stacks import SEGMENT_DIR_VAR
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
 from beam_hpc.reward.miles_check import miles_verdict, verdict_fractions
 from beam_hpc.run import checkpoint_layout
 from beam_hpc.run import metric_names as names
-from beam_hpc.run.checkpoint_layout import write_atomic
+from beam_hpc.run.files import write_json_atomic
 from beam_hpc.slurm.environment import SlurmEnvironment
 
-log = logging.getLogger("beam_hpc.reference")
+log = logging.getLogger(__name__)
 
 LOCAL = "local"
 LOCAL_RESOURCES = {f"{GROUP_RESOURCE_PREFIX}trainer": 1000, f"{GROUP_RESOURCE_PREFIX}rollout": 1000}
-
-
-# FOR TESTS ONLY: a rollout id k. The driver that finishes rollout k (its step, eval and checkpoint
-# included) then hangs, alive and idle, as a driver stuck in a deadlock does: the stall watchdog
-# (beam_hpc.lifecycle.stall) is tested on a real chain with it (tests/lifecycle/test_lifecycle_stall.py).
-# At most TEST_HANG_TIMES_VAR times per run (default 1), counted by the marker each hang leaves in
-# its segment directory: with a checkpoint at k the resumed segment never finishes k again; without
-# one it re-does k and, allowed a second hang, stalls at the same rollout twice. Nothing in beam-hpc sets them.
-TEST_HANG_AFTER_VAR = "BEAM_TEST_HANG_AFTER_ROLLOUT"
-TEST_HANG_TIMES_VAR = "BEAM_TEST_HANG_TIMES"
-
-
-def _test_hang_after(k: int, paths: Any) -> None:
-    """The TEST_HANG_AFTER_VAR hook: sleep forever after rollout ``k`` when the run has hung fewer
-    times than allowed (tests only)."""
-    want = os.environ.get(TEST_HANG_AFTER_VAR)
-    if want is None or want.strip() != str(k):
-        return
-    from beam_hpc.node.stacks import SEGMENT_DIR_VAR
-    from beam_hpc.plan.paths import TEST_HANG_FILE, SegmentPaths
-
-    hung = len(list(Path(paths.logs).glob(f"*/{TEST_HANG_FILE}")))
-    if hung >= int(os.environ.get(TEST_HANG_TIMES_VAR) or 1):
-        return
-    seg = os.environ.get(SEGMENT_DIR_VAR)
-    if seg:
-        write_atomic(SegmentPaths(seg).test_hang_marker, f'{{"rollout": {k}, "time": {time.time()}, "pid": {os.getpid()}}}')
-    log.warning("%s=%d: hanging after rollout %d (test hook)", TEST_HANG_AFTER_VAR, k, k)
-    while True:
-        time.sleep(3600)
 
 
 class ReferenceRunError(RuntimeFailure):
@@ -213,9 +185,7 @@ class Loop:
 
         where = ray.get([self.trainer.where.remote()] + [w.where.remote() for w in self.workers])
         placement = {"trainer": where[0], "rollout": where[1:], "nodes": node_table()}
-        import json
-
-        write_atomic(self.paths.placement, json.dumps(placement, indent=2, sort_keys=True))
+        write_json_atomic(self.paths.placement, placement, indent=2)
         for a in where:
             log.info("placement: %s %d on node %s (%s, group %s)", a["role"], a["index"], a["node_id"][:12], a["node_ip"], a["group"])
         return placement
@@ -374,7 +344,7 @@ class Loop:
             if stop_here:
                 log.info("stop_after_rollout=%d: stopping after its checkpoint", k)
                 return 0
-            _test_hang_after(k, self.paths)
+            fault_hooks.hang_after_rollout(k, self.paths.logs, os.environ.get(SEGMENT_DIR_VAR))
         return 0
 
     def report(self, k: int, roll: dict[str, Any], tm: dict[str, float], lag: int, wait_s: float, step_s: float) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from beam_hpc.run import metric_names as names
 from beam_hpc.run.checkpoint_layout import write_atomic
+from beam_hpc.run.files import write_json_atomic
 
 # Diagnostics the reference backend adds (the list: clip fraction, entropy, tokens/s).
 TRAIN_LOSS = "train/loss"
@@ -53,7 +54,7 @@ class MetricsLog:
 
     def dump_json(self, kind: str, rollout_id: int, data: dict[str, Any]) -> Path:
         path = self.dumps / kind / f"{kind}_{rollout_id:07d}.json"
-        write_atomic(path, json.dumps(data, indent=2, sort_keys=True))
+        write_json_atomic(path, data, indent=2)
         return path
 
     def close(self) -> None:

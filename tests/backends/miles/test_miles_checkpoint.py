@@ -1,7 +1,7 @@
 """The checkpoint check before a Miles segment resumes, on real Megatron ``torch_dist`` checkpoints.
 
 The checkpoints are written by megatron-core's own ``dist_checkpointing.save`` on the CPU
-(``tests/support/megatron_ckpt.py``), once per module, and copied per test before being damaged on purpose:
+(``tests/support/builders/megatron_ckpt.py``), once per module, and copied per test before being damaged on purpose:
 a shard file truncated, a format record or index missing, bytes overwritten inside a shard, the data
 cursor missing. The launcher hook runs on the argv that ``miles_args.build_driver`` emits for the
 dedicated recipe. Runtime: ~15-30 s, mostly importing megatron-core (twice: writer subprocess, here).
@@ -186,7 +186,7 @@ def test_launcher_main_checks_before_it_touches_ray(ckpt: Path, monkeypatch: pyt
     """``main`` runs the check before ``ray.init``: with the Plan's placeholders unfilled it gets exactly
     as far as Ray's address, after the fallback; with nothing complete it stops at the check."""
     argv = launcher_argv(ckpt.parent)
-    argv[argv.index("--") :argv.index("--")] = ["--miles-dir", str(ROOT / "tests" / "support" / "miles_standin")]
+    argv[argv.index("--") :argv.index("--")] = ["--miles-dir", str(ROOT / "tests" / "support" / "standins" / "miles_standin")]
     for key in miles_launch.driver_environment("x", "x"):
         monkeypatch.setenv(key, "restored-after-the-test")
     truncate(iteration_dir(ckpt, 11) / SHARD)

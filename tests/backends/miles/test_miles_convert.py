@@ -9,7 +9,7 @@ Slow test: ``beam-hpc prepare --convert`` on the real local Slurm cluster with t
 (its ``setup`` defines ``module``): the job gets past the site's lines as the run's jobs do. Real
 parts: the CLI, sbatch, the rendered script, a trainer-partition node with fake GPUs, torchrun with
 one gloo process per GPU, megatron-core writing a real torch_dist checkpoint. The seam: Miles's
-converter needs CUDA and mbridge, so ``MILES_DIR`` points at ``tests/support/miles_standin/``, whose
+converter needs CUDA and mbridge, so ``MILES_DIR`` points at ``tests/support/standins/miles_standin/``, whose
 converter is a contract double (see its docstring). A second ``prepare --convert`` submits nothing.
 """
 
@@ -35,7 +35,7 @@ from beam_hpc.errors import InputError
 from beam_hpc.run import lock as run_lock
 
 ROOT = Path(__file__).resolve().parents[3]
-STANDIN = ROOT / "tests" / "support" / "miles_standin"
+STANDIN = ROOT / "tests" / "support" / "standins" / "miles_standin"
 MODEL_ARGS = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2", "--swiglu"]
 
 

@@ -1,6 +1,6 @@
 """What Miles writes is what beam-hpc reads: status, plot and the lifecycle on miles-rl's own logging.
 
-miles-rl 0.0.2's logging code (tests/support/miles_logging.py: ``_log_rollout_data``,
+miles-rl 0.0.2's logging code (tests/support/builders/miles_logging.py: ``_log_rollout_data``,
 ``_log_eval_rollout_data``, the trainer's ``log_rollout_data``, ``log_perf_data_raw``, Miles's
 TensorBoard tracking) runs on real ``Sample`` objects, scored by beam-hpc's Miles reward function,
 into a run directory's ``tensorboard/``, as in a Miles segment that ran three rollouts, saved once,
@@ -190,7 +190,7 @@ def test_status_and_plot_show_what_miles_logged(miles_segment: dict, tmp_path: P
 
 
 def _standin_tags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> set[str]:
-    spec = importlib.util.spec_from_file_location("standin_driver", ROOT / "tests/support/miles_standin/standin_driver.py")
+    spec = importlib.util.spec_from_file_location("standin_driver", ROOT / "tests/support/standins/miles_standin/standin_driver.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tensorboard"))

@@ -3,7 +3,7 @@
 Real parts: Ray itself (three ``ray start`` nodes on loopback addresses 127.0.0.2-4, 2 fake GPUs
 each, node labels ``beam-group=rollout|trainer``), real placement groups, label selectors and
 actors. The seam: Miles cannot be installed on these machines (GPU image only), so its
-``miles.ray.placement_group`` is replaced by a contract double in ``tests/support/miles_standin/`` with the
+``miles.ray.placement_group`` is replaced by a contract double in ``tests/support/standins/miles_standin/`` with the
 same three module globals and the same call shape (see its docstring); the patch under test is
 the code that runs in production. The head node is deliberately a *rollout* node with the lowest
 IP, the adversarial case for Miles's sort by IP.
@@ -41,7 +41,7 @@ from beam_hpc.plan.paths import RunPaths
 
 ROOT = Path(__file__).resolve().parents[3]
 TESTS = ROOT / "tests" / "support"  # the shared test helpers, importable by the Ray workers too
-STANDIN = TESTS / "miles_standin"
+STANDIN = TESTS / "standins" / "miles_standin"
 HEAD, TRAINERS = "127.0.0.2", ("127.0.0.3", "127.0.0.4")
 LABEL = "beam-group"
 BUNDLE = {"GPU": 1, "CPU": 1}
@@ -207,7 +207,7 @@ class LoopbackRay:
             "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
             # Ray workers import the Miles double (as they would import Miles in its image) and
             # this test module (for the probe task below, which Ray pickles by its module's name).
-            "PYTHONPATH": os.pathsep.join([str(STANDIN), str(Path(__file__).resolve().parent), str(TESTS), str(ROOT)]),
+            "PYTHONPATH": os.pathsep.join([str(STANDIN), str(Path(__file__).resolve().parent), str(TESTS / "builders"), str(ROOT)]),
         }
         self.procs: list[subprocess.Popen] = []
         self.ray_bin = str(Path(sys.executable).with_name("ray"))
@@ -280,7 +280,7 @@ def ray_cluster() -> Iterator[LoopbackRay]:
 
 
 def _forget_miles() -> None:
-    """Drop every imported ``miles`` module: the double (tests/support/miles_standin) and miles-rl share
+    """Drop every imported ``miles`` module: the double (tests/support/standins/miles_standin) and miles-rl share
     the package name, so whichever was imported first would otherwise answer for both."""
     for name in [m for m in sys.modules if m == "miles" or m.startswith("miles.")]:
         del sys.modules[name]

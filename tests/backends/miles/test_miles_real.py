@@ -5,7 +5,7 @@ parser with Miles's and SGLang's arguments, ``hf_validate_args``, Miles's and Me
 ``validate_args``), its reward dispatch (``miles.rollout.rm_hub.async_rm`` / ``batched_async_rm``
 with real ``Sample`` objects), and its prompt dataset (``miles.utils.data.Dataset``) on the JSONL
 ``beam-hpc prepare`` writes, with a real tokenizer. What needs GPUs (training steps, SGLang
-engines) stays with ``tests/support/miles_standin/``.
+engines) stays with ``tests/support/standins/miles_standin/``.
 
 Where this older Miles differs from the version the flag table targets (radixark/miles main,
 31f1ca96): it lacks ``--save-trigger-sentinel``, ``--stream-optimizer-state-to-disk``,

@@ -6,9 +6,9 @@ Ray on both groups, beam-hpc's Miles launcher (``beam_hpc.backends.miles.launch`
 placement patch, the resubmission with ``--resume``.
 
 The seam: Miles itself cannot run here (GPU image), so the site points the Miles directory at
-``tests/support/miles_standin/`` (``PYTHONPATH``/``MILES_DIR`` in the site's environment, where the image
+``tests/support/standins/miles_standin/`` (``PYTHONPATH``/``MILES_DIR`` in the site's environment, where the image
 would have Miles). Its ``train_async.py`` is a *contract double* (see
-``tests/support/miles_standin/standin_driver.py``): it parses the Miles flags it needs, records its argv and
+``tests/support/standins/miles_standin/standin_driver.py``): it parses the Miles flags it needs, records its argv and
 environment, rolls out (short sleeps), saves in Miles's layout at the interval and when the
 ``--save-trigger-sentinel`` file exists (then removes the file), resumes from ``--load`` and stops at
 ``--num-rollout``. GPUs are Slurm's fake GPUs of the local cluster.
@@ -41,7 +41,7 @@ from beam_hpc.plan.plan import fill as plan_fill
 from beam_hpc.run import checkpoint_layout
 
 ROOT = Path(__file__).resolve().parents[3]
-STANDIN = ROOT / "tests" / "support" / "miles_standin"
+STANDIN = ROOT / "tests" / "support" / "standins" / "miles_standin"
 NUM_ROLLOUT = 10
 PROMPTS = 4
 TIMEOUT_S = 300  # a shared 2-core machine; the chain takes about a minute when it is quiet

@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
+from job_plans import HOST_SITE, make_test_plan
 from real_miles import have_miles
 from reference_harness import (
     SMALL,
     assert_bitwise_equal,
     assert_learned,
     load_checkpoint,
-    make_plan,
     metrics,
     run_backend,
 )
@@ -32,9 +32,13 @@ from beam_hpc.run import metric_names as names
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.e2e]
 
 
+def _plan(run_dir: Path, assets, overrides: list[str]) -> Path:
+    return Path(make_test_plan(run_dir, assets=assets, overrides=overrides, site=HOST_SITE).paths.plan)
+
+
 def _run(tmp: Path, name: str, assets, address: str, overrides: list[str], env=None) -> tuple[Path, str]:
     run_dir = tmp / name
-    plan = make_plan(run_dir, assets, [*SMALL, *overrides])
+    plan = _plan(run_dir, assets, [*SMALL, *overrides])
     return run_dir, run_backend(plan, address, env=env).stdout
 
 
@@ -121,7 +125,7 @@ def test_sync_resume_is_bitwise_equal_and_the_sentinel_saves(tmp_path, tiny_asse
     base = ["num_rollout=4", "checkpoint.interval=3", "training.async_training=false"]
     whole, _ = _run(tmp_path, "whole", tiny_assets, reference_ray, base)
     cut = tmp_path / "cut"
-    save.request_save(Plan.load(make_plan(cut, tiny_assets, [*SMALL, *base])).paths, "walltime")
+    save.request_save(Plan.load(_plan(cut, tiny_assets, [*SMALL, *base])).paths, "walltime")
     _, out = _run(tmp_path, "cut", tiny_assets, reference_ray, base)
     assert "save sentinel honoured at rollout 0 and removed; stopping, as it asks" in out
     assert _iter(cut, 0).is_dir() and not _iter(cut, 1).exists() and not (cut / "SAVE_NOW").exists()
@@ -170,7 +174,7 @@ def test_nvme_offload_keeps_optimizer_files_in_the_staged_dir_only_while_trainin
     staged = tmp_path / "nvme"
     staged.mkdir()
     run_dir = tmp_path / "nvme-run"
-    plan = make_plan(run_dir, tiny_assets, [*SMALL, "num_rollout=4", "training.offload.target=nvme"])
+    plan = _plan(run_dir, tiny_assets, [*SMALL, "num_rollout=4", "training.offload.target=nvme"])
     argv = [sys.executable, "-m", "beam_hpc.backends.reference", "--plan", str(plan), "--ray-address", "local"]
     env = {**__import__("os").environ, "RAY_AUTH_MODE": "disabled", "BEAM_NVME_DIR": str(staged)}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -203,7 +207,7 @@ def in_turn_run(tmp_path_factory, tiny_assets, reference_ray) -> Path:  # type: 
     """The embedded default in turn (``--no-async-training``), 20 rollouts, once for the module:
     the learning test and the colocated comparison read the same run."""
     run_dir = tmp_path_factory.mktemp("learn") / "in-turn"
-    run_backend(make_plan(run_dir, tiny_assets, ["num_rollout=20", "checkpoint.interval=20", *IN_TURN]), reference_ray)
+    run_backend(_plan(run_dir, tiny_assets, ["num_rollout=20", "checkpoint.interval=20", *IN_TURN]), reference_ray)
     return run_dir
 
 
@@ -228,7 +232,7 @@ def test_colocated_learns_as_in_turn_bit_for_bit(tmp_path, tiny_assets, referenc
     colocated needs no 20-rollout run of its own: six rollouts (five swaps and the eval after 5)
     compared number for number. (Measured: over all 20 rollouts the two runs' numbers are equal.)"""
     run_dir = tmp_path / "colocated"
-    run_backend(make_plan(run_dir, tiny_assets, [f"num_rollout={COLOCATED_ROLLOUTS}", "checkpoint.interval=20",
+    run_backend(_plan(run_dir, tiny_assets, [f"num_rollout={COLOCATED_ROLLOUTS}", "checkpoint.interval=20",
                                                  *COLOCATED]), reference_ray)
     last = COLOCATED_ROLLOUTS - 1
     mine, in_turn = _learning_numbers(run_dir, last), _learning_numbers(in_turn_run, last)
@@ -244,12 +248,12 @@ def test_truncated_checkpoint_is_skipped_for_the_previous_complete_one(tmp_path,
     from beam_hpc.run import checkpoint_layout as layout
 
     run = tmp_path / "run"
-    plan = make_plan(run, tiny_assets, SMALL + ["checkpoint.interval=2", "num_rollout=4"])
+    plan = _plan(run, tiny_assets, SMALL + ["checkpoint.interval=2", "num_rollout=4"])
     run_backend(plan, reference_ray)
     assert layout.latest_iteration(run / "checkpoints") == 3
     model = layout.iteration_dir(run / "checkpoints", 3) / "model.pt"
     model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
-    plan = make_plan(run, tiny_assets, SMALL + ["checkpoint.interval=2", "num_rollout=6"])
+    plan = _plan(run, tiny_assets, SMALL + ["checkpoint.interval=2", "num_rollout=6"])
     proc = run_backend(plan, reference_ray)
     assert "checkpoint 3 skipped for complete checkpoint 1" in proc.stdout + proc.stderr
     assert layout.latest_iteration(run / "checkpoints") == 5  # resumed after 1: rollouts 2.. redone

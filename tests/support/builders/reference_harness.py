@@ -1,4 +1,5 @@
-"""Helpers for the reference backend's tests: the tiny assets, plans, runs and bitwise comparison.
+"""Helpers for the reference backend's tests: the tiny assets, runs and bitwise comparison (their
+plans: job_plans.make_test_plan with the assets on HOST_SITE).
 
 The tiny model and data are built by the project's own code (``data.tiny`` + ``data.prepare`` +
 ``tiny_model``), deterministically, and cached under ``$BEAM_TINY_CACHE`` (default
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from polling import poll_until
+
+REPO = Path(__file__).resolve().parents[3]
 TINY_RECIPE = REPO / "recipes" / "tiny.yaml"
 
 
@@ -60,19 +63,7 @@ SMALL = [
 ]
 
 
-def make_plan(run_dir: Path, assets: TinyAssets, overrides: list[str]) -> Path:
-    from beam_hpc.backends.registry import plan_for
-    from beam_hpc.config.recipe import load_recipe
-    from beam_hpc.config.site import Site
-
-    recipe = load_recipe(
-        TINY_RECIPE,
-        [f"output_dir={run_dir}", f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *overrides],
-    )
-    return plan_for(recipe, Site(name="test", container={"runtime": "host"})).write()
-
-
-def run_backend(plan: Path, ray_address: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def run_backend(plan: str | Path, ray_address: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run the backend as the runtime does: its own process, the real entry point."""
     proc = subprocess.run(
         [sys.executable, "-m", "beam_hpc.backends.reference", "--plan", str(plan), "--ray-address", ray_address],
@@ -132,7 +123,6 @@ class LocalRayHead:
 
     def __enter__(self) -> str:
         import socket
-        import time
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -147,8 +137,8 @@ class LocalRayHead:
             "--disable-usage-stats", "--object-store-memory=200000000",
         ]
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:  # ready when the GCS reports our resources
+        def ready() -> bool:  # when the GCS reports our resources
+            assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ray start exited with {self.proc.returncode}")
             # `ray status` is a Python process that imports Ray: seconds of CPU on 2 busy cores,
@@ -156,13 +146,13 @@ class LocalRayHead:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
             except OSError:
-                time.sleep(0.2)
-                continue
+                return False
             st = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "status", f"--address={self.address}"],
                                 capture_output=True, text=True, env=env)
-            if "beam_trainer" in st.stdout:
-                return self.address
-            time.sleep(1)
+            return "beam_trainer" in st.stdout
+
+        if poll_until(ready, 180, 0.5):
+            return self.address
         self.__exit__()
         raise RuntimeError("local Ray head did not become ready in 180 s")
 

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-FLAGS_FILE = Path(__file__).resolve().parents[3] / "fixtures" / "miles-megatron-flags.txt"
+FLAGS_FILE = Path(__file__).resolve().parents[4] / "fixtures" / "miles-megatron-flags.txt"
 PATTERNS = ("--sglang-", "--eval-sglang-")
 
 

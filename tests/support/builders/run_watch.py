@@ -1,43 +1,20 @@
 """Waiting on a run directory in the Slurm end-to-end tests, and what to print when a wait fails.
 
 Jobs on the local cluster finish on their own clock, so the tests poll a condition with a
-deadline (never a fixed sleep) and, on timeout, fail with the ledger, the queue and the tails of
+deadline (polling.poll_until) and, on timeout, fail with the ledger, the queue and the tails of
 the segment and driver logs: the facts one needs to tell a slow machine from a stuck job.
 """
 
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from polling import poll_until
 
 from beam_hpc.run import ledger
-
-
-def poll_until(predicate: Callable[[], object], timeout: float, poll_s: float) -> object:
-    """The first truthy value of ``predicate()``, or None after ``timeout`` s (benchmarks use it too)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    return None
-
-
-def gone(check: Callable[[], object], timeout: float = 30.0, poll_s: float = 0.2) -> object:
-    """``check()`` once it is empty or false, waiting up to ``timeout`` s for it to get there;
-    its last value otherwise (so the assertion shows what was left). For "nothing left running"
-    checks: processes that were told to stop take a moment to be reaped on a busy machine."""
-    deadline = time.monotonic() + timeout
-    value = check()
-    while value and time.monotonic() < deadline:
-        time.sleep(poll_s)
-        value = check()
-    return value
 
 
 def wait_for(what: str, predicate: Callable[[], object], run_dir: Path, timeout: float,

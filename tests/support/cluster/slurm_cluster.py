@@ -12,8 +12,8 @@ cancelled first. Several pytest sessions may share one cluster: each session hol
 `LAB/leases/`, and the cluster is stopped only when the last lease goes and it was started by tests
 (a cluster that a developer brought up with `up` is left running).
 
-CLI for developers (root): `python tests/support/slurm_cluster.py up|down|status|plugin [--lab DIR]`
-(``plugin``: build the pyxis stand-in SPANK plugin, spank/pyxis_standin.c, as `up` does).
+CLI for developers (root): `.venv/bin/python tests/support/cluster/slurm_cluster.py up|down|status|plugin [--lab DIR]`
+(``plugin``: build the pyxis stand-in SPANK plugin, standins/spank/pyxis_standin.c, as `up` does).
 """
 
 from __future__ import annotations
@@ -32,22 +32,24 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "builders"))  # run as a program: polling
+from polling import poll_until  # noqa: E402
+
+from beam_hpc.node import procs
+from beam_hpc.run.files import write_atomic
+from beam_hpc.slurm.client import JobState, parse_key_values, parse_show_job_records, slurm_time
+
 DEFAULT_LAB = Path(os.environ.get("BEAM_SLURM_LAB", "/tmp/beam-slurm"))
 # slurmctld's port; the nodes' slurmd ports (17001, 17002, ...) move by the same amount. Set
 # another value (and another LAB) to run a second cluster beside the default one.
 DEFAULT_CTLD_PORT = int(os.environ.get("BEAM_SLURM_CTLD_PORT", "6817"))
 REQUIRED_BINARIES = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "srun",
                      "squeue", "scontrol", "scancel", "sinfo", "unshare", "runuser")
-# States after which a job will not run again (squeue/scontrol spelling).
-TERMINAL_JOB_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT",
-})
 _MUNGE_PIDFILE = Path("/run/munge/munged.pid")
 _ETC_SLURM = Path("/etc/slurm")
 # The pyxis stand-in (a SPANK plugin: pyxis's srun options, recorded per task, no container), built
 # from its C source against libslurm-dev's spank.h into LAB/lib and loaded through plugstack.conf.
-PYXIS_STANDIN_SRC = Path(__file__).resolve().parent / "spank" / "pyxis_standin.c"
+PYXIS_STANDIN_SRC = Path(__file__).resolve().parents[1] / "standins" / "spank" / "pyxis_standin.c"
 
 
 class SlurmClusterError(RuntimeError):
@@ -222,27 +224,28 @@ class LocalSlurmCluster:
             states[name] = state.strip()
         return states
 
-    def job_states(self, job_id: str) -> list[str]:
-        """States of every component of job `job_id` (hetjobs have several), [] once purged."""
+    def job_states(self, job_id: str) -> list[JobState]:
+        """States of every component of job `job_id` (hetjobs have several, leader first), [] once
+        purged: the Slurm client's parse of ``scontrol --oneliner show job``."""
         res = self.run("scontrol", "--oneliner", "show", "job", str(job_id), check=False)
-        return [tok.split("=", 1)[1] for line in res.stdout.splitlines()
-                for tok in line.split() if tok.startswith("JobState=")]
+        return [JobState(r["JobState"]) for r in parse_show_job_records(res.stdout) if "JobState" in r]
 
     def wait_for_job(self, job_id: str, timeout: float = 120, poll_s: float = 0.5) -> str:
-        """Block until job `job_id` (all components) is finished; return the leader's state.
+        """Block until job `job_id` (all components) is finished; return the leader's state
+        ("PURGED" once Slurm forgot it). Raises TimeoutError naming the last seen states, so a
+        stuck test says why."""
+        states: list[JobState] = []
 
-        Raises TimeoutError naming the last seen states, so a stuck test says why.
-        """
-        deadline = time.monotonic() + timeout
-        states: list[str] = []
-        while time.monotonic() < deadline:
-            states = self.job_states(job_id)
+        def finished() -> str | None:
+            states[:] = self.job_states(job_id)
             if not states:
                 return "PURGED"
-            if all(s in TERMINAL_JOB_STATES for s in states):
-                return states[0]
-            time.sleep(poll_s)
-        raise TimeoutError(f"job {job_id} not finished after {timeout:.0f} s (states {states})")
+            return states[0].value if all(s.terminal for s in states) else None
+
+        state = poll_until(finished, timeout, poll_s)
+        if state is None:
+            raise TimeoutError(f"job {job_id} not finished after {timeout:.0f} s (states {[s.value for s in states]})")
+        return state
 
     def end_soon(self, job_id: str, *, left_s: float = 45) -> tuple[int, float]:
         """Lower running job ``job_id``'s time limit so that it ends more than ``left_s`` and at most
@@ -252,8 +255,6 @@ class LocalSlurmCluster:
         deadline (EndTime - lead) has passed. The walltime tests and benchmarks/faults.py enter the
         walltime this way instead of waiting out a limit long enough for a slow bring-up. Returns
         the new limit (minutes) and the job's new end (epoch seconds)."""
-        from beam_hpc.slurm.client import parse_key_values, slurm_time
-
         shown = self.run("scontrol", "--oneliner", "show", "job", str(job_id)).stdout.splitlines()[0]
         start = slurm_time(parse_key_values(shown).get("StartTime"))
         if start is None:
@@ -355,8 +356,8 @@ class LocalSlurmCluster:
             if not dev.is_char_device():
                 dev.unlink(missing_ok=True)
                 os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-        _write_atomic(self.conf, self.slurm_conf_text())
-        _write_atomic(lab / "etc" / "gres.conf", self.gres_conf_text())
+        write_atomic(self.conf, self.slurm_conf_text())
+        write_atomic(lab / "etc" / "gres.conf", self.gres_conf_text())
         self._write_plugstack()
         # A client run without SLURM_CONF would otherwise try DNS SRV ("configless") discovery.
         _ETC_SLURM.mkdir(exist_ok=True)
@@ -405,7 +406,7 @@ class LocalSlurmCluster:
         self.pyxis_records.mkdir(parents=True, exist_ok=True)
         self.pyxis_records.chmod(0o1777)
         line = f"optional {self.pyxis_plugin} record_dir={self.pyxis_records}\n" if self.pyxis_plugin.exists() else ""
-        _write_atomic(self.lab / "etc" / "plugstack.conf", line)
+        write_atomic(self.lab / "etc" / "plugstack.conf", line)
 
     def _remove_etc_links(self) -> None:
         for name in ("slurm.conf", "gres.conf"):
@@ -427,7 +428,7 @@ class LocalSlurmCluster:
                 if self.conf.read_text() != self.slurm_conf_text():
                     raise SlurmClusterError(
                         f"a Slurm cluster with a different configuration runs in {self.lab} "
-                        f"(slurmctld pid {ctld_pid}); stop it with `python tests/support/slurm_cluster.py "
+                        f"(slurmctld pid {ctld_pid}); stop it with `python tests/support/cluster/slurm_cluster.py "
                         f"down --lab {self.lab}` or use another BEAM_SLURM_LAB")
             self._write_config(fresh_state=ctld_pid is None)
             self._start_munged()
@@ -503,7 +504,7 @@ class LocalSlurmCluster:
         process holds a lease. Return True if it was stopped."""
         with self._lock():
             (self.lab / "leases" / str(os.getpid())).unlink(missing_ok=True)
-            others = [p for p in (self.lab / "leases").glob("*") if _pid_alive(int(p.name))]
+            others = [p for p in (self.lab / "leases").glob("*") if procs.running(int(p.name))]
             if others or not (self.lab / "run" / "started-by-tests").exists():
                 return False
             self._down_locked()
@@ -564,29 +565,14 @@ def spot_site(site: Path, dst: Path) -> Path:
 
 
 # -- process helpers ---------------------------------------------------------------------------
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _pid_alive(pid: int) -> bool:
-    """Linux-only, like the cluster: a zombie (exited, not yet reaped by PID 1) counts as dead."""
-    try:
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat_line.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
 def _live_pid(pidfile: Path, program: str) -> int | None:
     """PID from `pidfile` if that process is alive and is `program` (guards against PID reuse)."""
     try:
         pid = int(pidfile.read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
     except (OSError, ValueError):
         return None
-    return pid if os.path.basename(cmdline.decode(errors="replace")) == program else None
+    argv = procs.cmdline(pid)
+    return pid if argv and os.path.basename(argv[0]) == program else None
 
 
 def _stop_by_pidfiles(pidfiles: Sequence[Path], program: str, timeout: float = 15) -> None:
@@ -595,11 +581,9 @@ def _stop_by_pidfiles(pidfiles: Sequence[Path], program: str, timeout: float = 1
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 15)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
-        time.sleep(0.1)
+    poll_until(lambda: not any(procs.running(p) for p in pids), timeout, 0.1)
     for pid in pids:
-        if _pid_alive(pid):
+        if procs.running(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
     for f in pidfiles:
@@ -617,11 +601,9 @@ def _munge_works() -> bool:
 
 def _wait_until(predicate: Callable[[], bool], timeout: float, what: str,
                 log: Path | None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
+    """Return once ``predicate()`` holds; SlurmClusterError with the log's last lines after ``timeout`` s."""
+    if poll_until(predicate, timeout, 0.2):
+        return
     hint = ""
     if log is not None and log.exists():
         hint = "; last log lines of " + str(log) + ":\n" + "\n".join(

@@ -15,7 +15,7 @@ the test files themselves needs no mark to keep in step:
 
 Refresh the measurements after adding slow tests (any run's JUnit XML will do)::
 
-    python -m pytest -n 4 --junitxml=/tmp/junit.xml && python tests/support/xdist_schedule.py /tmp/junit.xml
+    python -m pytest -n 4 --junitxml=/tmp/junit.xml && python tests/support/xdist/xdist_schedule.py /tmp/junit.xml
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from xdist.scheduler import LoadScopeScheduling
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DURATIONS = Path(__file__).with_name("test_durations.json")
 UNMEASURED_S = 0.5
 UNMEASURED_SLOW_S = 60.0

@@ -7,10 +7,11 @@ the cluster's view to ``--marker``, then waits for the ``--release`` file (or 30
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
+
+from beam_hpc.run.files import write_json_atomic
 
 
 def main() -> int:
@@ -25,9 +26,7 @@ def main() -> int:
     view = {"address": args.ray_address, "auth_mode": os.environ.get("RAY_AUTH_MODE"),
             "token_path": os.environ.get("RAY_AUTH_TOKEN_PATH"),
             "nodes": [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]]}
-    tmp = Path(args.marker + ".tmp")
-    tmp.write_text(json.dumps(view))
-    os.replace(tmp, args.marker)
+    write_json_atomic(args.marker, view)
     deadline = time.time() + 300
     while not Path(args.release).exists() and time.time() < deadline:
         time.sleep(0.2)

@@ -1,22 +1,26 @@
-"""Plans and batch scripts for the job tests: the tiny recipe on the local site, reshaped.
+"""Plans and batch scripts for the tests: the tiny recipe, reshaped; the one plan builder.
 
-Real recipe validation and real make_plan; only the topology, NVMe settings and (when a test
-needs the cluster to stay up) the driver differ from recipes/tiny.yaml.
+Real recipe validation and real make_plan; only the topology, NVMe settings, recipe overrides,
+the model and data (the tiny assets) and (when a test needs the cluster to stay up) the driver
+differ from recipes/tiny.yaml, and the site is env/local.yaml (updated) or the bare host.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
+from reference_harness import TinyAssets
+
 from beam_hpc.backends.registry import plan_for
-from beam_hpc.config.recipe import load_yaml, recipe_from_dict
+from beam_hpc.config.recipe import apply_overrides, load_yaml, recipe_from_dict
 from beam_hpc.config.site import site_from_dict
 from beam_hpc.plan.plan import Plan
 
-ROOT = Path(__file__).resolve().parents[2]
-HOLD_DRIVER = Path(__file__).with_name("ray_hold_driver.py")
+ROOT = Path(__file__).resolve().parents[3]
+HOLD_DRIVER = ROOT / "tests" / "support" / "programs" / "ray_hold_driver.py"
 
 
 # Port bands for jobs a test starts itself, outside the local Slurm cluster (run_local, a node step
@@ -26,28 +30,36 @@ HOLD_DRIVER = Path(__file__).with_name("ray_hold_driver.py")
 # a local run whose pid was 45 mod 125 held Slurm job 45's GCS port. These bands are their own:
 # 25500-29999, below test_existing_ray's site cluster (30000+) and the kernel's ephemeral range.
 LOCAL_RUN_PORTS = {"gcs_port_base": 25500, "port_span": 500}
+# The bare host: no Slurm, no container, every other field its default. What the reference
+# backend's own tests run on (they start the backend by hand, on a Ray of their own).
+HOST_SITE = {"name": "test", "container": {"runtime": "host"}}
 
 
-def make_test_plan(output_dir: Path, *, trainer_nodes: int, rollout_nodes: int, gpus: int = 2,
+def make_test_plan(output_dir: Path, *, trainer_nodes: int | None = None, rollout_nodes: int = 0, gpus: int = 2,
                    nvme: tuple[str, float] | None = None, driver: list[str] | None = None,
-                   site: dict | None = None, local_run: bool = False) -> Plan:
+                   site: dict | None = None, local_run: bool = False, assets: TinyAssets | None = None,
+                   overrides: Sequence[str] = ()) -> Plan:
     """tiny.yaml with ``trainer_nodes`` + ``rollout_nodes`` (0: colocated) nodes of ``gpus``
-    fake GPUs, NVMe staging under ``nvme = (dir, min_free_gb)``, env/local.yaml updated with
-    ``site``; the plan is written. ``local_run``: the test starts the job itself, not through
-    Slurm, so its Ray ports come from ``LOCAL_RUN_PORTS``."""
+    fake GPUs (None: tiny.yaml's own topology), NVMe staging under ``nvme = (dir, min_free_gb)``,
+    the tiny ``assets`` as model and data (else paths under ``output_dir``), then the recipe
+    ``overrides`` (``key.path=value``). ``site``: fields that update env/local.yaml, or a whole
+    site (one with a name, e.g. HOST_SITE). The plan is written. ``local_run``: the test starts
+    the job itself, not through Slurm, so its Ray ports come from ``LOCAL_RUN_PORTS``."""
     d = load_yaml(ROOT / "recipes" / "tiny.yaml")
     d["output_dir"] = str(output_dir)
-    d["model"]["path"] = str(output_dir / "model")
-    d["data"]["dir"] = str(output_dir / "data")
-    d["topology"] = {"trainer": {"nodes": trainer_nodes, "gpus_per_node": gpus}}
-    if rollout_nodes:
-        d["topology"]["rollout"] = {"nodes": rollout_nodes, "gpus_per_node": gpus, "gpus_per_engine": 1}
-    else:
-        d["training"]["colocated"] = True
-        d["training"]["async_training"] = False
+    d["model"]["path"] = str(assets.model_dir if assets else output_dir / "model")
+    d["data"]["dir"] = str(assets.data_dir if assets else output_dir / "data")
+    if trainer_nodes is not None:
+        d["topology"] = {"trainer": {"nodes": trainer_nodes, "gpus_per_node": gpus}}
+        if rollout_nodes:
+            d["topology"]["rollout"] = {"nodes": rollout_nodes, "gpus_per_node": gpus, "gpus_per_engine": 1}
+        else:
+            d["training"]["colocated"] = True
+            d["training"]["async_training"] = False
     if nvme is not None:
         d["training"]["offload"] = {"target": "nvme", "nvme_dir": nvme[0], "min_free_gb": nvme[1]}
-    site_data = {**load_yaml(ROOT / "env" / "local.yaml"), **(site or {})}
+    apply_overrides(d, list(overrides))
+    site_data = dict(site) if site and "name" in site else {**load_yaml(ROOT / "env" / "local.yaml"), **(site or {})}
     if local_run:
         site_data["ray"] = {**site_data["ray"], **LOCAL_RUN_PORTS}
     plan = plan_for(recipe_from_dict(d, "test recipe"), site_from_dict(site_data, "test site"))

@@ -1,0 +1,108 @@
+"""What the kernel says of a process, read from ``/proc``: the one reader of ``/proc/<pid>/stat``
+and its neighbours (cmdline, exe, status, environ) for the job, the node steps and the tests.
+
+Why one: ``stat`` is easy to parse wrongly (the command name in field 2 may hold spaces and
+parentheses, so the fields are counted from its last ``)``), and "is it still running" must mean
+the same everywhere: a zombie (``Z``) or dead (``X``) process has ended, only its parent's reap
+is late. Processes end between a listing and a read, so no function raises for one that is gone:
+each answers with a value that says so (``GONE``, None, False or empty). Linux only, as the job is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROC = "/proc"
+GONE = "gone"  # state() of a process that no longer exists (or cannot be read)
+ENDED_STATES = frozenset({"Z", "X"})  # zombie, dead: ended, whatever its parent does
+# Field numbers of proc(5)'s /proc/<pid>/stat, counted as the manual does (1 = pid, 2 = comm).
+_STATE, _PPID, _STARTTIME = 3, 4, 22
+
+
+def _stat_field(pid: int | str, number: int) -> str | None:
+    """Field ``number`` (>= 3) of ``/proc/<pid>/stat``, or None when the process is gone."""
+    try:
+        text = Path(f"{PROC}/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    _, paren, rest = text.rpartition(b")")
+    fields = rest.split()
+    if not paren or len(fields) <= number - 3:
+        return None
+    return fields[number - 3].decode()
+
+
+def state(pid: int | str) -> str:
+    """The kernel's one-letter state (R, S, D, T, Z...), or :data:`GONE`."""
+    return _stat_field(pid, _STATE) or GONE
+
+
+def running(pid: int | str) -> bool:
+    """The process exists and has not ended (a zombie has ended; only its parent can reap it)."""
+    return state(pid) not in (GONE, *ENDED_STATES)
+
+
+def parent(pid: int | str) -> int | None:
+    """The parent's pid, or None when the process is gone."""
+    value = _stat_field(pid, _PPID)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def boot_time() -> float | None:
+    """When the machine booted (epoch seconds, ``btime`` of /proc/stat)."""
+    try:
+        lines = Path(f"{PROC}/stat").read_text().splitlines()
+    except OSError:
+        return None
+    return next((float(line.split()[1]) for line in lines if line.startswith("btime ")), None)
+
+
+def start_time(pid: int | str = "self") -> float | None:
+    """When the process started (epoch seconds), or None when that cannot be read."""
+    ticks, boot = _stat_field(pid, _STARTTIME), boot_time()
+    if ticks is None or not ticks.isdigit() or boot is None:
+        return None
+    return boot + int(ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def pids(proc: str = PROC) -> list[int]:
+    """Every process on this host now (those of other users too)."""
+    return sorted(int(e.name) for e in os.scandir(proc) if e.name.isdigit())
+
+
+def cmdline(pid: int | str) -> list[str]:
+    """The process's argv ([] when it is gone, or for a kernel thread)."""
+    try:
+        raw = Path(f"{PROC}/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def executable(pid: int | str) -> str | None:
+    """The path of the program the process runs, or None (gone, or another user's)."""
+    try:
+        return os.readlink(f"{PROC}/{pid}/exe")
+    except OSError:
+        return None
+
+
+def environ(pid: int | str, proc: str = PROC) -> list[bytes] | None:
+    """The process's environment as ``NAME=value`` items (as it was at exec), or None (gone, or
+    another user's)."""
+    try:
+        return Path(f"{proc}/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+
+
+def catches(pid: int | str, sig: int) -> bool:
+    """The process has a handler for signal ``sig`` (``SigCgt`` of /proc/<pid>/status)."""
+    try:
+        for line in Path(f"{PROC}/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
