@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import secrets
 import shutil
@@ -62,6 +61,7 @@ from beam_hpc.job.context import (  # noqa: F401 (re-exported: the runner's publ
 from beam_hpc.job.launchers import Launcher, LocalLauncher, SrunLauncher, StepHandle, for_job, reports  # noqa: F401
 from beam_hpc.job.readiness import EXIT_READY
 from beam_hpc.job.smoke import smoke_driver_argv
+from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node import container, stacks
 from beam_hpc.node.container import container_command
 from beam_hpc.node.ray_node import (
@@ -82,7 +82,7 @@ from beam_hpc.node.step import node_binds
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import Plan, fill
 
-log = logging.getLogger("beam_hpc.job.runner")
+log = module_logger(__name__)
 
 DEFAULT_READY_TIMEOUT_S = 600.0
 DEFAULT_STOP_GRACE_S = 20.0
@@ -557,7 +557,7 @@ def run_plan(plan_path: str, *, smoke: bool = False, launcher: str = "auto",
              ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S, stop_grace_s: float = DEFAULT_STOP_GRACE_S) -> int:
     """The job of ``plan_path`` on its own (no lock, ledger or lifecycle: what ``--smoke`` runs);
     returns its exit status. Node steps start through srun inside Slurm, else locally."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_to_stream()
     t0 = _process_start_time()
     plan = Plan.load(plan_path)
     try:

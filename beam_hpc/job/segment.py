@@ -35,6 +35,7 @@ from beam_hpc.lifecycle.segment_metrics import metrics_offset, segment_metrics
 from beam_hpc.lifecycle.stall import StallWatch
 from beam_hpc.lifecycle.stopping import Stopping
 from beam_hpc.lifecycle.watchdog import InterruptKind, Watchdog
+from beam_hpc.logging_setup import log_to_file, log_to_stream
 from beam_hpc.node import stacks
 from beam_hpc.plan.plan import Plan, load_plan
 from beam_hpc.plan.segment_args import SegmentArgs
@@ -93,7 +94,7 @@ class Segment:
     # -- entry ------------------------------------------------------------------------------------
     def run(self) -> int:
         self.watchdog.install()  # first: a signal may come at any moment
-        _log_to(None)
+        log_to_stream()
         handler: logging.Handler | None = None
         try:
             try:
@@ -116,7 +117,7 @@ class Segment:
                 return EXIT_ERROR
             seg = self.paths.segment(self.ledger_job_id, self.restart)
             Path(seg.root).mkdir(parents=True, exist_ok=True)
-            handler = _log_to(seg.segment_log)
+            handler = log_to_file(seg.segment_log)
             log.info("segment %s of run %s (%s) on %s", ledger.segment_id(self.ledger_job_id, self.restart),
                      self.plan.run_id, self.plan.output_dir, socket.gethostname())
             if previous is not None:
@@ -240,24 +241,6 @@ class Segment:
         return EXIT_ERROR if self.ending is None else self.ending.exit_code
 
 
-def _log_to(path: Path | None) -> logging.Handler | None:
-    """Log to stderr (the batch log) and, once the segment owns the run, to its segment.log
-    (returned, so that it can be removed again)."""
-    root = logging.getLogger()
-    root.setLevel(logging.INFO)
-    fmt = logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in root.handlers):
-        sh = logging.StreamHandler(sys.stderr)
-        sh.setFormatter(fmt)
-        root.addHandler(sh)
-    if path is None:
-        return None
-    fh = logging.FileHandler(path)
-    fh.setFormatter(fmt)
-    root.addHandler(fh)
-    return fh
-
-
 def plan_from_text(text: str, source: str) -> Plan:
     """The plan a rendered script carries (its here-document), or a bad-input error naming it."""
     import json
@@ -289,7 +272,7 @@ def run_segment(plan: str | Plan, args: SegmentArgs, *, script: str | None = Non
             return runner.run_plan(name, smoke=True)
         return Segment(plan, resume=args.resume, num_rollout=args.num_rollout, script=script).run()
     except InputError as err:  # no plan, a damaged plan, a bad --num-rollout
-        _log_to(None)
+        log_to_stream()
         log.error("cannot run a segment of %s: %s", name, err)
         return EXIT_REFUSED
 
@@ -313,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.plan == "-":
             plan = plan_from_text(sys.stdin.read(), args.script or "the batch script")
     except InputError as err:
-        _log_to(None)
+        log_to_stream()
         log.error("%s", err)
         return EXIT_REFUSED
     return run_segment(plan, seg_args, script=args.script)

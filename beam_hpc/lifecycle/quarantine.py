@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.errors import InputError, RuntimeFailure, shorten
-from beam_hpc.run.files import LockTimeout, locked, write_atomic
+from beam_hpc.run.files import LockTimeout, locked, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +122,7 @@ FILE_MODE = 0o664  # every user of the site writes it: group-writable, in a setg
 
 def _write(path: Path, entries: Sequence[Entry], now: float) -> None:
     keep = [asdict(e) for e in entries if e.expires > now]
-    write_atomic(path, json.dumps({"version": VERSION, "entries": keep}, indent=1, sort_keys=True) + "\n",
-                 mode=FILE_MODE)
+    write_json_atomic(path, {"version": VERSION, "entries": keep}, mode=FILE_MODE)
 
 
 def _lock(path: Path):  # type: ignore[no-untyped-def]

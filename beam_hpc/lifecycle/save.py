@@ -13,7 +13,6 @@ fraction of a second, exits right after that save, so no rollout is trained that
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from beam_hpc.lifecycle.watchdog import fmt_clock
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import checkpoint_layout
+from beam_hpc.run.files import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def request_save(paths: RunPaths, reason: str) -> None:
     """Create the save sentinel (Miles's --save-trigger-sentinel file), atomically, asking the
     backend to exit after the save (``"then": "stop"``, see above): the segment stops it anyway."""
     body = {"reason": reason, "time": time.time(), **checkpoint_layout.THEN_STOP}
-    checkpoint_layout.write_atomic(paths.sentinel, json.dumps(body) + "\n")
+    write_json_atomic(paths.sentinel, body, indent=None)
 
 
 def clear_save_request(paths: RunPaths) -> bool:

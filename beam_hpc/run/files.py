@@ -91,9 +91,9 @@ def write_atomic(path: str | Path, data: bytes | str, *, mode: int | None = None
         raise
 
 
-def write_json_atomic(path: str | Path, obj: Any, *, indent: int | None = 1) -> None:
+def write_json_atomic(path: str | Path, obj: Any, *, indent: int | None = 1, mode: int | None = None) -> None:
     """:func:`write_atomic` of ``obj`` as JSON (sorted keys, so that records diff cleanly)."""
-    write_atomic(path, json.dumps(obj, indent=indent, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(obj, indent=indent, sort_keys=True) + "\n", mode=mode)
 
 
 @contextlib.contextmanager
