@@ -41,6 +41,7 @@ from beam_hpc.backends.miles.placement import DEFAULT_TIMEOUT_S, PlacementLayout
 from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
+from beam_hpc.run import tracking
 from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
 
 logger = logging.getLogger(__name__)
@@ -161,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     run_dir = Path(opts.plan).resolve().parent
     check_resume(rest[1:], full_read_max_bytes=opts.checkpoint_full_read_max_bytes)  # before Ray: fail fast
     os.environ.update(driver_environment(opts.head_ip, opts.ifname))
+    if os.environ.get("WANDB_RESUME"):  # W&B on (args.driver_env): Miles's wandb.init reads the id from here
+        os.environ["WANDB_RUN_ID"] = tracking.run_id(run_dir)
 
     import ray
 
