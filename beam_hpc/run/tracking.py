@@ -195,3 +195,28 @@ def check_credentials(recipe: Recipe, site: Site, environ: Mapping[str, str]) ->
         f"{urlparse(environ.get('WANDB_BASE_URL') or DEFAULT_HOST).hostname}); run `wandb login` or export "
         "WANDB_API_KEY, or set tracking.wandb.mode: offline and upload with `beam-hpc sync RUN`"
     )
+
+
+def summary(run_dir: str | Path) -> dict[str, Any] | None:
+    """For ``beam-hpc status``: the W&B run id and which offline segments are not yet uploaded
+    (cheap: file names only). None where the run has no W&B files."""
+    rid = existing_run_id(run_dir)
+    if rid is None:
+        return None
+    dirs = segment_dirs(run_dir)
+    done = synced(run_dir)
+    offline = [d.name for d in dirs if d.name.startswith("offline-")]
+    return {"run_id": rid, "segments": len(dirs), "offline": len(offline),
+            "synced": [n for n in offline if n in done], "unsynced": [n for n in offline if n not in done]}
+
+
+def describe(s: dict[str, Any] | None, run_dir: str) -> str | None:
+    """One status line for :func:`summary`'s dict."""
+    if s is None:
+        return None
+    if not s["offline"]:
+        return f"W&B run {s['run_id']} ({s['segments']} segment(s), online)"
+    if not s["unsynced"]:
+        return f"W&B run {s['run_id']}: all {s['offline']} offline segment(s) synced"
+    return (f"W&B run {s['run_id']}: {len(s['unsynced'])} of {s['offline']} offline segment(s) not yet synced; "
+            f"upload them: beam-hpc sync {run_dir}")
