@@ -185,6 +185,41 @@ def test_three_segments_log_every_rollout_once_to_one_run_then_sync_each_once(tm
     assert tracking.summary(run)["unsynced"] == []
 
 
+MILES_INIT = textwrap.dedent("""
+    import argparse, sys
+    import wandb
+    from miles.utils.tracking_utils.wandb_utils import init_wandb_primary
+    args = argparse.Namespace(use_wandb=True, wandb_mode="offline", wandb_key=None, wandb_host=None,
+                              wandb_random_suffix=False, wandb_group="tiny", rank=0, wandb_team=None,
+                              wandb_project="beam-test", env_report=None, wandb_dir=sys.argv[1])
+    init_wandb_primary(args)
+    print("RUN", wandb.run.id, wandb.run.group)
+    wandb.finish()
+""")
+
+
+@pytest.mark.slow  # imports Miles and wandb in two processes: ~20 s on 2 cores
+def test_miles_own_init_takes_the_runs_id_from_the_launcher(tmp_path: Path) -> None:
+    """miles-rl's init_wandb_primary (no id, no resume in its wandb.init) with the environment the
+    launcher gives it: two segments, one W&B run, the group without a random suffix."""
+    require_wandb()
+    from real_miles import require_miles
+
+    from beam_hpc.backends.miles.launch import wandb_environment
+
+    require_miles()
+    assert wandb_environment(tmp_path, {}) == {}
+    env = {**os.environ, "WANDB_SILENT": "true", "WANDB_RESUME": "allow"}
+    seen = []
+    for _ in range(2):
+        launch_env = {**env, **wandb_environment(tmp_path, env)}
+        out = subprocess.run([sys.executable, "-c", MILES_INIT, str(tmp_path / "wandb")], env=launch_env,
+                             capture_output=True, text=True, timeout=240, check=True).stdout
+        seen.append(next(line for line in out.splitlines() if line.startswith("RUN ")))
+    assert seen == [f"RUN {tracking.existing_run_id(tmp_path)} tiny"] * 2
+    assert len(tracking.segment_dirs(tmp_path)) == 2
+
+
 def test_sync_refuses_a_run_without_wandb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sync", str(tmp_path)]) == 2
     assert "has no W&B files" in capsys.readouterr().err

@@ -96,6 +96,12 @@ def driver_environment(head_ip: str, ifname: str | None) -> dict[str, str]:
     return env
 
 
+def wandb_environment(run_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """``WANDB_RUN_ID`` of the run's one W&B run where W&B is on (``args.driver_env`` set
+    ``WANDB_RESUME``): Miles's ``init_wandb_primary`` passes no id, so wandb takes it from here."""
+    return {"WANDB_RUN_ID": tracking.run_id(run_dir)} if environ.get("WANDB_RESUME") else {}
+
+
 def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The job-wide variables every Ray worker of this job gets (see ``beam_hpc.backends.miles.args.WORKER_ENV``)."""
     return {k: environ[k] for k in WORKER_ENV if k in environ}
@@ -162,8 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     run_dir = Path(opts.plan).resolve().parent
     check_resume(rest[1:], full_read_max_bytes=opts.checkpoint_full_read_max_bytes)  # before Ray: fail fast
     os.environ.update(driver_environment(opts.head_ip, opts.ifname))
-    if os.environ.get("WANDB_RESUME"):  # W&B on (args.driver_env): Miles's wandb.init reads the id from here
-        os.environ["WANDB_RUN_ID"] = tracking.run_id(run_dir)
+    os.environ.update(wandb_environment(run_dir, os.environ))
 
     import ray
 
