@@ -106,6 +106,20 @@ def test_the_run_id_flag_is_owned() -> None:
     assert "--wandb-run-id" in OWNED_NOT_EMITTED
 
 
+def test_status_says_what_is_not_yet_synced(tmp_path: Path) -> None:
+    assert tracking.summary(tmp_path) is None and tracking.describe(None, str(tmp_path)) is None
+    rid = tracking.run_id(tmp_path)
+    for stamp in ("20260101_000002", "20260101_000001"):
+        (tmp_path / "wandb" / "wandb" / f"offline-run-{stamp}-{rid}").mkdir(parents=True)
+    first = f"offline-run-20260101_000001-{rid}"
+    assert [d.name for d in tracking.segment_dirs(tmp_path)][0] == first  # oldest first
+    (tmp_path / "wandb" / "synced.json").write_text(json.dumps({first: {}}))
+    s = tracking.summary(tmp_path)
+    assert s["unsynced"] == [f"offline-run-20260101_000002-{rid}"] and s["synced"] == [first]
+    assert tracking.describe(s, "RUN") == (f"W&B run {rid}: 1 of 2 offline segment(s) not yet synced; "
+                                           "upload them: beam-hpc sync RUN")
+
+
 def test_logged_steps_per_tag() -> None:
     rows = [{"eval/a": 1.0, EVAL_STEP: 0, "_step": 0}, {"rollout/r": 1.0, "train/l": 2.0, ROLLOUT_STEP: 0},
             {"rollout/r": 1.0, ROLLOUT_STEP: 1}, {"eval/a": 1.0, EVAL_STEP: 3}]
