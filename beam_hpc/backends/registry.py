@@ -8,11 +8,14 @@ import no Ray, torch or Miles, so a Plan is still computed on a login node in mi
 
 from __future__ import annotations
 
+import os
+
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
 from beam_hpc.plan.local_disk import DeclaredTmpDisk
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.plan import RUN_DIR, DriverCommand, Plan, make_plan, require_absolute_paths
+from beam_hpc.run import tracking
 
 REFERENCE_MODULE = "beam_hpc.backends.reference"
 
@@ -21,8 +24,10 @@ def driver_command(recipe: Recipe, site: Site) -> DriverCommand:
     """The backend's driver argv (with Plan placeholders such as ``{ray_address}``) and the
     environment it needs; a backend's own checks (Miles's layout rules) raise InputError here."""
     if recipe.backend == "reference":
+        wb = tracking.settings_for(recipe, site)
         return DriverCommand((site.node_python, "-m", REFERENCE_MODULE, "--plan", RunPaths(RUN_DIR).plan,
-                              "--ray-address", "{ray_address}", "--num-rollout", "{num_rollout}"))
+                              "--ray-address", "{ray_address}", "--num-rollout", "{num_rollout}"),
+                             tracking.driver_env(wb, RUN_DIR) if wb is not None else {})
     from beam_hpc.backends.miles import args  # pure argv builder, no Miles import
 
     argv, env = args.build_driver(recipe, site)
@@ -31,6 +36,8 @@ def driver_command(recipe: Recipe, site: Site) -> DriverCommand:
 
 def plan_for(recipe: Recipe, site: Site, *, measured: dict[str, float] | None = None,
              tmp_disk: DeclaredTmpDisk | None = None) -> Plan:
-    """``make_plan`` with the backend's driver command: recipe + site -> Plan, or InputError."""
-    require_absolute_paths(recipe)  # first, as make_plan would: a relative model.path names no config.json
+    """``make_plan`` with the backend's driver command: recipe + site -> Plan, or InputError (W&B
+    online with no key here is one: the job inherits this environment)."""
+    require_absolute_paths(recipe)
+    tracking.check_credentials(recipe, site, os.environ)  # first, as make_plan would: a relative model.path names no config.json
     return make_plan(recipe, site, driver=driver_command(recipe, site), measured=measured, tmp_disk=tmp_disk)

@@ -27,6 +27,7 @@ PLUGIN_MODULES = (
     "beam_hpc.cli.image",
     "beam_hpc.cli.run",
     "beam_hpc.cli.observe",
+    "beam_hpc.cli.tracking",
     "beam_hpc.cli.execute",
     "beam_hpc.cli.nodes",
 )

@@ -272,6 +272,22 @@ class LifecycleSpec(_Strict):
         return value
 
 
+class WandbSpec(_Strict):
+    """One Weights & Biases run per beam-hpc run, beside TensorBoard (beam_hpc.run.tracking).
+    ``mode: offline`` writes W&B's files under the run directory for ``beam-hpc sync``; a site
+    whose nodes have no internet (``site.compute_internet: false``) makes any mode offline."""
+
+    project: str = Field(min_length=1, max_length=128)
+    entity: str | None = Field(None, min_length=1)
+    mode: Literal["online", "offline"] = "online"
+
+
+class TrackingSpec(_Strict):
+    """Experiment trackers beside TensorBoard; each is off until its section is given."""
+
+    wandb: WandbSpec | None = None
+
+
 class Recipe(_Strict):
     """A whole recipe. Load with :func:`load_recipe`; override with :func:`apply_overrides`."""
 
@@ -292,6 +308,7 @@ class Recipe(_Strict):
     topology: TopologySpec
     lifecycle: LifecycleSpec = Field(default_factory=LifecycleSpec)
     performance: PerformanceSpec = Field(default_factory=PerformanceSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     # Free-form knobs a backend understands (e.g. the reference backend's tiny-model size).
     backend_options: dict[str, Any] = Field(default_factory=dict)
 

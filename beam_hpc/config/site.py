@@ -116,6 +116,9 @@ class Site(_Strict):
     # (beam_hpc.lifecycle.quarantine). Absolute: the batch host and the login node both write it.
     quarantine: str | None = None
     quarantine_days: float = Field(7.0, gt=0)
+    # false: the compute nodes cannot reach the internet, so a recipe's W&B tracking runs offline in
+    # the job and `beam-hpc sync RUN` uploads it from the login node (beam_hpc.run.tracking).
+    compute_internet: bool = True
 
     @property
     def node_python(self) -> str:

@@ -25,7 +25,7 @@ from beam_hpc.errors import shorten
 from beam_hpc.observe.eval_set import eval_set_of
 from beam_hpc.observe.run_dir import RunDirError, check_run_dir, checkpoint_problems, load_plan
 from beam_hpc.plan.paths import RunPaths
-from beam_hpc.run import checkpoint_layout, metric_names
+from beam_hpc.run import checkpoint_layout, metric_names, tracking
 from beam_hpc.run.ledger import Reason, read_ledger
 from beam_hpc.run.scalars import Scalars, read_scalars
 from beam_hpc.slurm import client as slurm_client
@@ -227,6 +227,7 @@ def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None)
             "reachable": None, "job_id": job, "state": None, "reason": None, "components": [],
             "note": "not asked (--no-slurm)" if (job and not slurm) else ""},
         "metrics_source": scalars.source,
+        "wandb": tracking.summary(root),
         "warnings": warnings,
     }
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from beam_hpc.observe.eval_set import EvalData
 from beam_hpc.progress import duration, text_table
+from beam_hpc.run import tracking
 
 
 def _clock(t: float | None) -> str:
@@ -91,6 +92,8 @@ def format_status(s: dict[str, Any]) -> str:
         suspects = f"; suspect {', '.join(st['suspects'])}" if st.get("suspects") else ""
         lines.append(f"stalled    segment {st['segment']} at rollout {st['rollout']} ({silent}, timeout "
                      f"{st['timeout_s']} s); {st['dumps']} stack dump(s) in {st['stacks']}{suspects}; next: {st['next']}")
+    if wandb_line := tracking.describe(s.get("wandb"), s["run_dir"]):
+        lines.append(f"tracking   {wandb_line}")
     lines.append("")
     headers = ["segment", "job", "restart", "host", "start", "duration", "rollouts", "reason", "next"]
     table = []

@@ -24,6 +24,7 @@ from beam_hpc.config.site import Site
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.plan import RUN_DIR
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
+from beam_hpc.run import tracking
 from beam_hpc.run.metric_names import MILES_CHECK_KEY
 
 # The run directory's files as the driver names them: under the {run_dir} placeholder the job fills
@@ -81,13 +82,17 @@ def _miles_args(recipe: Recipe, site: Site, arch: architecture.Architecture) -> 
     _performance(out, recipe)
     _lora(out, recipe)
     _outputs(out, recipe)
+    _wandb(out, recipe, site)
     own = architecture.reconcile(out.argv, list(arch.args))  # a model script may repeat a practice flag
     return own + list(arch.args) + list(recipe.backend_options.get(OPTION_EXTRA_ARGS, []))
 
 
-def driver_env(recipe: Recipe) -> dict[str, str]:
-    """The driver's environment (the launcher adds the address and interface variables)."""
+def driver_env(recipe: Recipe, site: Site) -> dict[str, str]:
+    """The driver's environment (the launcher adds the address and interface variables, and
+    ``WANDB_RUN_ID`` from the run directory when W&B is on)."""
+    wb = tracking.settings_for(recipe, site)
     return {
+        **(tracking.driver_env(wb, RUN_DIR) if wb is not None else {}),
         "TENSORBOARD_DIR": RUN.tensorboard,
         "PYTHONUNBUFFERED": "1",
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",  # what Miles's own launcher sets for Megatron
@@ -111,7 +116,7 @@ def build_driver(recipe: Recipe, site: Site) -> tuple[list[str], dict[str, str]]
         launcher += ["--ifname", site.network.interface]
     arch = architecture.resolve(recipe.model)
     launcher += architecture.launcher_options(arch)  # a model script only the image can read
-    return [*launcher, "--", entry_point(recipe), *_miles_args(recipe, site, arch)], driver_env(recipe)
+    return [*launcher, "--", entry_point(recipe), *_miles_args(recipe, site, arch)], driver_env(recipe, site)
 
 
 class _Argv:
@@ -308,3 +313,21 @@ def _outputs(out: _Argv, recipe: Recipe) -> None:
     out.add("--dump-details", paths.dumps)
     out.add("--use-tensorboard")
     out.add("--use-fault-tolerance")
+
+
+def _wandb(out: _Argv, recipe: Recipe, site: Site) -> None:
+    """W&B beside TensorBoard. Miles's ``init_wandb_primary`` (miles-rl 0.0.2 and radixark/miles
+    main, e.g. 14aca060) passes ``wandb.init`` no id and no resume setting and, unless told
+    otherwise, suffixes the group randomly: the suffix goes, and the id and ``resume=allow`` reach
+    wandb through the environment (``WANDB_RUN_ID`` set by the launcher, ``WANDB_RESUME`` here)."""
+    wb = tracking.settings_for(recipe, site)
+    if wb is None:
+        return
+    out.add("--use-wandb")
+    out.add("--wandb-project", wb.project)
+    if wb.entity:
+        out.add("--wandb-team", wb.entity)
+    out.add("--wandb-group", wb.group)
+    out.add("--disable-wandb-random-suffix")
+    out.add("--wandb-dir", str(tracking.wandb_dir(RUN_DIR)))
+    out.add("--wandb-mode", wb.mode)

@@ -110,6 +110,14 @@ SOURCES: dict[str, str] = {
     "--dump-details": "output_dir (<output>/dumps)",
     "--use-tensorboard": "output_dir (<output>/tensorboard)",
     "--use-fault-tolerance": "(rollout engine health checks)",
+    # Weights & Biases (one run per beam-hpc run: beam_hpc.run.tracking)
+    "--use-wandb": "tracking.wandb",
+    "--wandb-project": "tracking.wandb.project",
+    "--wandb-team": "tracking.wandb.entity (Miles's entity flag)",
+    "--wandb-group": "name (the run's name, also its W&B run name)",
+    "--disable-wandb-random-suffix": "tracking.wandb (one run per chain: no per-segment suffix)",
+    "--wandb-dir": "output_dir (<output>/wandb)",
+    "--wandb-mode": "tracking.wandb.mode, offline where site.compute_internet is false",
 }
 
 
@@ -132,6 +140,7 @@ OWNED_NOT_EMITTED: dict[str, str] = {
     "--offload-train": "set training.colocated (--colocate turns it on) or training.offload.target instead",
     "--critic-num-nodes": "leave it out: beam-hpc's topology places no critic group",
     "--critic-num-gpus-per-node": "leave it out: beam-hpc's topology places no critic group",
+    "--wandb-run-id": "leave it out: every segment logs to the run's one W&B run (<output>/wandb/run_id)",
 }
 # Flags that Miles's own model scripts may also set (the MLA scripts set --attention-softmax-in-fp32,
 # some set dropout 0): the architecture flags may repeat them with the recipe's value, and beam-hpc

@@ -40,6 +40,7 @@ from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
+from beam_hpc.run import tracking
 from beam_hpc.run.checkpoint_layout import LATEST_FILE
 from beam_hpc.run.files import write_json_atomic
 
@@ -93,6 +94,12 @@ def driver_environment(head_ip: str, ifname: str | None) -> dict[str, str]:
         env.update({"NCCL_SOCKET_IFNAME": ifname, "GLOO_SOCKET_IFNAME": ifname,
                     "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": ifname})
     return env
+
+
+def wandb_environment(run_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """``WANDB_RUN_ID`` of the run's one W&B run where W&B is on (``args.driver_env`` set
+    ``WANDB_RESUME``): Miles's ``init_wandb_primary`` passes no id, so wandb takes it from here."""
+    return {"WANDB_RUN_ID": tracking.run_id(run_dir)} if environ.get("WANDB_RESUME") else {}
 
 
 def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -161,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     run_dir = Path(opts.plan).resolve().parent
     check_resume(rest[1:], full_read_max_bytes=opts.checkpoint_full_read_max_bytes)  # before Ray: fail fast
     os.environ.update(driver_environment(opts.head_ip, opts.ifname))
+    os.environ.update(wandb_environment(run_dir, os.environ))
 
     import ray
 

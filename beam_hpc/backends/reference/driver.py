@@ -48,7 +48,7 @@ from beam_hpc.node.stacks import SEGMENT_DIR_VAR
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
 from beam_hpc.reward.miles_check import miles_verdict, verdict_fractions
-from beam_hpc.run import checkpoint_layout
+from beam_hpc.run import checkpoint_layout, tracking
 from beam_hpc.run import metric_names as names
 from beam_hpc.run.files import write_json_atomic
 from beam_hpc.slurm.environment import SlurmEnvironment
@@ -171,7 +171,9 @@ class Loop:
         self.workers = [worker_cls.remote(rd, i, self.model_path) for i in range(self.n_workers)]
         placement = self.record_placement()
         self.connect_weights(placement["trainer"]["node_ip"], ray_address)
-        self.metrics = mlog.MetricsLog(self.paths.tensorboard, self.paths.dumps)
+        wb = tracking.settings_for(r, self.plan.site)
+        sink = mlog.WandbSink(wb, self.plan.output_dir, rd) if wb is not None else None
+        self.metrics = mlog.MetricsLog(self.paths.tensorboard, self.paths.dumps, sink)
 
     def record_placement(self) -> dict[str, Any]:
         """Which node (and group) every actor runs on: the runtime's tests read this file.

@@ -99,7 +99,24 @@ MODES = {
     "dedicated-kl-warmup": ("dedicated", "training.kl_coef=0.001", "training.optimizer.warmup_rollouts=10"),
     "no-eval": ("dedicated", "eval.interval=0"),
     "other-eval-set": ("dedicated", "data.eval_name=tiny-add", "data.eval_label=tiny two-digit addition"),
+    "wandb": ("dedicated", "tracking.wandb.project=beam", "tracking.wandb.entity=team"),
+    "wandb-offline-lora": ("lora", "tracking.wandb.project=beam", "tracking.wandb.mode=offline"),
 }
+
+
+def test_wandb_is_one_run_per_chain_under_the_run_dir() -> None:
+    """W&B beside TensorBoard: no random group suffix, the run's name as group, files under the run
+    directory; the id and resume=allow reach Miles's wandb.init through the environment."""
+    for mode, want in (("wandb", "online"), ("wandb-offline-lora", "offline")):
+        r, _, flags = built(mode)
+        assert flags["--use-wandb"] == [] and flags["--disable-wandb-random-suffix"] == []
+        assert flags["--wandb-project"] == ["beam"] and flags["--wandb-group"] == [r.name]
+        assert flags["--wandb-dir"] == [f"{RUN_DIR}/wandb"] and flags["--wandb-mode"] == [want]
+        assert "--use-tensorboard" in flags
+        _, env = build_driver(r, SITE)
+        assert env["WANDB_RESUME"] == "allow" and env["WANDB_DIR"] == f"{RUN_DIR}/wandb"
+    assert built("wandb")[2]["--wandb-team"] == ["team"]
+    assert not any(f.startswith("--wandb") or f == "--use-wandb" for f in built("dedicated-async")[2])
 
 
 def built(mode: str) -> tuple[Recipe, str, dict[str, list[str]]]:

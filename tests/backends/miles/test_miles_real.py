@@ -81,7 +81,8 @@ def test_real_miles_accepts_the_command_without_them(tmp_path: Path, importable_
     attention, recompute, dynamic batch size, SGLang memory fraction, data balancing) parses."""
     script = FIXTURES / "miles_main" / "scripts" / "models" / "qwen3-30B-A3B.py"
     plan = plan_for(tmp_path, "dedicated", "training.offload.target=cpu", "lifecycle.save_on_request=false",
-                    f"model.miles_model_script={script}")
+                    f"model.miles_model_script={script}", "tracking.wandb.project=beam", "tracking.wandb.mode=offline")
+    assert "--use-wandb" in plan.driver_argv and "--disable-wandb-random-suffix" in plan.driver_argv  # W&B parses too
     assert "--model-script" not in plan.driver_argv and "--num-experts" in plan.driver_argv  # read at submit
     assert set(PRACTICE) <= set(plan.driver_argv)
     verdict = preflight.check_plan(plan)

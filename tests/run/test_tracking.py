@@ -1,0 +1,239 @@
+"""W&B tracking: the recipe section, the run id kept in the run directory, the driver's environment
+(reference and Miles), the key check before submission, and, with the real ``wandb`` offline,
+three driver processes of one run logging every rollout and evaluation once to one W&B run, then
+``beam-hpc sync`` uploading each finished segment once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from real_wandb import require_wandb
+
+from beam_hpc.backends.miles.flags import OWNED_NOT_EMITTED
+from beam_hpc.backends.reference.metrics_log import EVAL_STEP, ROLLOUT_STEP, logged_steps
+from beam_hpc.backends.registry import driver_command
+from beam_hpc.cli.app import main
+from beam_hpc.config.recipe import load_recipe
+from beam_hpc.config.site import Site
+from beam_hpc.errors import InputError
+from beam_hpc.run import tracking
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes" / "tiny.yaml"
+DEDICATED = ROOT / "recipes" / "dedicated.yaml"
+EXAMPLE_SITE = str(ROOT / "env" / "example-site.yaml")
+SITE = Site(name="t", container={"runtime": "host"})
+OFFLINE_SITE = Site(name="t", container={"runtime": "host"}, compute_internet=False)
+WB = ["tracking.wandb.project=beam-test", "tracking.wandb.entity=team"]
+
+
+def no_key_env(tmp: Path) -> dict[str, str]:
+    return {"HOME": str(tmp), "PATH": os.environ.get("PATH", "")}
+
+
+def test_off_by_default_and_no_wandb_in_the_driver() -> None:
+    r = load_recipe(TINY)
+    assert r.tracking.wandb is None and tracking.settings_for(r, SITE) is None
+    assert not any(k.startswith("WANDB") for k in driver_command(r, SITE).env)
+
+
+def test_a_misspelt_field_is_refused_by_name() -> None:
+    with pytest.raises(InputError, match=r"tracking\.wandb\.projct: unknown field"):
+        load_recipe(TINY, ["tracking.wandb.projct=x"])
+
+
+def test_reference_driver_env_is_static_and_resumes_one_run() -> None:
+    env = driver_command(load_recipe(TINY, WB), SITE).env
+    assert env == {"WANDB_PROJECT": "beam-test", "WANDB_ENTITY": "team", "WANDB_RUN_GROUP": "tiny",
+                   "WANDB_MODE": "online", "WANDB_DIR": "{run_dir}/wandb", "WANDB_RESUME": "allow"}
+
+
+def test_a_site_without_internet_makes_wandb_offline() -> None:
+    r = load_recipe(TINY, WB)
+    assert tracking.settings_for(r, OFFLINE_SITE).mode == "offline"
+    assert tracking.settings_for(load_recipe(TINY, [*WB, "tracking.wandb.mode=offline"]), SITE).mode == "offline"
+
+
+def test_the_run_id_is_made_once_and_kept(tmp_path: Path) -> None:
+    assert tracking.existing_run_id(tmp_path) is None
+    first = tracking.run_id(tmp_path)
+    assert first.startswith("beam-") and tracking.run_id(tmp_path) == first
+    assert (tmp_path / "wandb" / "run_id").read_text().strip() == first
+    assert tracking.run_id(tmp_path / "other") != first
+
+
+def test_key_lookup_follows_wandb(tmp_path: Path) -> None:
+    env = no_key_env(tmp_path)
+    assert not tracking.has_api_key(env)
+    assert tracking.has_api_key({**env, "WANDB_API_KEY": "k"})
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password secret\n")
+    assert tracking.has_api_key(env)
+    assert not tracking.has_api_key({**env, "WANDB_BASE_URL": "https://wandb.example.org"})  # another host
+    other = tmp_path / "n"
+    other.write_text("machine wandb.example.org login user password s\n")
+    assert tracking.has_api_key({**env, "WANDB_BASE_URL": "https://wandb.example.org", "NETRC": str(other)})
+
+
+def test_online_without_a_key_exits_2_before_anything_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    for k in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "NETRC", "WANDB_BASE_URL"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    out_dir = tmp_path / "run"
+    sets = sum((["--set", s] for s in WB), [])
+    code = main(["submit", str(DEDICATED), "--site", EXAMPLE_SITE, "--dry-run", "--output-dir", str(out_dir), *sets])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("beam-hpc: error: tracking.wandb.mode: online, but no W&B API key") and "Traceback" not in err
+    assert not out_dir.exists()
+    # offline needs no key; a key makes online fine
+    render = ["render", str(DEDICATED), "--site", EXAMPLE_SITE, "-o", str(tmp_path / "s.sh")]
+    assert main([*render, "--set", "tracking.wandb.project=p", "--set", "tracking.wandb.mode=offline"]) == 0
+    assert '"--wandb-mode", "offline"' in (tmp_path / "s.sh").read_text()
+    monkeypatch.setenv("WANDB_API_KEY", "k")
+    assert main([*render, *sets]) == 0
+    assert '"--wandb-mode", "online"' in (tmp_path / "s.sh").read_text()
+
+
+def test_the_run_id_flag_is_owned() -> None:
+    """Miles's --wandb-run-id would give each segment a run chosen elsewhere: refused as a pass-through."""
+    assert "--wandb-run-id" in OWNED_NOT_EMITTED
+
+
+def test_status_says_what_is_not_yet_synced(tmp_path: Path) -> None:
+    assert tracking.summary(tmp_path) is None and tracking.describe(None, str(tmp_path)) is None
+    rid = tracking.run_id(tmp_path)
+    for stamp in ("20260101_000002", "20260101_000001"):
+        (tmp_path / "wandb" / "wandb" / f"offline-run-{stamp}-{rid}").mkdir(parents=True)
+    first = f"offline-run-20260101_000001-{rid}"
+    assert [d.name for d in tracking.segment_dirs(tmp_path)][0] == first  # oldest first
+    (tmp_path / "wandb" / "synced.json").write_text(json.dumps({first: {}}))
+    s = tracking.summary(tmp_path)
+    assert s["unsynced"] == [f"offline-run-20260101_000002-{rid}"] and s["synced"] == [first]
+    assert tracking.describe(s, "RUN") == (f"W&B run {rid}: 1 of 2 offline segment(s) not yet synced; "
+                                           "upload them: beam-hpc sync RUN")
+
+
+def test_logged_steps_per_tag() -> None:
+    rows = [{"eval/a": 1.0, EVAL_STEP: 0, "_step": 0}, {"rollout/r": 1.0, "train/l": 2.0, ROLLOUT_STEP: 0},
+            {"rollout/r": 1.0, ROLLOUT_STEP: 1}, {"eval/a": 1.0, EVAL_STEP: 3}]
+    assert logged_steps(rows) == {"eval/a": 3, "rollout/r": 1, "train/l": 0}
+
+
+# -- the real wandb, offline: three driver processes of one run -----------------------------------------
+
+SEGMENT = textwrap.dedent("""
+    import sys
+    from beam_hpc.backends.reference.metrics_log import MetricsLog, WandbSink
+    from beam_hpc.run.tracking import WandbSettings
+    run_dir, seg, start, end = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    sink = WandbSink(WandbSettings("beam-test", None, "offline", "tiny"), run_dir, {"segment": seg})
+    log = MetricsLog(run_dir + "/tensorboard", run_dir + "/dumps", sink)
+    if start == 0:
+        log.scalars("eval", 0, {"eval/tiny-add": 0.0})
+    for k in range(start, end):  # as the reference driver orders them: rollout k, eval k+1, save k
+        log.scalars("rollout", k, {"rollout/raw_reward": k + 100 * seg, "train/loss": -k})
+        if (k + 1) % 3 == 0:
+            log.scalars("eval", k + 1, {"eval/tiny-add": (k + 1) + 100 * seg})
+        if (k + 1) % 2 == 0:
+            log.scalars("save", k, {"perf/save_time": 0.5})
+    log.close()
+""")
+
+
+@pytest.mark.slow  # three wandb processes (offline), each start reads the earlier logs: ~1 min on 2 cores
+def test_three_segments_log_every_rollout_once_to_one_run_then_sync_each_once(tmp_path: Path) -> None:
+    require_wandb()
+    run = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}
+    env.pop("WANDB_API_KEY", None)
+    # segment 1: rollouts 0-4; segment 2 resumes from checkpoint 2 and re-does 3-4 before going on
+    # to 7; segment 3 resumes from checkpoint 5 and re-does 6-7
+    for seg, (start, end) in enumerate([(0, 5), (3, 8), (6, 10)], start=1):
+        subprocess.run([sys.executable, "-c", SEGMENT, str(run), str(seg), str(start), str(end)],
+                       env=env, check=True, timeout=240)
+    dirs = tracking.segment_dirs(run)
+    assert len(dirs) == 3 and all(d.name.startswith("offline-run-") for d in dirs)
+    rid = tracking.existing_run_id(run)
+    records = [r for d in dirs for r in tracking.read_records(tracking.transaction_log(d))]
+    assert {r["run"]["run_id"] for r in records if r.get("type") == "run"} == {rid}  # one W&B run
+    rows = [h for d in dirs for h in tracking.history(tracking.transaction_log(d))]
+    rollouts = [(h[ROLLOUT_STEP], h["rollout/raw_reward"]) for h in rows if "rollout/raw_reward" in h]
+    # every rollout once, in order; a re-done rollout keeps what its first segment logged
+    assert [s for s, _ in rollouts] == list(range(10))
+    assert [v for _, v in rollouts] == [100 * (1 if k < 5 else 2 if k < 8 else 3) + k for k in range(10)]
+    evals = [(h[EVAL_STEP], h["eval/tiny-add"]) for h in rows if "eval/tiny-add" in h]
+    assert evals == [(0, 100 * 0 + 0.0), (3, 103), (6, 206), (9, 309)]
+    assert [h[ROLLOUT_STEP] for h in rows if "perf/save_time" in h] == [1, 3, 5, 7, 9]
+    assert all(EVAL_STEP not in h or "rollout/raw_reward" not in h for h in rows)
+    # TensorBoard stays as it is: every scalar, re-done rollouts included
+    assert len((run / "dumps" / "metrics.jsonl").read_text().splitlines()) == 9 + 9 + 7
+
+    assert tracking.summary(run)["unsynced"] == [d.name for d in dirs]
+    assert "3 of 3 offline segment(s) not yet synced" in tracking.describe(tracking.summary(run), str(run))
+    # `wandb sync` needs the W&B server, which cannot exist here: a `wandb` first on PATH records the
+    # sync calls (wandb's contract: `wandb sync DIR`, exit 0 once uploaded) and hands every other
+    # command (the reader) to the real wandb
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+    (bindir / "wandb").write_text(f"#!/bin/sh\nif [ \"$1\" = sync ]; then echo \"$@\" >> {calls}; exit 0; fi\n"
+                                  f"exec {sys.executable} -m wandb \"$@\"\n")
+    (bindir / "wandb").chmod(0o755)
+    env_path = f"{bindir}{os.pathsep}{os.environ['PATH']}"
+    out = subprocess.run([sys.executable, "-m", "beam_hpc.cli.app", "sync", str(run)], env={**env, "PATH": env_path},
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr
+    assert calls.read_text().splitlines() == [f"sync {d}" for d in dirs]  # oldest first, each once
+    assert set(json.loads((run / "wandb" / "synced.json").read_text())) == {d.name for d in dirs}
+    again = subprocess.run([sys.executable, "-m", "beam_hpc.cli.app", "sync", str(run)], env={**env, "PATH": env_path},
+                           capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0 and "nothing to sync" in again.stdout
+    assert len(calls.read_text().splitlines()) == 3
+    assert tracking.summary(run)["unsynced"] == []
+
+
+MILES_INIT = textwrap.dedent("""
+    import argparse, sys
+    import wandb
+    from miles.utils.tracking_utils.wandb_utils import init_wandb_primary
+    args = argparse.Namespace(use_wandb=True, wandb_mode="offline", wandb_key=None, wandb_host=None,
+                              wandb_random_suffix=False, wandb_group="tiny", rank=0, wandb_team=None,
+                              wandb_project="beam-test", env_report=None, wandb_dir=sys.argv[1])
+    init_wandb_primary(args)
+    print("RUN", wandb.run.id, wandb.run.group)
+    wandb.finish()
+""")
+
+
+@pytest.mark.slow  # imports Miles and wandb in two processes: ~20 s on 2 cores
+def test_miles_own_init_takes_the_runs_id_from_the_launcher(tmp_path: Path) -> None:
+    """miles-rl's init_wandb_primary (no id, no resume in its wandb.init) with the environment the
+    launcher gives it: two segments, one W&B run, the group without a random suffix."""
+    require_wandb()
+    from real_miles import require_miles
+
+    from beam_hpc.backends.miles.launch import wandb_environment
+
+    require_miles()
+    assert wandb_environment(tmp_path, {}) == {}
+    env = {**os.environ, "WANDB_SILENT": "true", "WANDB_RESUME": "allow"}
+    seen = []
+    for _ in range(2):
+        launch_env = {**env, **wandb_environment(tmp_path, env)}
+        out = subprocess.run([sys.executable, "-c", MILES_INIT, str(tmp_path / "wandb")], env=launch_env,
+                             capture_output=True, text=True, timeout=240, check=True).stdout
+        seen.append(next(line for line in out.splitlines() if line.startswith("RUN ")))
+    assert seen == [f"RUN {tracking.existing_run_id(tmp_path)} tiny"] * 2
+    assert len(tracking.segment_dirs(tmp_path)) == 2
+
+
+def test_sync_refuses_a_run_without_wandb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sync", str(tmp_path)]) == 2
+    assert "has no W&B files" in capsys.readouterr().err
