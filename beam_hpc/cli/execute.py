@@ -4,12 +4,15 @@ The embedded default (`recipes/tiny.yaml`) runs the same code path as a Slurm se
 the run lock and ledger, one node step per group started as local processes (loopback addresses,
 token-authenticated Ray), the reference backend's RL loop, checkpoints, teardown. Only the
 launcher differs (``beam_hpc.job.runner.LocalLauncher`` instead of ``srun``), and the site is the
-built-in laptop profile below unless ``--site`` names another.
+built-in laptop profile below unless ``--site`` names another. With no batch script, that site's
+lines (env, setup, module loads) run in a bash first, and the segment gets the environment they leave.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -40,6 +43,32 @@ def laptop_site():  # type: ignore[no-untyped-def]
     from beam_hpc.config.site import site_from_dict
 
     return site_from_dict({**LAPTOP_SITE, "python": sys.executable}, "<built-in laptop site>")
+
+
+# What bash sets for itself, not what the site's lines set: left as this process has them.
+_SHELL_OWN = frozenset({"_", "SHLVL", "PWD", "OLDPWD"})
+
+
+def apply_site_lines(site) -> None:  # type: ignore[no-untyped-def]
+    """Run the site's lines (``beam_hpc.slurm.script.site_lines``: env, then setup, then module loads)
+    in bash, as a batch script runs them before the segment, and take the environment they leave
+    into this process, so the segment and all it starts see the site's variables and modules."""
+    from beam_hpc.errors import RuntimeFailure
+    from beam_hpc.slurm.script import site_lines
+
+    lines = site_lines(site)
+    if not lines:
+        return
+    # the lines' own output goes to stderr; the environment they leave comes back on fd 3
+    script = "\n".join(["set -eo pipefail", "exec 3>&1 1>&2", *lines, "env -0 >&3"])
+    res = subprocess.run(["bash", "-c", script], stdout=subprocess.PIPE, check=False)
+    if res.returncode != 0:
+        raise RuntimeFailure(f"the site's lines (env, setup, module_loads of site {site.name}) failed with exit "
+                             f"code {res.returncode}; their output is above")
+    env = dict(item.split("=", 1) for item in res.stdout.decode(errors="replace").split("\0") if "=" in item)
+    for key in set(os.environ) - set(env) - _SHELL_OWN:
+        del os.environ[key]  # unset by the site's lines (e.g. a module unload)
+    os.environ.update({k: v for k, v in env.items() if k not in _SHELL_OWN})
 
 
 def ensure_tiny_data(recipe) -> bool:  # type: ignore[no-untyped-def]
@@ -97,6 +126,7 @@ def cmd_execute(args: argparse.Namespace) -> int:
                             segment=SegmentArgs(resume=args.resume, num_rollout=args.num_rollout))
     plan = request.plan
     check_before_submit(recipe, resume=args.resume)  # a damaged run directory: exit 2, nothing written
+    apply_site_lines(site)
     if ensure_tiny_data(recipe):
         print(f"prepared the tiny data set in {recipe.data.dir}")
     if recipe.backend_options.get("smollm2_model"):  # here, once, so a missing wheel is one line, not an actor's traceback

@@ -2,12 +2,13 @@
 host and through the Apptainer seam (the stand-in binary of tests/support/standins/fake_apptainer.py, whose image
 sets RAY_AUTH_MODE=disabled: only the job's forced environment can turn token auth back on), and
 the readiness deadline with one node whose `ray start` hangs; warm JIT caches and the node-local
-image copy across two segments (through the stand-in)."""
+image copy across two segments (through the stand-in), each node with a local disk of its own."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tarfile
 from glob import glob
@@ -21,7 +22,31 @@ from polling import gone
 from beam_hpc.fault_hooks import HANG_RAY_START_VAR
 from beam_hpc.job.runner import run_local, smoke_driver_argv
 from beam_hpc.node import procs
+from beam_hpc.node.image import sha256_file
 from beam_hpc.node.ray_node import tagged_pids
+
+# The node step of a local run as it would start on a node with its own local disk: the site's
+# scratch path is the same on every node, the disk behind it is not. The nodes of a local run share
+# this host, so each node step gets a mount namespace of its own (root, as the local Slurm cluster's
+# per-node UTS namespaces need) with the scratch path bound to that node's directory, chosen by the
+# step's --node-ip. It then execs the real node step; nothing else changes.
+NODE_WITH_OWN_SCRATCH = r"""#!/bin/sh
+ip=; prev=
+for a in "$@"; do [ "$prev" = --node-ip ] && ip=$a; prev=$a; done
+[ -n "$ip" ] || {{ echo "node-local scratch stand-in: no --node-ip in $*" >&2; exit 2; }}
+mkdir -p "{disks}/$ip"
+exec unshare --mount --propagation private sh -c 'mount --bind "$1" "$2" && shift 2 && exec "$@"' \
+    sh "{disks}/$ip" "{scratch}" "{python}" "$@"
+"""
+
+
+def start_nodes_with_own_scratch(monkeypatch: pytest.MonkeyPatch, bin_dir: Path, scratch: Path, disks: Path) -> None:
+    """Every node step run_local starts from now on (it starts them as ``sys.executable -m
+    beam_hpc.node.step``) sees ``disks/<node ip>`` at ``scratch``."""
+    wrapper = bin_dir / "node-with-own-scratch"
+    wrapper.write_text(NODE_WITH_OWN_SCRATCH.format(disks=disks, scratch=scratch, python=sys.executable))
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(sys, "executable", str(wrapper))
 
 
 @pytest.mark.ray
@@ -86,8 +111,13 @@ def test_jit_cache_and_image_copy_carry_over_to_another_node(tmp_path, monkeypat
     it in its own node-local cache, seeded from the group's archive; every task ran the node-local
     copy of the image, and segment 2 reused the copies segment 1 made. It is also the Apptainer
     case of the bring-up test above: the image sets RAY_AUTH_MODE=disabled, and only the job's
-    forced environment turns token auth back on inside the container; nothing is left running."""
+    forced environment turns token auth back on inside the container; nothing is left running.
+    Each node has its own scratch disk (start_nodes_with_own_scratch): each stages and verifies its
+    own copy of the image, and keeps its own cache."""
     from beam_hpc.node.image import write_checksum
+
+    if os.geteuid() != 0:
+        pytest.skip("a node-local disk per node needs a mount namespace per node step (root)")
 
     bin_dir = install_fake_apptainer(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
@@ -102,6 +132,12 @@ def test_jit_cache_and_image_copy_carry_over_to_another_node(tmp_path, monkeypat
     plan = make_test_plan(tmp_path / "run", trainer_nodes=2, rollout_nodes=0, gpus=1, site=site, local_run=True)
     driver = [sys.executable, str(Path(__file__).resolve().parents[2] / "tests" / "support" / "programs" / "jit_cache_driver.py"), "--ray-address", "{ray_address}"]
     n0, n1 = "127.0.0.10", "127.0.0.11"
+    disks = tmp_path / "node-disks"  # what each node has at `scratch`: disks/<its ip>
+    start_nodes_with_own_scratch(monkeypatch, bin_dir, scratch, disks)
+
+    def on_node(ip: str, path: str | Path) -> Path:
+        """A path under the site's scratch, on the disk of node ``ip``."""
+        return disks / ip / Path(path).relative_to(scratch)
 
     first = run_local(plan, driver_argv=[*driver, "--write-on", n0, "--out", str(tmp_path / "seg1.json")],
                       ready_timeout_s=300)
@@ -115,6 +151,17 @@ def test_jit_cache_and_image_copy_carry_over_to_another_node(tmp_path, monkeypat
         assert env["FAKE_APPTAINER_IMAGE"] == str(staged)  # the container ran the node-local copy
         assert all((env[v] or "").startswith(f"{scratch}/beam-jit/{plan.run_id}/trainer/") for v in env if v != "FAKE_APPTAINER_IMAGE")
     assert seg1[n0]["env"]["TRITON_CACHE_DIR"] != seg1[n1]["env"]["TRITON_CACHE_DIR"]  # a disk per node
+    # each node staged the image to its own disk: copied there, checked against the image's sha256
+    # (the copy and its .verified record), and nothing reached the scratch path outside the nodes
+    reports1 = {i: json.loads(Path(first.segment_dir, "nodes", f"trainer-{i}.json").read_text()) for i in (0, 1)}
+    assert [(r["image"], r["image_copied"]) for r in reports1.values()] == [(str(staged), True)] * 2
+    for ip in (n0, n1):
+        copy = on_node(ip, staged)
+        assert sha256_file(copy) == digest and copy.read_text() == "stand-in image", ip
+        st = copy.stat()
+        assert copy.with_name(f".{copy.name}.verified").read_text().split() == [digest, str(st.st_size),
+                                                                                str(st.st_mtime_ns)], ip
+    assert list(scratch.iterdir()) == []
     assert {seg1[ip]["ray_auth_mode"] for ip in (n0, n1)} == {"token"}
     with tarfile.open(plan.paths.jit_cache_archive("trainer")) as tar:
         assert [m.name for m in tar if m.isfile()] == [f"triton/{kernel}"]
@@ -123,7 +170,7 @@ def test_jit_cache_and_image_copy_carry_over_to_another_node(tmp_path, monkeypat
     assert second.status == "completed", second.message
     seg2 = json.loads((tmp_path / "seg2.json").read_text())
     assert seg2[n1]["triton_files"] == [kernel]  # node 1 never compiled it: seeded from the archive
-    assert Path(seg2[n1]["env"]["TRITON_CACHE_DIR"], kernel).read_bytes() == b"\x7fELF kernel"
+    assert on_node(n1, Path(seg2[n1]["env"]["TRITON_CACHE_DIR"], kernel)).read_bytes() == b"\x7fELF kernel"
     reports = {i: json.loads(Path(second.segment_dir, "nodes", f"trainer-{i}.json").read_text()) for i in (0, 1)}
     assert (reports[1]["jit_seeded"], reports[0]["jit_kept"]) == (1, 1)
     assert [(r["image"], r["image_copied"]) for r in reports.values()] == [(str(staged), False)] * 2

@@ -537,6 +537,10 @@ def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(s
 
     members = partition_nodes(plan.groups[0].partition) or []
     record(bad_nodes, [{"node": n, "why": "test"} for n in members[:-1]], run="other", run_dir="/x", segment="1-0", days=1)
+    quarantine_before = bad_nodes.read_text()
     with pytest.raises(RuntimeFailure, match=r"1 left, but the recipe's groups need 2 .* `beam-hpc nodes release NAME`"):
         submit_run(runs / "bad-node-c", tiny_assets, num_rollout=2, interval=1, site=site)
-    assert not (runs / "bad-node-c" / "job.sbatch").exists()  # refused before anything was written
+    # refused before anything was written: no run directory at all (so no plan.json, job.sbatch, ledger,
+    # lock or logs/), and the site's quarantine as it was
+    assert not (runs / "bad-node-c").exists(), sorted(str(p) for p in (runs / "bad-node-c").rglob("*"))
+    assert bad_nodes.read_text() == quarantine_before

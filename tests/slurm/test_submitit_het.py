@@ -243,6 +243,7 @@ def test_usr2_checkpoints_and_requeues_the_whole_hetjob(slurm_cluster, tmp_path)
 
 
 @pytest.mark.slurm
+@pytest.mark.slow  # slurm implies slow: it joins (and may start) the local cluster; the fast tier needs no Slurm
 def test_job_that_left_the_queue_is_done(monkeypatch, tmp_path):
     """A job id squeue no longer lists: done() from the result pickle, VANISHED without one."""
     monkeypatch.setattr(HetSlurmJob.watcher, "vanish_grace_s", 0.0)

@@ -4,9 +4,11 @@ miles-rl 0.0.2's logging code (tests/support/builders/miles_logging.py: ``_log_r
 ``_log_eval_rollout_data``, the trainer's ``log_rollout_data``, ``log_perf_data_raw``, Miles's
 TensorBoard tracking) runs on real ``Sample`` objects, scored by beam-hpc's Miles reward function,
 into a run directory's ``tensorboard/``, as in a Miles segment that ran three rollouts, saved once,
-and then failed. Then the segment's own end-of-segment code (``Segment._finish``: segment_metrics,
-decide, the ledger's end line) and `status` / `plot` read it. The Miles stand-in double's names are checked against the same code,
-and a run directory from before the rename (old tags) still reads and plots.
+and then failed, and a later segment (a process of its own) that ran one more rollout and failed
+before its next save. Each segment's own end-of-segment code (``Segment._finish``: segment_metrics,
+decide, the ledger's end line) and `status` / `plot` read it; the tests check what the segments
+decided from their ledger end lines. The Miles stand-in double's names are checked against the same
+code, and a run directory from before the rename (old tags) still reads and plots.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import importlib.util
 import json
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +27,6 @@ from real_miles import require_miles
 
 from beam_hpc.backends.registry import plan_for
 from beam_hpc.job.segment import Segment
-from beam_hpc.lifecycle.decide import Outcome, decide
 from beam_hpc.lifecycle.segment_metrics import metrics_offset, segment_metrics
 from beam_hpc.observe.plot import plot_run
 from beam_hpc.observe.status import gather
@@ -35,8 +37,30 @@ from beam_hpc.run.scalars import read_scalars
 from beam_hpc.submission.submit import build_recipe, build_site
 
 ROOT = Path(__file__).resolve().parents[3]
-# eval (response, label) pairs: right, wrong, a fraction against a decimal, no answer at all
-EVAL = [("\\boxed{34}", "34"), ("\\boxed{35}", "34"), ("\\boxed{\\frac{1}{2}}", "0.5"), ("no box", "7")]
+# eval (response, label) pairs: right, wrong, a fraction against a decimal, no answer at all, and a
+# pair the two checkers judge differently (beam-hpc evaluates the power; Miles's checker does not)
+EVAL = [("\\boxed{34}", "34"), ("\\boxed{35}", "34"), ("\\boxed{\\frac{1}{2}}", "0.5"), ("no box", "7"),
+        ("\\boxed{2^{10}}", "1024")]
+# Pinned verdicts on EVAL: beam-hpc's checker, and Miles's (each established once by running miles-rl
+# 0.0.2's grade_answer_verl on the pair; the same pairs are pinned in test_miles_reward.py's table)
+EVAL_ACC = [1.0, 0.0, 1.0, 0.0, 1.0]  # 3 of 5
+EVAL_MILES = ["correct", "wrong", "correct", "wrong", "wrong"]  # 2 of 5
+EVAL_LENGTHS = [100, 200, 300, 400, 500]
+
+# A later segment of the run, in a process of its own as every segment is (outside Slurm its id is
+# l<pid>): its pre-run checks and start line (Segment._prepare, resuming from the checkpoint), its
+# metrics mark, then, once the test has logged its rollout as Miles and the driver "failed", its end.
+LATER_SEGMENT = """
+import sys
+from beam_hpc.job.segment import Segment
+from beam_hpc.lifecycle.segment_metrics import metrics_offset
+seg = Segment(sys.argv[1], resume=True, env={})
+assert seg._prepare() is None
+seg.metrics_offset = metrics_offset(seg.paths)
+print("started", flush=True)
+sys.stdin.readline()
+sys.exit(seg._finish("error", "driver exited with 1"))
+"""
 
 
 def _scored(responses: list[tuple[str, str]], lengths: list[int], monkeypatch: pytest.MonkeyPatch, args):  # type: ignore[no-untyped-def]
@@ -72,7 +96,9 @@ def _one_process_group():  # type: ignore[no-untyped-def]
 def miles_segment(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A Miles segment as Miles logs it: rollouts 0-2 (a save after rollout 1, evals after 1 and
     2), then its driver fails. The ledger's start line is written as Segment.run writes it (the
-    segment's id is ``l<pid>`` outside Slurm); the end line by the segment's own ``_finish``."""
+    segment's id is ``l<pid>`` outside Slurm); the end line by the segment's own ``_finish``.
+    ``status`` is what `beam-hpc status` showed then. Then a later segment (LATER_SEGMENT) resumes
+    from the checkpoint, runs rollout 2 again and fails before it saves."""
     require_miles()
     from miles.backends.training_utils.log_utils import log_rollout_data
     from miles.utils.timer import Timer
@@ -104,7 +130,7 @@ def miles_segment(tmp_path_factory: pytest.TempPathFactory) -> dict:
             timer.add("train", 1.0 + k)
             log_perf_data_raw(k, args, True, None)  # resets the timer, as after each step's training
             if k >= 1:  # eval on W_(k+1), logged at step k as Miles's train loop does
-                ev = _scored(EVAL, [100, 200, 300, 400], mp, args)
+                ev = _scored(EVAL, EVAL_LENGTHS, mp, args)
                 fns["_log_eval_rollout_data"](k, args, {"aime25": {"rewards": [s.reward["acc"] for s in ev],
                                                                    "samples": ev}}, None)
             if k == 1:  # Megatron's save, timed by Miles's @timer on save_model; tracker written last
@@ -112,41 +138,64 @@ def miles_segment(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 checkpoint_layout.write_atomic(checkpoint_layout.dataset_state_path(paths.checkpoints, 1), b"x")
                 checkpoint_layout.mark_latest(paths.checkpoints, 1)
                 timer.add("save_model", 0.75)
+        _flush_miles()
+        # the driver fails here: the segment's own end-of-segment code reads what Miles wrote, decides,
+        # and writes its ledger line (outside Slurm, so a resubmission is only decided, not sent)
+        seg = Segment(paths.plan, env={})
+        seg.metrics_offset = mark
+        seg._finish("error", "driver exited with 1")
+        m = segment_metrics(paths, mark)
+        done = checkpoint_layout.rollouts_done(paths.checkpoints)
+        status = gather(run, slurm=False)
+        later = subprocess.Popen([sys.executable, "-c", LATER_SEGMENT, paths.plan], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert later.stdout is not None and later.stdout.readline() == "started\n", "the later segment did not start"
+            train = _scored([("\\boxed{2}", "2"), ("\\boxed{3}", "2")], [12, 42], mp, args)  # rollout 2 again
+            fns["_log_rollout_data"](2, args, train, None, 2.0)
+            timer.add("train_wait", 2.0)
+            timer.add("train", 3.0)
+            log_perf_data_raw(2, args, True, None)
+            _flush_miles()
+        finally:
+            later.communicate("the driver exited with 1\n", timeout=60)  # no save: the driver failed first
     finally:
         dist.destroy_process_group()
         mp.undo()
-    from miles.utils.tracking_utils import _manager
-
-    for backend in _manager._backends:  # flush Miles's writer (finish_tracking would close it)
-        backend._adapter._writer.flush()
-    # the driver fails here: the segment's own end-of-segment code reads what Miles wrote, decides,
-    # and writes its ledger line (outside Slurm, so a resubmission is only decided, not sent)
-    seg = Segment(paths.plan, env={})
-    seg.metrics_offset = mark
-    seg._finish("error", "driver exited with 1")
-    m = segment_metrics(paths, mark)
-    done = checkpoint_layout.rollouts_done(paths.checkpoints)
-    decision = decide(Outcome(reason="error", rollouts_at_start=0, rollouts_at_end=0, num_rollout=10,
-                              rollouts_run=m.rollouts_run), history=[], max_segments=4, cancelled=False,
-                      requeue_on_preemption=False)  # had the save not landed
-    return {"run": run, "metrics": m, "decision": decision, "done": done,
+    return {"run": run, "metrics": m, "done": done, "status": status, "later_exit": later.returncode,
             "truth_acc": [s.reward["acc"] for s in ev],
             "truth_miles": [s.reward[metric_names.MILES_CHECK_KEY] for s in ev]}
 
 
+def _flush_miles() -> None:
+    """Flush Miles's TensorBoard writer (finish_tracking would close it)."""
+    from miles.utils.tracking_utils import _manager
+
+    for backend in _manager._backends:
+        backend._adapter._writer.flush()
+
+
 @pytest.mark.slow  # imports Miles's logging, torch.distributed and sympy: ~15 s on a loaded 2-core machine
 def test_the_lifecycle_reads_what_miles_wrote_of_a_failed_segment(miles_segment: dict) -> None:
-    m, decision = miles_segment["metrics"], miles_segment["decision"]
+    m = miles_segment["metrics"]
     # three steps ran (perf/step_time = train_wait + train: 3, 4, 5 s); the save's 0.75 s came with step 2
     assert (m.rollouts_run, m.rollout_s, m.save_s) == (3, pytest.approx(4.0), pytest.approx(0.75))
     assert miles_segment["done"] == 2
-    # without the checkpoint it would be retried as a failure after rollouts, not "before its first rollout"
-    assert decision.detail == "error without a new checkpoint; retrying once", decision
-    (seg,), warnings = ledger.read_ledger(RunPaths(str(miles_segment["run"])).ledger)
+    (seg, later), warnings = ledger.read_ledger(RunPaths(str(miles_segment["run"])).ledger)
     assert not warnings and seg["end"]["rollouts_run"] == 3 and seg["end"]["reason"] == "error"
     assert seg["end"]["rollouts_at_end"] == 2 and "error after 2 new rollouts" in seg["end"]["detail"], seg["end"]
+    # what the segment decided: go on from the new checkpoint (outside Slurm nothing is sent)
+    assert seg["end"]["detail"].startswith("driver exited with 1 -> error after 2 new rollouts; continuing with "
+                                           "--resume"), seg["end"]["detail"]
     assert seg["end"]["timings"] == {"rollout_s": pytest.approx(4.0), "save_s": pytest.approx(0.75)}
-    status = gather(miles_segment["run"], slurm=False)
+    # the later segment ran rollout 2 again but never saved: a failure after rollouts without a new
+    # checkpoint, retried once (not "before its first rollout": Miles's step time counted the rollout)
+    assert miles_segment["later_exit"] == 1 and later["segment"] != seg["segment"]
+    assert (later["start"]["rollouts_at_start"], later["start"]["resume"]) == (2, True), later["start"]
+    assert (later["end"]["reason"], later["end"]["rollouts_run"], later["end"]["rollouts_at_end"]) == ("error", 1, 2)
+    assert later["end"]["detail"].startswith("driver exited with 1 -> error without a new checkpoint; retrying once"), \
+        later["end"]["detail"]
+    status = miles_segment["status"]  # as `beam-hpc status` showed the run after its first segment
     (row,) = status["segments"]
     assert (row["reason"], row["rollouts_run"], row["rollouts_at_end"]) == ("error", 3, 2)
     assert status["rollouts"]["generated"] == 3 and status["eta"]["s_per_rollout_step"] == pytest.approx(4.0)
@@ -170,14 +219,15 @@ def test_status_and_plot_show_what_miles_logged(miles_segment: dict, tmp_path: P
                 metric_names.TRAIN_TIME, metric_names.SAVE_TIME, metric_names.eval_accuracy_tag("aime25"),
                 metric_names.eval_response_len_tag("aime25")):
         assert tag in sc.series, (tag, sorted(sc.series))
-    status = gather(run, slurm=False)
+    status = miles_segment["status"]  # as `beam-hpc status` showed the run after its first segment
     ev = status["eval"]
-    acc, miles = miles_segment["truth_acc"], miles_segment["truth_miles"]
+    # the reward function gave the pinned verdicts, and status shows their means (3 of 5, 2 of 5)
+    assert miles_segment["truth_acc"] == EVAL_ACC and miles_segment["truth_miles"] == EVAL_MILES
     assert ev["name"] == "aime25" and ev["rollout"] == 2
-    assert ev["accuracy"] == pytest.approx(sum(acc) / len(acc))
-    assert ev["response_len"] == pytest.approx(250.0)
+    assert ev["accuracy"] == pytest.approx(0.6)
+    assert ev["response_len"] == pytest.approx(300.0)
     assert ev["miles_checker"]["state"] == "measured"
-    assert ev["miles_checker"]["accuracy"] == pytest.approx(miles.count("correct") / len(miles))
+    assert ev["miles_checker"]["accuracy"] == pytest.approx(0.4)
     # rewards as the reward function returned them: +1 and -1 (no penalty at these lengths)
     assert status["reward"]["value"] == pytest.approx(0.0) and status["reward"]["rollout"] == 2
     assert status["reward"]["response_len"] == pytest.approx((12 + 42) / 2)  # rollout 2's two responses

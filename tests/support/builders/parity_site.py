@@ -2,17 +2,19 @@
 
 A ``module`` shell function defined by the site's ``setup`` (as ``source
 /etc/profile.d/modules.sh`` would define it: a batch shell is not a login shell), a module load,
-environment, and an extra ``#SBATCH`` line. Every batch script beam-hpc writes must get past these
-lines: the run's own jobs (tests/submission/test_submission_launch_parity.py) and the conversion
-job (tests/backends/miles/test_miles_convert.py).
+environment, and an extra ``#SBATCH`` line. Every way beam-hpc starts a job must get past these
+lines: the run's own jobs and ``execute`` (tests/submission/test_submission_launch_parity.py) and
+the conversion job (tests/backends/miles/test_miles_convert.py).
 """
 
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
 MODULE = "beamtest/1.0"
 SITE_ENV = {"BEAM_PARITY_SITE": "from-the-site", "NCCL_NVLS_ENABLE": "0", "BEAM_MODULE_RAN": "no"}
 # what the job must see: the site's env, with BEAM_MODULE_RAN turned to "yes" by the module function
@@ -20,20 +22,24 @@ SITE_ENV = {"BEAM_PARITY_SITE": "from-the-site", "NCCL_NVLS_ENABLE": "0", "BEAM_
 # segment's environment does not count)
 SEEN_ENV = {**SITE_ENV, "BEAM_MODULE_RAN": "yes"}
 COMMENT = "beam-parity"
+# like Environment Modules / Lmod: LOADEDMODULES lists each module once, loading twice is a no-op
+MODULE_FUNCTION = ('module() { if [ "$1" = load ]; then export BEAM_MODULE_RAN=yes; case ":$LOADEDMODULES:" in '
+                   '*":$2:"*) ;; *) export LOADEDMODULES="${LOADEDMODULES:+$LOADEDMODULES:}$2";; esac; fi; }')
+SITE_LINES = {"setup": [MODULE_FUNCTION], "module_loads": [MODULE], "env": SITE_ENV,
+              "sbatch_extra": [f"--comment={COMMENT}"]}
 
 
 def parity_site(path: Path, env: dict[str, str] | None = None) -> Path:
-    """env/local.yaml plus a module function, a module load, environment (``SITE_ENV``, then
-    ``env``) and an extra #SBATCH line, written to ``path``."""
+    """env/local.yaml plus the site lines (``SITE_ENV``, then ``env``), written to ``path``."""
     text = (REPO / "env" / "local.yaml").read_text().replace("name: local", "name: parity")
-    text += (
-        "setup:\n"
-        # like Environment Modules / Lmod: LOADEDMODULES lists each module once, loading twice is a no-op
-        "  - 'module() { if [ \"$1\" = load ]; then export BEAM_MODULE_RAN=yes; case \":$LOADEDMODULES:\" in "
-        "*\":$2:\"*) ;; *) export LOADEDMODULES=\"${LOADEDMODULES:+$LOADEDMODULES:}$2\";; esac; fi; }'\n"
-        f"module_loads: [{MODULE}]\n"
-        f"env: {json.dumps({**SITE_ENV, **(env or {})})}\n"
-        f"sbatch_extra: [--comment={COMMENT}]\n"
-    )
-    path.write_text(text)
+    lines = {**SITE_LINES, "env": {**SITE_ENV, **(env or {})}}
+    path.write_text(text + yaml.safe_dump(lines))  # (spot_site edits the partitions line as written)
+    return path
+
+
+def laptop_parity_site(path: Path) -> Path:
+    """`execute`'s built-in laptop site (no GPUs, its own Ray ports) with the same lines."""
+    from beam_hpc.cli.execute import LAPTOP_SITE
+
+    path.write_text(yaml.safe_dump({**LAPTOP_SITE, "name": "parity-laptop", "python": sys.executable, **SITE_LINES}))
     return path
