@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 import run_watch
 from job_plans import HOST_SITE, make_test_plan
+from real_wandb import have_wandb
 from reference_harness import (
     SMALL,
     TinyAssets,
@@ -49,8 +50,9 @@ from run_watch import chain_finished, diagnostics, segments
 from run_watch import read_text as _read
 from slurm_cluster import spot_site
 
+from beam_hpc.backends.reference.metrics_log import EVAL_STEP, ROLLOUT_STEP
 from beam_hpc.plan.plan import Plan
-from beam_hpc.run import checkpoint_layout, metric_names
+from beam_hpc.run import checkpoint_layout, metric_names, tracking
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e, pytest.mark.slow]
 
@@ -206,8 +208,9 @@ def test_walltime_then_preemption_then_a_new_total_complete_the_run(slurm_cluste
     (The resubmitted segment's own command line, and the requeued one's: test_submission_launch_parity.py.)"""
     run = runs / "chain"
     site = spot_site(SITE, runs / "spot.yaml")
+    wandb = WANDB if have_wandb() else ()  # one W&B run across the chain, checked at the end
     plan, first = submit_run(run, tiny_assets, num_rollout=100_000, interval=3, walltime="00:10:00", lead_s=150,
-                             site=site)
+                             site=site, extra=wandb)
     wait_for("a first trained rollout", lambda: rollout_ids(run), run)
     slurm_cluster.end_soon(first)  # its walltime, now: inside the 150 s lead
     second = wait_for("the walltime resubmission",
@@ -225,7 +228,7 @@ def test_walltime_then_preemption_then_a_new_total_complete_the_run(slurm_cluste
     wait_for("the requeued job to pend", lambda: job_state(second) in ("PENDING", "RUNNING"), run, timeout=60)
     slurm_cluster.run("scontrol", "update", f"jobid={second}", "StartTime=now", check=False)
     wait_for("the requeued segment to start", lambda: len(segments(run)) > 2, run)
-    n, last = change_the_total(run, tiny_assets, more=5, interval=3, site=site)
+    n, last = change_the_total(run, tiny_assets, more=5, interval=3, site=site, extra=wandb)
     wait_for("the new segment to finish the run", lambda: finished_by(run, last), run)
     segs = segments(run)
     print(f"\nwalltime, preemption, a new total ({n} rollouts):\n{timeline(run)}\n{diagnostics(run)}")
@@ -252,6 +255,40 @@ def test_walltime_then_preemption_then_a_new_total_complete_the_run(slurm_cluste
     assert redone(counts) <= interval_after(preempted), f"re-done rollouts {counts}"
     assert wait_for("the queue to empty", lambda: nothing_queued(plan), run, timeout=60)
     assert not (run / "run.lock").exists() and not (run / "SAVE_NOW").exists()
+    if wandb:
+        assert_one_wandb_run(run, plan, n)
+
+
+# W&B offline beside TensorBoard (tracking.wandb): the walltime chain above runs with it when wandb is installed
+WANDB = ("tracking.wandb.project=beam-test", "tracking.wandb.mode=offline")
+
+
+def assert_one_wandb_run(run: Path, plan: Plan, n: int) -> None:
+    """Every segment of the chain (first, resubmitted, requeued, resumed with a new total) logged to
+    one W&B run, read back with wandb's own reader from the segments' offline transaction logs:
+    every rollout once and in order (a rollout re-done after a preemption keeps the values logged
+    first), each evaluation at its step, and every offline segment waiting for `beam-hpc sync`."""
+    assert plan.driver_env["WANDB_RESUME"] == "allow" and plan.driver_env["WANDB_MODE"] == "offline"
+    dirs = tracking.segment_dirs(run)  # one per driver that started (a segment cancelled in bring-up has none)
+    assert len(dirs) >= 3 and all(d.name.startswith("offline-run-") for d in dirs), [d.name for d in dirs]
+    rid = tracking.existing_run_id(run)
+    logs = [tracking.transaction_log(d) for d in dirs]
+    runs_seen = {r["run"]["run_id"] for log in logs for r in tracking.read_records(log) if r.get("type") == "run"}
+    assert runs_seen == {rid}
+    rows = [h for log in logs for h in tracking.history(log)]
+    steps = [h[ROLLOUT_STEP] for h in rows if metric_names.ROLLOUT_REWARD in h]
+    assert steps == list(range(n)), steps  # every rollout once, in order
+    tag = metric_names.eval_accuracy_tag(plan.recipe.data.eval_name)
+    assert [h[EVAL_STEP] for h in rows if tag in h] == list(range(0, n + 1, plan.recipe.eval.interval))
+    # the values are TensorBoard's (metrics.jsonl): a re-done rollout keeps what was logged first
+    first_logged: dict[int, float] = {}
+    for line in (run / "dumps" / metric_names.METRICS_FILE).read_text().splitlines():
+        m = json.loads(line)
+        if m["kind"] == "rollout":
+            first_logged.setdefault(m["rollout_id"], m[metric_names.ROLLOUT_REWARD])
+    assert {h[ROLLOUT_STEP]: h[metric_names.ROLLOUT_REWARD] for h in rows if metric_names.ROLLOUT_REWARD in h} == \
+        pytest.approx(first_logged)
+    assert tracking.summary(run)["unsynced"] == [d.name for d in dirs]  # for `beam-hpc sync` (tests/run/test_tracking.py)
 
 
 def interval_after(seg: dict) -> int:
