@@ -1,33 +1,18 @@
 """The job inside the allocation: node steps up, readiness, the driver, teardown.
 
-``python -m beam_hpc.job.runner --plan RUN_DIR/plan.json`` runs in the batch script, on the first node of
-het group 0 (which is also where the Ray head runs). It
-
-1. writes the segment's runtime.json (head address, GCS port, token path, shared-FS nonce) and a
-   fresh per-job Ray token (0600) on the run directory;
-2. starts one node step per group (``srun --het-group=i --ntasks-per-node=1``, in the
-   background, one process per group), each of which brings up Ray on its nodes
-   (:mod:`beam_hpc.node.step`);
-3. waits for readiness by polling Ray (:mod:`beam_hpc.job.readiness`) until every node and GPU of
-   every group has joined, within a deadline, while failing fast if any node step exits;
-4. runs the driver (``plan.driver_argv`` with its placeholders filled) with the job's Ray
-   environment, still failing fast on a dead node step;
-5. tears down: driver, then node steps (SIGTERM through Slurm, then kill), then stragglers of
-   this job on this host by PID, the Ray temp dirs and the token. Never ``ray stop`` or
-   ``pkill``: other jobs may share the nodes.
-
-Where the site already runs a Ray cluster (site ``ray_address`` + ``ray_token_file``, or
-``--ray-address``), step 1 takes that cluster's address and token instead, step 2 starts nothing,
-readiness checks that cluster (every group's nodes and GPUs present, more is fine), and teardown
-stops only this job's own processes: the cluster and its token file stay as they were.
-
-How node steps are started is a strategy (:mod:`beam_hpc.job.launchers`: ``SrunLauncher`` inside
-Slurm, ``LocalLauncher`` for ``beam-hpc execute`` with no Slurm at all: subprocesses on this machine
-with loopback addresses); where the job runs is :mod:`beam_hpc.job.context`; everything else is the
-same code, here. The smoke driver's command is :func:`beam_hpc.job.smoke.smoke_driver_argv`. Lifecycle code (ledger, lock, walltime, requeue)
-wraps :class:`JobRunner`: ``start()``, ``run_driver(on_tick=...)``, ``request_stop(reason)``,
-``stop()``, or :func:`run_job`, which returns a :class:`JobOutcome` and never raises for job
-failures.
+:class:`JobRunner`, run in-process by the segment (:mod:`beam_hpc.job.segment`) on the first node
+of het group 0, where the Ray head runs: it writes the segment's runtime.json and a fresh Ray token (0600),
+starts one node step per group (:mod:`beam_hpc.node.step`, through a launcher of
+:mod:`beam_hpc.job.launchers`: ``srun --het-group=i`` inside Slurm, local processes on loopback
+addresses for ``beam-hpc execute``), waits for readiness (:mod:`beam_hpc.job.readiness`), runs the
+driver with the job's Ray environment, failing fast on a dead node step throughout, and tears down:
+driver, readiness, node steps (SIGTERM through Slurm, then kill), this job's stragglers on this host
+by PID, the Ray temp dirs and the token; never ``ray stop`` or ``pkill``: other jobs may share the
+nodes. Where the site runs its own Ray cluster (site ``ray_address`` + ``ray_token_file``), no node
+step starts and teardown leaves that cluster and its token as they were. Lifecycle code (ledger,
+lock, walltime, requeue) wraps it; :func:`run_job` returns a :class:`JobOutcome` and never raises
+for job failures. :func:`run_plan` (``python -m beam_hpc.job.runner``) runs a job with no lifecycle
+around it, as ``--smoke`` does.
 """
 
 from __future__ import annotations

@@ -7,13 +7,12 @@ else notices. So the segment watches the one sign of progress every backend give
 (:func:`beam_hpc.run.scalars.read_scalars`). The timeouts (:func:`timeouts`) follow the run: by
 default :data:`FACTOR` x (the slowest measured step + the last save), at least :data:`FLOOR_S`, so
 a slow step or a save never looks like a hang; a segment's first rollout, which also loads the model,
-gets :data:`STARTUP_EXTRA_S` more. The probe (:class:`ProgressProbe`) re-reads the scalars only when
-their files changed, at most every :data:`PROBE_EVERY_S`. Miles flushes TensorBoard only about every
-120 s, so a timeout under ~150 s can fire on a healthy Miles run.
+gets :data:`STARTUP_EXTRA_S` more. Miles flushes TensorBoard only about every 120 s, so a timeout
+under ~150 s can fire on a healthy Miles run.
 
 The segment asks :meth:`StallWatch.check` on each tick (:mod:`beam_hpc.lifecycle.stopping`); on a
-stall, :func:`dump_and_stop` dumps the stacks and stops the job, and the :class:`CaughtStall` it
-returns is what the ledger's end line says (``stalled``, then :mod:`beam_hpc.lifecycle.decide`).
+stall, :func:`dump_and_stop` records the stack dumps in its :class:`CaughtStall` and stops the job;
+that record is what the ledger's end line says (``stalled``, then :mod:`beam_hpc.lifecycle.decide`).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ log = logging.getLogger(__name__)
 FACTOR = 4  # x (slowest step + last save)
 FLOOR_S = 1200  # 20 minutes: no computed timeout is shorter
 STARTUP_EXTRA_S = 1800  # the first rollout of a segment: + model loading and engine start-up
-PROBE_EVERY_S = 5.0
+PROBE_EVERY_S = 5.0  # the probe re-reads the scalars at most this often, and only when their files changed
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,18 @@
 """Noticing that a segment must stop: the walltime lead, preemption, requeue, cancel, time limit.
 
-Why each piece exists (Slurm behaviour measured on a real cluster):
+Why each piece exists (Slurm's behaviour, measured on a real cluster):
 
 - The walltime warning (``--signal=B:USR1@lead``) may come up to 30 s early or late, so the
   watchdog also keeps its own deadline: the job's EndTime (``scontrol show job``) minus the lead.
   Whichever comes first starts the final save (:mod:`beam_hpc.lifecycle.save`).
 - With ``preempt_send_user_signal`` and a partition GraceTime, preemption arrives as the *same*
-  USR1; ``scontrol show job`` tells the two apart (``PreemptTime`` is set, and EndTime has moved
-  to now + GraceTime). A job that ends by itself during its grace time is COMPLETED, not
-  requeued, so after a graceful save the segment requeues itself
-  (:func:`beam_hpc.lifecycle.actions.requeue_self`).
+  USR1; ``PreemptTime`` set and EndTime moved to now + GraceTime tell the two apart. A job that
+  ends by itself during its grace time is COMPLETED, not requeued, so after a graceful save the
+  segment requeues itself (:func:`beam_hpc.lifecycle.actions.requeue_self`).
 - SIGTERM comes from ``scontrol requeue`` / preemption without grace (Slurm already counts the
-  restart), from ``scancel``, or from the time limit; KillWait (seconds) is all that is left, so
-  the segment only writes its ledger line, and relies on the last complete checkpoint.
-
-Slurm is asked through :mod:`beam_hpc.slurm.client` (``query=`` is the seam tests replace).
+  restart), ``scancel`` or the time limit; only KillWait seconds are left, so the segment writes
+  its ledger line and relies on the last complete checkpoint. Slurm is asked through
+  :mod:`beam_hpc.slurm.client` (``query=`` is the seam tests replace).
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
 """The image: build it from apptainer.def, stage it onto node-local disk, verify its stack.
 
 - ``build``: ``apptainer build`` with the Miles tag as a build argument, its cache and temp dirs on
-  local disk (Apptainer defaults them to $HOME and /tmp; a home directory on a network filesystem
-  makes a multi-GB build crawl or fail), and a ``.sha256`` file beside the image. For pyxis sites
-  (``--runtime enroot``) the same def file is the recipe: ``enroot import`` of its ``From:`` image,
-  then its ``%files``, ``%post`` and ``%environment`` applied in a writable enroot container, then
-  ``enroot export`` to the squashfs that ``container.image`` names.
+  local disk, and a ``.sha256`` file beside the image. For pyxis sites (``--runtime enroot``) the
+  same def file is the recipe, applied with enroot (:func:`enroot_build_commands`).
 - ``stage``: copy the image once per node to node-local disk, checking the sha256 while copying, so
-  hundreds of ranks do not read one SIF from Lustre/GPFS at once; a copy that is already there and
-  valid is reused, older staged versions are removed. Concurrent stagers on one node serialise on a
-  lock file.
+  hundreds of ranks do not read one SIF from Lustre/GPFS at once; a valid copy already there is
+  reused, older staged versions are removed, concurrent stagers on one node take turns on a lock.
 - ``verify``: import and version-check the stack the recipe needs; the image's ``%test`` runs it.
 
 Neither Apptainer nor enroot can be installed where this project is tested: ``build`` is tested up
 to the command lines it runs and the clear error when the binary is missing
-(tests/node/test_apptainer_def.py, tests/node/test_pyxis.py).
+(tests/node/test_apptainer_def.py, tests/node/test_image_enroot.py).
 """
 
 from __future__ import annotations
@@ -86,7 +82,9 @@ def build_command(def_file: str | Path, output: str | Path, *, apptainer: str = 
 
 
 def build_env(base: Mapping[str, str], local_dir: str | Path) -> dict[str, str]:
-    """Cache and temp dirs on local disk, unless the user chose them already."""
+    """Cache and temp dirs on local disk, unless the user chose them already: Apptainer defaults
+    them to $HOME and /tmp, and a home directory on a network filesystem makes a multi-GB build
+    crawl or fail."""
     env = dict(base)
     for var, sub in (("APPTAINER_CACHEDIR", "cache"), ("APPTAINER_TMPDIR", "tmp")):
         if not env.get(var):

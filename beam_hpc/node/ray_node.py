@@ -1,23 +1,15 @@
 """One Ray node of the job: its `ray start` command line, environment, ports, address and temp dir.
 
-Why each choice (facts: shared/reference/anchors-report.md section 2, local-slurm-cluster.md
-sections 7 and 11):
+Why each choice:
 
-- Ports are pinned per job, in bands: port = base + kind * span + slot, slot = job number modulo
-  span. Two jobs on shared nodes never collide (Ray's own defaults, e.g. the client server on 10001
-  and the dashboard agent on 52365, would), and every port stays below the kernel's ephemeral
-  range for the shipped sites. Ray binds most of them on all interfaces, so Ray nodes of one job
-  that share a host (the loopback simulation) also get a per-node slot.
-- Temp dir: one per job and node, short (Ray's AF_UNIX sockets live under it; the path limit is
-  107 bytes), on node-local /tmp, which Apptainer binds by default.
-- Token authentication (Ray >= 2.52): one random token per job in a 0600 file inside a 0700
-  directory on the run directory, and ``RAY_AUTH_MODE=token`` set explicitly in every process, so
-  a stray ``~/.ray/auth_token`` or a changed Ray default cannot make processes of one job disagree.
-- PMI/PMIx/MPI/Slurm step variables are cleared for Ray and everything it spawns: they describe the
-  srun task, not Ray's workers, and libraries that read them (MPI, Lightning, torch.distributed)
-  would otherwise think they are rank N of a Slurm step.
-- Loopback addresses: 127.0.0.1 is rewritten by Ray to the machine's routable address, so
-  simulated nodes use 127.0.0.(10 + global node index).
+- Ports are pinned per job, in bands (:mod:`beam_hpc.plan.ports`), so that two jobs on shared
+  nodes never collide, as Ray's fixed defaults (client server 10001, dashboard agent 52365) would.
+- Temp dir: one per job and node, short (Ray's AF_UNIX sockets live under it), on node-local /tmp.
+- Token authentication: one random token per job (0600, in a 0700 directory on the run
+  directory), ``RAY_AUTH_MODE=token`` set explicitly in every process, so that a stray
+  ``~/.ray/auth_token`` or a changed Ray default cannot make processes of one job disagree.
+- The srun task's PMI/MPI/Slurm variables are cleared for Ray and all it spawns.
+- Simulated nodes on one host use 127.0.0.(10 + index): Ray rewrites 127.0.0.1.
 
 This module imports no Ray code: it only builds command lines and checks the node.
 """
@@ -50,14 +42,16 @@ LOOPBACK_MAX_NODES = 16  # Ray nodes of one job sharing a host; also the per-job
 SOCKET_PATH_MAX = 107  # AF_UNIX sun_path limit (108 bytes with the NUL)
 # The longest socket path Ray creates below its temp dir (session dir name with a 7-digit pid).
 RAY_SOCKET_SUFFIX = "/session_2026-12-02_16-53-50_123456_1234567/sockets/plasma_store"
-TEMP_ROOT = "/tmp"
+TEMP_ROOT = "/tmp"  # node-local, and bound into the container by Apptainer by default
 RAYLET_START_WAIT_S = 180
 MIN_OBJECT_STORE_BYTES = 78_643_200  # Ray refuses less than 75 MiB
 GB = 10**9
 
 JOB_TAG_VAR = "BEAM_RAY_JOB"  # marks every process of a job's Ray cluster (stragglers by PID)
 NODE_TAG_VAR = "BEAM_RAY_NODE"
-# Variables of the srun task and of MPI launchers that must not leak into Ray's workers.
+# Variables of the srun task and of MPI launchers that must not leak into Ray's workers: they describe
+# the srun task, and libraries that read them (MPI, Lightning, torch.distributed) would otherwise take
+# a Ray worker for rank N of a Slurm step.
 CLEARED_PREFIXES = ("SLURM_", "SLURMD_", "PMI_", "PMIX_", "OMPI_", "MPI_", "I_MPI_", "HYDRA_", "MV2_")
 CLEARED_NAMES = frozenset({"PMI_RANK", "PMI_SIZE", "RAY_ADDRESS", "RAY_AUTH_TOKEN"})
 
@@ -84,7 +78,8 @@ def ray_ports(spec: RayPortSpec, job_num: int, host_slot: int = 0, host_stride: 
     """Ports of one Ray node: ``base + kind * span + (job_num * host_stride + host_slot) % span``.
 
     ``host_stride`` is 1 on a real cluster (one Ray node of a job per host) and
-    LOOPBACK_MAX_NODES when several simulated nodes share a host (``host_slot`` = node index).
+    LOOPBACK_MAX_NODES when several simulated nodes share a host (``host_slot`` = node index):
+    Ray binds most ports on all interfaces, so nodes sharing a host need slots of their own.
     The GCS and client-server ports are the head's (slot 0).
     """
     span, base = spec.port_span, spec.gcs_port_base
@@ -295,7 +290,8 @@ def clean_env(base: Mapping[str, str]) -> dict[str, str]:
 
 def ray_env(*, token_path: str, job_tag: str, node_index: int | None = None) -> dict[str, str]:
     """The variables every process of the job's Ray cluster gets (Ray nodes, the readiness
-    poller, the driver): token auth set explicitly, usage stats off, fast shutdown, the job tag."""
+    poller, the driver): token auth (Ray >= 2.52) set explicitly, usage stats off, fast shutdown,
+    the job tag."""
     env = {
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": token_path,

@@ -2,21 +2,11 @@
 
 Why: a hung segment is only worth stopping if the next one can avoid the hang, and what a hung
 process was doing is only visible while it still hangs. So before the segment stops a stalled
-driver (beam_hpc.lifecycle.stall), every Python process of the job writes its threads' stacks to
-``logs/<job>-<restart>/stacks/<host>-<pid>.txt``:
-
-- with ``py-spy dump --pid`` where the image has ``py-spy`` on PATH (it reads any Python process,
-  beam-hpc's or Ray's, and needs nothing from it);
-- otherwise through :mod:`faulthandler`: the processes that may hang (the reference backend's driver
-  and actors, the node steps) call :func:`register` at start, which dumps all threads on
-  :data:`DUMP_SIGNAL` into that file. It runs in C inside the signal handler, so it answers even
-  when the Python code is stuck in a lock, a sleep or a collective. SIGWINCH, because its default
-  action is to ignore it: a process that did not register is left as it was (it is signalled only
-  when ``/proc/<pid>/status`` shows the signal caught, anyway).
-
-A dump that is not done within :data:`DUMP_TIMEOUT_S` is skipped and its record says why (with the
-process's state: ``T`` stopped, ``D`` stuck in the kernel, e.g. on a dead filesystem). Dumps run in
-parallel, so a node with many hung processes still answers within about that time.
+driver (:mod:`beam_hpc.lifecycle.stall`), every Python process of the job writes its threads'
+stacks to ``logs/<job>-<restart>/stacks/<host>-<pid>.txt``: with ``py-spy dump --pid`` where the
+image has ``py-spy`` (it reads any Python process and needs nothing from it), otherwise through
+:mod:`faulthandler` in the processes that :func:`register`\ ed. Dumps run in parallel, each
+within :data:`DUMP_TIMEOUT_S`, so a node with many hung processes still answers in about that time.
 
 The batch host dumps the driver's own process tree (:func:`process_tree`); each node step dumps
 its node's Ray processes (found by the job's tag, :func:`beam_hpc.node.ray_node.tagged_pids`) when
@@ -42,7 +32,11 @@ from typing import IO, Any
 from beam_hpc.node import procs
 from beam_hpc.plan.paths import SegmentPaths
 
+# SIGWINCH, because its default action is to ignore it: a process that did not register is left as it
+# was (and it is signalled only when /proc/<pid>/status shows the signal caught, anyway).
 DUMP_SIGNAL = signal.SIGWINCH
+# A dump not done by then is skipped and its record says why, with the process's state (``T``
+# stopped, ``D`` stuck in the kernel, e.g. on a dead filesystem).
 DUMP_TIMEOUT_S = 5.0
 SEGMENT_DIR_VAR = "BEAM_SEGMENT_DIR"  # the segment directory: the driver and every Ray worker get it
 _SETTLE_S = 0.2  # a faulthandler dump is written in a burst; done once the file stops growing this long
@@ -56,7 +50,11 @@ def host_name() -> str:
 def register(segment_dir: str | None = None) -> Path | None:
     """Make this process dump all its threads' stacks on :data:`DUMP_SIGNAL`, into its file in the
     segment's ``stacks/`` (``segment_dir``, default ``$BEAM_SEGMENT_DIR``; nothing when neither is
-    set, e.g. a backend run by hand). Returns the file."""
+    set, e.g. a backend run by hand). Returns the file.
+
+    The processes that may hang (the reference backend's driver and actors, the node steps) call it
+    at start. faulthandler's dump runs in C inside the signal handler, so it answers even when the
+    Python code is stuck in a lock, a sleep or a collective."""
     root = segment_dir or os.environ.get(SEGMENT_DIR_VAR)
     if not root:
         return None

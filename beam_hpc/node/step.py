@@ -3,22 +3,16 @@
 
 In order, so that a bad node fails before Ray starts and is named in the job's error:
 
-1. shared-filesystem canary: read the segment's runtime.json that the batch host wrote and
-   compare its nonce with the one on this command line, then write this node's report beside it
-   (the job reads the reports back, so both directions are checked);
-2. NVMe staging on groups that stage it (:mod:`beam_hpc.node.nvme`), the JIT compilers' caches
-   on node-local scratch, seeded from the group's archive and saved back on exit
-   (:mod:`beam_hpc.node.jit_cache`), and the image copied to node-local disk when the site asks
-   for that (:mod:`beam_hpc.node.image`);
-3. the Ray node (:mod:`beam_hpc.node.ray_node`), inside the container (:mod:`beam_hpc.node.container`),
-   ``ray start --block`` in the foreground; workers first wait for the head's GCS port to answer.
+1. shared-filesystem canary: the nonce in the runtime.json the batch host wrote must match this
+   command line's; this node's report goes beside it (the job reads it back: both directions);
+2. node-local staging: NVMe (:mod:`beam_hpc.node.nvme`), the JIT caches
+   (:mod:`beam_hpc.node.jit_cache`), the image when the site asks (:mod:`beam_hpc.node.image`);
+3. the Ray node (:mod:`beam_hpc.node.ray_node`), inside the container, ``ray start --block`` in the
+   foreground; workers first wait for the head's GCS port to answer.
 
-It stays in the foreground until SIGTERM/SIGINT (the job's teardown, ``scancel``, the time
-limit) or until Ray exits on its own (a failure). Every exit path stops Ray, kills this node's
-stragglers by PID, and removes the Ray temp dir and the NVMe dir. SIGUSR1/SIGUSR2 are logged
-and ignored: a site's ``--signal=USR1@...`` or submitit's ``USR2`` are for the job, not for Ray.
-If the node step itself is SIGKILLed, `ray start` gets SIGTERM from the kernel (parent-death
-signal), and the next segment's staging purges what was left on disk.
+It stays in the foreground until it is told to stop (:meth:`NodeStep.install_signal_handlers`) or
+Ray exits on its own (a failure). Every exit path stops Ray, kills this node's stragglers by PID,
+and removes the Ray temp dir and the NVMe dir.
 """
 
 from __future__ import annotations
@@ -132,6 +126,11 @@ class NodeStep:
                  signal.Signals(signum).name)
 
     def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT (the job's teardown, ``scancel``, the time limit) stop the node step.
+        SIGUSR1/SIGUSR2/SIGHUP are logged and ignored: a site's ``--signal=USR1@...`` or
+        submitit's ``USR2`` are for the job, not for Ray. If the node step itself is SIGKILLed,
+        `ray start` gets SIGTERM from the kernel (parent-death signal), and the next segment's
+        staging purges what was left on disk."""
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, self._on_stop)
         for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):

@@ -2,24 +2,13 @@
 
 Why: the run directory is the interface between the login node (submit, status, logs, cancel), the
 batch shell (segment), the node steps and the driver, which run as different processes on different
-hosts and beam-hpc versions may differ between segments of one run. A file name spelled in two
-modules drifts; here each is a property, and everything else asks for it.
+hosts, and beam-hpc versions may differ between segments of one run. A file name spelled in two
+modules drifts; here each is a property, and everything else asks for it. docs/architecture.md
+("The run directory") lists every file, what it holds and which module writes it.
 
-    <run>/                                RunPaths
-        plan.json  ledger.jsonl  job.sbatch  smoke.json  run.lock  SAVE_NOW  CANCELLED
-        placement.json                    which node and group each bundle / actor got
-        checkpoints/  (run_identity.json: what the checkpoints were made with)
-        dumps/  tensorboard/  plots/
-        convert/                          `prepare --convert`'s job (HF -> torch_dist)
-        logs/slurm-<jobid>.out            the batch log (Slurm's --output)
-        logs/submitit/<jobid>/            submitit's own files of a job it submitted
-        .ray-auth/<jobid>-<restart>/      the segment's Ray token (0600), removed at teardown
-        logs/<jobid>-<restart>/           SegmentPaths: one per segment
-            segment.log  driver.log  driver.json  ready.json  readiness.log  outcome.json  runtime.json
-            node-<group>-<i>.log  srun-<group>.log  nodes/<group>-<i>.json  ray-logs/<group>-<i>/
-            stacks/  <host>-<pid>.txt (a process's stack dump), request.json (the segment asks the
-                     node steps to dump), <group>-<i>.json (a node step's answer), index.json (all of it)
-            test-hang.json                (tests only: the driver hung here on purpose)
+    <run>/                           RunPaths: plan.json, ledger.jsonl, job.sbatch, checkpoints/, ...
+        logs/<jobid>-<restart>/      SegmentPaths: one per segment (segment.log, driver.log,
+                                     runtime.json, nodes/, ray-logs/, stacks/, ...)
 
 Pure names: no I/O, no imports beyond the standard library.
 """
@@ -136,7 +125,7 @@ class SegmentPaths:
 
 @dataclass(frozen=True)
 class RunPaths:
-    """The run directory layout (DESIGN.md vocabulary)."""
+    """The run directory's own files and directories (the words of docs/architecture.md's glossary)."""
 
     root: str
 

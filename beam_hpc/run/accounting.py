@@ -5,28 +5,11 @@ on shared storage, so `beam-hpc status` can account for a run from any login nod
 kind of failure, with no scheduler database. A GPU-hour is the run's GPUs (all groups; a run's
 topology never changes, see beam_hpc.run.identity) held for one hour of a segment's wall time.
 
-Where the time of a segment goes (ledger end line fields in brackets):
-
-- bring-up and restart: from the segment's start line until Ray was ready [``ready_s``];
-- rollouts re-done: rollouts trained after the last checkpoint, which the next segment trains
-  again [``rollouts_run`` minus the checkpointed progress, times ``timings.rollout_s``];
-- walltime tail after the last save: from the last checkpoint to the end of a segment that Slurm
-  stopped (walltime, preemption, cancel), less the re-done rollouts already counted [``last_save_at``];
-- checkpoint found damaged: rollouts trained again, and kept, because the newest checkpoint
-  failed its manifest when a segment started, which then resumed from an older one [the start
-  line's ``damaged_checkpoints``, times ``timings.rollout_s``];
-- failed segments: all of a segment that ended in an error or a node failure without saving any
-  progress, and of one killed so hard that it wrote no end line and the next segment found no new
-  checkpoint;
-- stalls: of a segment that stalled (no rollout finished within the stall timeout,
-  beam_hpc.lifecycle.stall), the time from its last progress until it ended (the timeout, the stack
-  dumps, the teardown) [``stall.since``], or all of it when it kept no new checkpoint; the rollouts
-  it trained after its last checkpoint count as re-done, as for any segment;
-- useful: the rest (training that was kept, saves, the driver's own start-up; for a running
-  segment, nothing yet: its time is held, not yet judged).
-
-A ledger line that lacks a field (written by an older beam-hpc) loses nothing to that cause: the
-result says it is partial instead of guessing.
+A segment's time is split between the lost causes of :data:`CAUSES` (each explained at its
+constant, with the ledger fields it is computed from) and useful time: the rest (training that
+was kept, saves, the driver's own start-up; for a running segment, nothing yet: its time is held,
+not yet judged). A ledger line that lacks a field (written by an older beam-hpc) loses nothing to
+that cause: the result says it is partial instead of guessing.
 """
 
 from __future__ import annotations
@@ -37,11 +20,24 @@ from typing import Any
 
 from beam_hpc.run.ledger import Reason
 
+# From the segment's start line until Ray was ready [end line: ``ready_s``].
 BRINGUP = "bring-up and restart"
+# Rollouts trained after the last checkpoint, which the next segment trains again [``rollouts_run``
+# minus the checkpointed progress, times ``timings.rollout_s``].
 REDONE = "rollouts re-done"
+# From the last checkpoint to the end of a segment that Slurm stopped (walltime, preemption, cancel),
+# less the re-done rollouts already counted [``last_save_at``].
 TAIL = "walltime tail after the last save"
+# Rollouts trained again, and kept, because the newest checkpoint failed its manifest when a segment
+# started, which then resumed from an older one [the start line's ``damaged_checkpoints``, times
+# ``timings.rollout_s``].
 DAMAGED = "checkpoint found damaged"
+# All of a segment that ended in an error or a node failure without saving any progress, and of one
+# killed so hard that it wrote no end line and the next segment found no new checkpoint.
 FAILED = "failed segments"
+# Of a segment that stalled (beam_hpc.lifecycle.stall), the time from its last progress until it
+# ended (the timeout, the stack dumps, the teardown) [``stall.since``], or all of it when it kept no
+# new checkpoint; the rollouts it trained after its last checkpoint count as re-done.
 STALLED = "stalls"
 CAUSES = (BRINGUP, REDONE, TAIL, DAMAGED, FAILED, STALLED)
 _STOPPED_BY_SLURM = (Reason.WALLTIME, Reason.PREEMPTED, Reason.CANCELLED)

@@ -3,19 +3,13 @@
 The job is the same one the rendered sbatch script describes (same components, walltime signal,
 requeue, name), but submitit owns the batch script: it runs one task, on the first node of the
 trainer group, which runs beam_hpc.job.segment exactly as the sbatch path does; the segment then
-starts the node steps of every group with ``srun --het-group=i --overlap``.
+starts the node steps of every group with ``srun --het-group=i --overlap``. The Job handle
+follows the first segment (``job.task(0).result()`` is the segment's exit status; submitit counts
+one task per node, of which only task 0 runs); later segments are in the ledger.
 
-Signals: the walltime warning goes to that task (``--signal=USR1@<lead>``, no ``B:`` because the
-Python runs in the srun step, not in the batch shell), replacing submitit's own USR2 checkpoint
-signal, so that beam-hpc's lifecycle, not submitit's, decides between resubmit and requeue.
-The Job handle follows the first segment (``job.task(0).result()`` is the segment's exit status;
-submitit counts one task per node, of which only task 0 runs); later segments are in the ledger.
-
-The site reaches this job as it reaches the rendered script, through submitit's own parameters
-rather than by editing its text: :func:`beam_hpc.slurm.script.site_lines` (environment, setup,
-module loads) as ``setup``, the site's ``sbatch_extra`` as ``additional_parameters`` of every
-component, and the site's ``python`` runs submitit's task. :func:`submission_text` is the exact
-script the executor submits (``--dry-run`` prints it; tests/submission/golden/ holds the seed recipes').
+The site reaches this job through submitit's own parameters rather than by editing its text
+(:func:`executor_parameters`). :func:`submission_text` is the exact script the executor submits
+(``--dry-run`` prints it; tests/submission/golden/ holds the seed recipes').
 """
 
 from __future__ import annotations
@@ -47,7 +41,15 @@ def _component_parameters(c: Component, extra_site: dict[str, Any]) -> dict[str,
 
 
 def executor_parameters(request: SubmitRequest) -> dict[str, Any]:
-    """submitit parameters (prefix-free) for the same job the rendered sbatch script describes."""
+    """submitit parameters (prefix-free) for the same job the rendered sbatch script describes.
+
+    The walltime warning goes to the task (``--signal=USR1@<lead>``, no ``B:``: the Python runs in
+    the srun step, not in the batch shell), replacing submitit's own USR2 checkpoint signal, so
+    that beam-hpc's lifecycle, not submitit's, decides between resubmit and requeue. The site's
+    shell lines (:func:`beam_hpc.slurm.script.site_lines`: environment, setup, module loads) are
+    submitit's ``setup``, its ``sbatch_extra`` the ``additional_parameters`` of every component,
+    and its ``python`` runs submitit's task (:func:`make_executor`).
+    """
     plan = request.plan
     site_extra = extra_parameters(plan.site)
     first, *rest = [_component_parameters(component(plan, g), site_extra) for g in plan.groups]

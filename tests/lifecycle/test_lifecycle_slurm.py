@@ -1,18 +1,16 @@
 """The lifecycle end to end: the real local Slurm cluster, the real reference backend, the tiny recipe.
 
-Every run here is submitted the way a user does it (``beam_hpc.submission.submit.submit(via="sbatch")``: plan,
-rendered script, login-node checks, sbatch), and everything after that is the product's own doing:
-the batch script execs ``beam_hpc.job.segment``, which takes the run lock, writes the ledger, brings Ray
-up through ``beam_hpc.job.runner``, runs the backend, and resubmits or requeues itself. The tests only
+Every run here is submitted as a user does it (``submit(via="sbatch")``: plan, script, login-node
+checks, sbatch); all after that is the product's own doing: the segment takes the run lock, writes
+the ledger, brings Ray up, runs the backend, and resubmits or requeues itself. The tests only
 wait, interfere the way Slurm or a user would (a preempting job, ``scontrol requeue``, SIGKILL,
 a second submission, ``beam-hpc cancel``) and read the run directory.
 
 The walltime-and-preemption chain does not wait out a limit: once the first segment trains, the
 test lowers its time limit (``scontrol update``, LocalSlurmCluster.end_soon) to end 45-105 s later, inside the
-recipe's 150 s lead, so Slurm's USR1 comes at its next time check (30 s granularity in slurmctld,
-local-slurm-cluster.md 4 and 9) and the job's own deadline has passed. (A fixed short limit was
-either slow, or, at load 20 on 2 cores, over before the first rollout: a bring-up of 45 s and a
-driver start of over a minute left nothing to save, which ends the chain as "no progress".)
+recipe's 150 s lead, so Slurm's USR1 comes at its next time check (slurmctld checks time limits
+every 30 s) and the job's own deadline has passed. (A fixed short limit is either slow or, under
+load, over before the first rollout.)
 
 That chain runs in the cluster's ``spot`` partition (no other test's jobs on its nodes): its
 ``urgent`` job preempts that chain's segment and nothing else, also under pytest-xdist.

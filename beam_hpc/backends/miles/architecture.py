@@ -4,35 +4,14 @@ Why: Megatron builds the network only from flags (``--num-layers``, ``--hidden-s
 Miles compares them with the HF ``config.json`` (``hf_validate_args``) only once the job holds its
 nodes and Ray is up; a recipe without them, or with the wrong ones, fails there, after the queue
 wait. Here the flags are settled, and compared with ``config.json`` field by field, before anything
-is written or allocated (``render``, ``submit``, ``doctor`` all build the Plan through
-``args.miles_args``, which calls :func:`resolve`).
+is written or allocated: every plan (``backends.registry.plan_for``: ``render``, ``submit``,
+``doctor``) builds the Miles command through ``args.build_driver``, which calls :func:`resolve`.
 
-Three sources, in this order:
-
-1. ``model.miles_model_args``: flags written in the recipe;
-2. ``model.miles_model_script``: a Miles ``scripts/models/<name>.py`` (Miles main: its
-   ``model_args()`` called through Miles's own ``load_model_args``) or ``<name>.sh`` (older Miles:
-   its ``MODEL_ARGS=( ... )`` array read without bash), with ``model.miles_model_script_vars``
-   (environment overrides such as ``MODEL_ARGS_NUM_LAYERS`` for the Python form, variables for
-   the bash form); both forms live in ``backends.miles.model_script``. A script that cannot be
-   read here (it lives in the image's Miles checkout, which a login node does not see), or a
-   Python script whose Miles loader is not reachable here, is *deferred*: the driver gets
-   ``--model-script PATH`` and reads it inside the container, with the image's Python
-   (:func:`expand_deferred`), and the in-job preflight (``backends.miles.preflight``) checks the
-   result before Ray starts and logs which form it found;
-3. derived from the model's HF ``config.json`` (``model.hf_config``, else ``<model.path>/config.json``)
-   for the families that map cleanly onto Megatron: Qwen2 and Qwen3 dense, Qwen3 MoE, DeepSeek-V3
-   and GLM-4.5 MoE (:func:`derive_args`; the flag sets follow Miles's and slime's own
-   ``scripts/models/*.sh`` for those families, read for facts).
-
-Whichever source, when ``config.json`` is readable the flags are compared with it
-(:func:`compare_with_config`): hidden size, attention heads, KV groups, head size, layers, FFN size,
-MoE FFN size, shared-expert size, experts, top-k, vocabulary, and the three Miles's
-``hf_validate_args`` also checks (RoPE base, RMSNorm epsilon, tied embeddings). A mismatch names
-the config field, both values and the fix.
-
-No Miles, Megatron or torch import in this process: a Python model script runs in a child
-process (``model_script.run_python_script``).
+The sources, in order (:func:`resolve`): the recipe's ``model.miles_model_args``, a Miles model
+script (``model.miles_model_script``, read through :mod:`beam_hpc.backends.miles.model_script`, or
+*deferred* into the job when it cannot be read here), or flags derived from ``config.json``
+(:func:`derive_args`). No Miles, Megatron or torch import in this process: a Python model script
+runs in a child process (``model_script.run_python_script``).
 """
 
 from __future__ import annotations
@@ -87,7 +66,12 @@ def _layer_freq(layers: int, dense_first: int) -> str:
 
 
 def derive_args(config: dict[str, Any], *, where: str = "config.json") -> list[str]:
-    """Megatron architecture flags for a supported HF ``config.json``; raises InputError otherwise."""
+    """Megatron architecture flags for a supported HF ``config.json``; raises InputError otherwise.
+
+    Only for the families that map cleanly onto Megatron (:data:`FAMILIES`: Qwen2 and Qwen3 dense,
+    Qwen3 MoE, DeepSeek-V3, GLM-4.5 MoE); the flag sets follow Miles's and slime's own
+    ``scripts/models/*.sh`` for those families, read for facts.
+    """
     c = config.get("text_config", config)
     kind = c.get("model_type", "")
     if kind not in FAMILIES:
@@ -207,7 +191,11 @@ def flag_values(args: list[str] | tuple[str, ...]) -> dict[str, str | None]:
 def compare_with_config(args: list[str] | tuple[str, ...], config: dict[str, Any], *, source: str,
                         config_path: str) -> None:
     """Refuse flags that describe another model than ``config.json``, as Miles's ``hf_validate_args``
-    would after start-up; the message names the field, both values and the fix."""
+    would after start-up; the message names the field, both values and the fix.
+
+    Compared: hidden size, attention heads, KV groups, head size, layers, FFN size, MoE FFN size,
+    shared-expert size, experts, top-k, vocabulary, and the three that ``hf_validate_args`` also
+    checks (RoPE base, RMSNorm epsilon, tied embeddings)."""
     c = config.get("text_config", config)
     f = flag_values(args)
     mla = "--multi-latent-attention" in f
@@ -298,7 +286,26 @@ def read_config(model: ModelSpec) -> tuple[dict[str, Any] | None, str]:
 
 
 def resolve(model: ModelSpec) -> Architecture:
-    """The architecture flags for a Miles recipe, checked against config.json where it is readable."""
+    """The architecture flags for a Miles recipe, checked against config.json where it is readable.
+
+    Three sources, in this order:
+
+    1. ``model.miles_model_args``: flags written in the recipe;
+    2. ``model.miles_model_script``: a Miles ``scripts/models/<name>.py`` (its ``model_args()``
+       called through Miles's own ``load_model_args``) or ``<name>.sh`` (its ``MODEL_ARGS=( ... )``
+       array read without bash), with ``model.miles_model_script_vars`` (environment overrides for
+       the Python form, variables for the bash form); explicit flags are added to the script's. A
+       script that cannot be read here (it lives in the image's Miles checkout, which a login node
+       does not see), or a Python script whose Miles loader is not reachable here, is *deferred*:
+       the driver gets ``--model-script PATH`` and reads it inside the container with the image's
+       Python (:func:`expand_deferred`), and the in-job preflight (``backends.miles.preflight``)
+       checks the result before Ray starts;
+    3. derived from the model's HF ``config.json`` (``model.hf_config``, else
+       ``<model.path>/config.json``, :func:`derive_args`).
+
+    Whichever source, when ``config.json`` is readable the flags are compared with it
+    (:func:`compare_with_config`).
+    """
     explicit = list(model.miles_model_args)
     vars_ = dict(model.miles_model_script_vars)
     config, cpath = read_config(model)

@@ -1,35 +1,18 @@
 """A Miles model script -> its Megatron architecture flags, in either of the two forms Miles has shipped.
 
 Why: Megatron builds the network only from flags, and Miles keeps them per model in
-``scripts/models/``. Miles main (radixark/miles, since #1910; read at 31f1ca96) ships only Python
-files there; older Miles, and miles-rl 0.0.2's ``command_utils`` that ``source``\\ s them, the bash
-form. A recipe names either (``model.miles_model_script``), with ``model.miles_model_script_vars``
-for the values the script takes from outside.
+``scripts/models/``: Miles main (radixark/miles, read at 31f1ca96) ships Python files there, older
+Miles (and miles-rl 0.0.2, which ``source``\ s them) bash files. A recipe names either, with
+``model.miles_model_script_vars`` for the values the script takes from outside.
 
-- **Python** (``<name>.py``): the file defines ``model_args(...)`` returning the flags as one string;
-  its optional parameters (``nlayers``, ``rotary_base`` in the MoE scripts) fall back to environment
-  variables (``MODEL_ARGS_NUM_LAYERS``, ``MODEL_ARGS_ROTARY_BASE``), and it imports helpers such as
-  ``moe_layer_freq`` from a module named ``model_args_utils``. Miles loads it with
-  ``miles/utils/external_utils/model_args_utils.py:load_model_args(model_type, model_script_dir)``,
-  which registers that module under the name ``model_args_utils``, imports the file and joins the
-  returned string's whitespace-separated words; its launchers call it without keyword arguments,
-  so the environment is how a variant is chosen. beam-hpc calls *that* function, Miles's own, in a
-  child Python process (:func:`run_python_script`), with ``model.miles_model_script_vars`` added
-  to the child's environment. The loader is found the way Miles finds its sibling scripts: in the
-  checkout the script lives in (``<checkout>/scripts/models/<name>.py`` ->
-  ``<checkout>/miles/utils/external_utils/model_args_utils.py``), else wherever ``import miles``
-  resolves in that Python. Where neither exists (a login node without a Miles checkout) the script
-  cannot be run as Miles runs it, so it is read in the job instead (:class:`LoaderMissing`);
+- **Python** (``<name>.py``): run as Miles runs it, through Miles's own loader, in a child process
+  (:func:`run_python_script`); where no Miles loader is reachable the script is read in the job
+  instead (:class:`LoaderMissing`);
 - **bash** (``<name>.sh``): its ``MODEL_ARGS=( ... )`` array is read *without running bash*
-  (:func:`parse_model_script`): comments, line continuations, quotes, plain ``NAME=value``
-  assignments above the array, ``$NAME``, ``${NAME}``, ``${NAME:-default}`` / ``${NAME-default}`` and
-  integer ``$((a + b))`` are resolved; ``model.miles_model_script_vars`` sets or overrides
-  variables (e.g. ``MOE_LAYER_FREQ``, which those scripts build with a bash loop); anything else is
-  refused naming the line.
+  (:func:`parse_model_script`); anything it cannot resolve is refused naming the line.
 
-Which Python runs ``model_args()``: the caller's. On the login node (``render``/``submit``) that is
-beam-hpc's; in the job (the launcher, the in-job preflight) it is the image's, where Miles lives:
-the same Python Miles's own launchers use. Nothing here imports Miles in beam-hpc's own process.
+Which Python runs ``model_args()``: the caller's (beam-hpc's on the login node, the image's in the
+job). Nothing here imports Miles in beam-hpc's own process.
 """
 
 from __future__ import annotations
@@ -100,7 +83,16 @@ def run_python_script(path: str, overrides: dict[str, str] | None = None, *, pyt
     """Miles's own ``load_model_args`` on ``path`` in a child ``python`` (default: this one), with
     ``overrides`` in its environment. A child, not this process: the script and Miles's loader
     register modules (``model_args_utils``) and read the environment, and a broken script must not
-    take the launcher down with it."""
+    take the launcher down with it.
+
+    The file defines ``model_args(...)`` returning the flags as one string; its optional parameters
+    (``nlayers``, ``rotary_base`` in the MoE scripts) fall back to environment variables
+    (``MODEL_ARGS_NUM_LAYERS``, ``MODEL_ARGS_ROTARY_BASE``), and it imports helpers such as
+    ``moe_layer_freq`` from a module named ``model_args_utils``. Miles's
+    ``load_model_args(model_type, model_script_dir)`` registers that module, imports the file and
+    joins the returned string's words; its launchers pass ``model_args()`` no keyword arguments, so
+    the environment is how a variant is chosen, here as there (:func:`find_loader` says where the
+    loader is looked for)."""
     if not Path(path).is_file():
         raise InputError(f"model.miles_model_script: {shorten(path)} is not a readable file")
     bad = sorted(k for k in (overrides or {}) if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k))
@@ -185,8 +177,11 @@ _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}|([A-Za-z_
 def parse_model_script(text: str, *, where: str, overrides: dict[str, str] | None = None) -> list[str]:
     """The words of the script's ``MODEL_ARGS=( ... )`` array, variables resolved; raises InputError.
 
-    Only what can be known without running bash: simple assignments before the array (their values
-    resolved the same way), ``overrides`` winning over them. ``where`` names the file in errors.
+    Only what can be known without running bash: comments, line continuations, quotes, plain
+    ``NAME=value`` assignments before the array (their values resolved the same way), ``$NAME``,
+    ``${NAME}``, ``${NAME:-default}`` / ``${NAME-default}`` and integer ``$((a + b))``;
+    ``overrides`` set or win over variables (e.g. ``MOE_LAYER_FREQ``, which those scripts build
+    with a bash loop). Anything else is refused naming the line; ``where`` names the file in errors.
     """
     overrides = dict(overrides or {})
     env: dict[str, str] = {}

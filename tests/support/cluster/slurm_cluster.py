@@ -5,7 +5,7 @@ signals) must run against real Slurm daemons, not a mock. Debian's slurm-wlm pac
 slurmctld plus one slurmd per fake node (`slurmd -N nK`, one port each) on a single machine; each
 slurmd lives in its own UTS namespace so that `hostname` inside a job prints the node name. Fake
 GPUs are character devices (same major/minor as /dev/null) because gres/gpu drops file-less or
-regular-file GPUs. Facts and pitfalls: shared/reference/local-slurm-cluster.md.
+regular-file GPUs.
 
 Daemons are stopped by the PIDs in their pidfiles, never by name, and every job on the cluster is
 cancelled first. Several pytest sessions may share one cluster: each session holds a lease file in

@@ -2,7 +2,7 @@
 
 Miles cannot run on these machines (GPU image, SGLang, Megatron on CUDA), so the launch path is
 tested against this double of what beam-hpc relies on, written from Miles's documented behaviour
-(radixark/miles@31f1ca961, read for facts only; anchors-report.md 1.1 and 1.3):
+(radixark/miles@31f1ca961, read for facts only):
 
 - its flags: the topology flags, ``--load`` / ``--save`` / ``--save-interval``,
   ``--save-trigger-sentinel``, ``--num-rollout``, ``--rollout-batch-size``, ``--ref-load``,
