@@ -5,7 +5,7 @@ process was doing is only visible while it still hangs. So before the segment st
 driver (:mod:`beam_hpc.lifecycle.stall`), every Python process of the job writes its threads'
 stacks to ``logs/<job>-<restart>/stacks/<host>-<pid>.txt``: with ``py-spy dump --pid`` where the
 image has ``py-spy`` (it reads any Python process and needs nothing from it), otherwise through
-:mod:`faulthandler` in the processes that :func:`register`\ ed. Dumps run in parallel, each
+:mod:`faulthandler` in the processes that :func:`register` set up. Dumps run in parallel, each
 within :data:`DUMP_TIMEOUT_S`, so a node with many hung processes still answers in about that time.
 
 The batch host dumps the driver's own process tree (:func:`process_tree`); each node step dumps

@@ -2,7 +2,7 @@
 
 Why: Megatron builds the network only from flags, and Miles keeps them per model in
 ``scripts/models/``: Miles main (radixark/miles, read at 31f1ca96) ships Python files there, older
-Miles (and miles-rl 0.0.2, which ``source``\ s them) bash files. A recipe names either, with
+Miles (and miles-rl 0.0.2, which ``source`` them) bash files. A recipe names either, with
 ``model.miles_model_script_vars`` for the values the script takes from outside.
 
 - **Python** (``<name>.py``): run as Miles runs it, through Miles's own loader, in a child process
