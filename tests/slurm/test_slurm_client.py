@@ -90,7 +90,7 @@ def test_errors_carry_slurms_words(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     _fake(tmp_path, monkeypatch, "scontrol", stdout=SCONTROL_PING_DOWN, rc=1)
     with pytest.raises(SlurmUnavailable) as err:
         client.ping()
-    assert err.value.last_line.startswith("**") and "DOWN" in err.value.detail
+    assert err.value.last_line == "Slurmctld(primary) at vm is DOWN" and err.value.transient  # the line naming it
     _fake(tmp_path, monkeypatch, "scontrol", stderr="slurm_load_jobs error: Unable to contact slurm controller\n", rc=1)
     with pytest.raises(SlurmUnavailable, match="Unable to contact"):
         client.show_job("5")
