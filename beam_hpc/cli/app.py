@@ -180,7 +180,8 @@ def _slurm_unreachable(err: BeamError, argv: list[str] | None) -> str | None:
         return None
     import shlex
 
-    said = "" if err.argv[:2] == ["scontrol", "ping"] else f"; {err.argv[0]} said: {err.last_line}"
+    said = ("; nothing was sent to it" if err.argv[:2] == ["scontrol", "ping"]
+            else f"; {err.argv[0]} said: {err.last_line}")
     maybe = ("; Slurm may have acted on it all the same: look at `squeue --me` before retrying"
              if err.may_have_landed else "")
     again = shlex.join(["beam-hpc", *(sys.argv[1:] if argv is None else argv)])

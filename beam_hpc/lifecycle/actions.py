@@ -14,6 +14,7 @@ gets SIGTERM and KillWait seconds: :class:`KillClock` is that deadline.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import shlex
@@ -32,6 +33,9 @@ T = TypeVar("T")
 RETRY_FIRST_S = 1.0  # backoff between attempts: short, so that the controller's first answers after
 RETRY_MAX_S = 4.0  # an outage include ours (sbatch itself tries to connect for about 9 s an attempt)
 ATTEMPT_TIMEOUT_S = 30.0  # one attempt among retries, at most (never past the deadline)
+# Less time left than this: an attempt would be cut before sbatch is done trying to connect, and a
+# cut attempt may have landed; so it goes out only when `scontrol ping` says the controller is up.
+MIN_ATTEMPT_S = 12.0
 SINGLE_TIMEOUT_S = 60.0  # the one attempt made without a deadline
 
 # When to give up: epoch seconds, or a callable read before each attempt (the deadline may move:
@@ -96,18 +100,30 @@ def _deadline_at(deadline: Deadline) -> float:
 
 
 def retry(attempt: Callable[[float], T], *, command: Sequence[str], deadline: Deadline,
-          landed: Callable[[], T | None] | None = None, sleep: Callable[[float], None] = time.sleep,
-          clock: Callable[[], float] = time.time) -> T:
+          landed: Callable[[], T | None] | None = None, settle: Callable[[T], T] | None = None,
+          sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time,
+          probe: Callable[[float], object] = lambda timeout: client.ping(timeout=timeout)) -> T:
     """``attempt(timeout)`` until it returns. A transient SlurmUnavailable is retried with backoff
     until ``deadline`` (then ResubmissionPending naming ``command``); anything else is raised as it
     is. After an attempt that may have landed, ``landed()`` is asked first: its answer is the
     result, None means "not there" and lets the request go out again, and a SlurmUnavailable (Slurm
-    cannot say) means ask again next round."""
+    cannot say) means ask again next round. A lost request may still be carried out after such a
+    "not there" (a controller working off its backlog answers a look before an older request), so
+    once one was in doubt: a refusal is checked against ``landed()`` (Slurm may refuse the repeat
+    because the first went through), and a success goes through ``settle`` (which removes what
+    the lost attempt made twice). With less than MIN_ATTEMPT_S left, an attempt goes out only if
+    ``probe`` (``scontrol ping``) finds the controller up."""
     started, delay, attempts = clock(), RETRY_FIRST_S, 0
-    unsure = False  # an earlier attempt may have been carried out
+    unsure = doubted = False  # an earlier attempt may have been carried out (now / ever)
     last: client.SlurmUnavailable | None = None
     while True:
         left = _deadline_at(deadline) - clock()
+        if deadline is not None and left < MIN_ATTEMPT_S:
+            try:
+                probe(max(1.0, min(3.0, left)))
+            except client.SlurmUnavailable as down:  # no time for a whole attempt, and no controller
+                raise ResubmissionPending(command, last or down, attempts=attempts, waited_s=clock() - started,
+                                          unsure=unsure) from None
         try:
             if unsure and landed is not None:
                 found = landed()
@@ -116,12 +132,21 @@ def retry(attempt: Callable[[float], T], *, command: Sequence[str], deadline: De
                     return found
                 unsure = False
             attempts += 1
-            return attempt(SINGLE_TIMEOUT_S if deadline is None else max(1.0, min(ATTEMPT_TIMEOUT_S, left)))
+            result = attempt(SINGLE_TIMEOUT_S if deadline is None else max(1.0, min(ATTEMPT_TIMEOUT_S, left)))
+            return settle(result) if doubted and settle is not None else result
         except client.SlurmUnavailable as err:
             if not err.transient:
                 raise
             last = err
             unsure = unsure or err.may_have_landed
+            doubted = doubted or err.may_have_landed
+        except client.SlurmError:
+            if doubted and landed is not None:
+                with contextlib.suppress(client.SlurmError):
+                    found = landed()
+                    if found is not None:
+                        return found
+            raise
         if clock() + delay >= _deadline_at(deadline):
             if deadline is None:
                 raise last
@@ -165,10 +190,25 @@ def resubmit(script: str, args: SegmentArgs, *, lead_s: int, dependency: str, ou
 
     def landed() -> str | None:
         found = client.dependents(after, env=env, timeout=ATTEMPT_TIMEOUT_S)
-        return found[-1] if found else None
+        return found[0] if found else None
 
+    def settle(job: str) -> str:
+        """Keep ``job``; withdraw any other successor, made by an attempt whose answer was lost."""
+        try:
+            twins = [j for j in client.dependents(after, env=env, timeout=ATTEMPT_TIMEOUT_S) if j != job]
+            if twins:
+                log.warning("withdrawing job(s) %s: the same resubmission, sent by an attempt whose answer was lost",
+                            ", ".join(twins))
+                client.cancel(twins, env=env, timeout=ATTEMPT_TIMEOUT_S)
+        except client.SlurmError as err:
+            log.warning("could not look for a twin of job %s (%s): look for a second job depending on job %s "
+                        "in `squeue --me` and scancel it", job, err, after)
+        return job
+
+    known = after.isdigit()
     return retry(lambda timeout: client.sbatch(cmd[1:], env=env, timeout=timeout, survive_term=True),
-                 command=cmd, deadline=deadline, landed=landed if after.isdigit() else None, sleep=sleep)
+                 command=cmd, deadline=deadline, landed=landed if known else None, settle=settle if known else None,
+                 sleep=sleep)
 
 
 def requeue_self(job_id: str, exclude: Sequence[str] = (), *, restart: int | None = None,

@@ -189,15 +189,16 @@ def _call(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
           timeout: float | None = 60) -> subprocess.CompletedProcess:
     """Run one Slurm command; SlurmUnavailable when it cannot run or does not answer in time.
     A non-zero exit is left to the caller, which knows what it means for its command."""
+    shown = list(argv[len(_IMMUNE_TO_SIGTERM):]) if list(argv[:len(_IMMUNE_TO_SIGTERM)]) == _IMMUNE_TO_SIGTERM else argv
     try:
         return subprocess.run(list(argv), capture_output=True, text=True, check=False,
                               env=None if env is None else dict(env), timeout=timeout)
     except subprocess.TimeoutExpired as err:
-        raise SlurmUnavailable(argv, f"{argv[0]} did not answer within {timeout:.0f} s", timed_out=True) from err
+        raise SlurmUnavailable(shown, f"{shown[0]} did not answer within {timeout:.0f} s", timed_out=True) from err
     except FileNotFoundError as err:
-        raise SlurmUnavailable(argv, f"{argv[0]}: not found") from err
+        raise SlurmUnavailable(shown, f"{shown[0]}: not found") from err
     except OSError as err:
-        raise SlurmUnavailable(argv, f"{argv[0]}: {err}") from err
+        raise SlurmUnavailable(shown, f"{shown[0]}: {err}") from err
 
 
 def failure(argv: Sequence[str], proc: subprocess.CompletedProcess) -> SlurmError:
@@ -445,7 +446,8 @@ def ping(*, timeout: float = 20) -> str:
     proc = _call(argv, timeout=timeout)
     if "UP" not in proc.stdout:
         named = [line.strip() for line in proc.stdout.splitlines() if line.startswith("Slurmctld")]
-        raise SlurmUnavailable(argv, "; ".join(named) or _words(proc), proc.returncode, transient=True)
+        raise SlurmUnavailable(argv, "; ".join(named) or _words(proc), proc.returncode, transient=True,
+                               may_have_landed=False)
     return proc.stdout.strip().splitlines()[0]
 
 
