@@ -18,7 +18,7 @@ cluster's (Ray temp dirs are named by job id) and its plans use the tests' own R
 
 The full-chain tests (a 150 s outage at the walltime save; a 40 s outage mid-segment) need the
 segment to pass a deadline to its resubmission and to write ``resubmission_pending``; they run
-once the product does (``_segment_wired``).
+once the product does (run_watch.segment_rides_out_outages).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from run_watch import segment_rides_out_outages
 from slurm_cluster import ClusterSpec, LocalSlurmCluster
 
 from beam_hpc.lifecycle import actions
@@ -586,14 +587,7 @@ def test_teardown_with_the_controller_down_fits_in_a_walltime_lead(outage, tmp_p
 
 
 # -- the full chain (needs the segment's wiring) -----------------------------------------------------------------
-def _segment_wired() -> bool:
-    """The segment passes a KillClock to its resubmission (and records ResubmissionPending): what
-    the chain tests below exercise. Until then they are skipped, with this reason."""
-    sources = [p for d in ("job", "lifecycle") for p in (ROOT / "beam_hpc" / d).glob("*.py") if p.name != "actions.py"]
-    return any("KillClock(" in p.read_text() for p in sources)
-
-
-CHAIN = pytest.mark.skipif(not _segment_wired(), reason="the segment does not pass a deadline to its resubmission yet "
+CHAIN = pytest.mark.skipif(not segment_rides_out_outages(), reason="the segment does not pass a deadline to its resubmission yet "
                                                         "(beam_hpc.lifecycle.actions.KillClock)")
 
 

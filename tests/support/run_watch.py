@@ -78,3 +78,13 @@ def chain_finished(run_dir: Path) -> bool:
     """The last segment has an end line that starts nothing more."""
     segs = segments(run_dir)
     return bool(segs) and "end" in segs[-1] and segs[-1]["end"]["next"]["action"] == "none"
+
+
+def segment_rides_out_outages() -> bool:
+    """Whether the product's segment gives its resubmission a deadline (it makes a
+    beam_hpc.lifecycle.actions.KillClock), so that it rides out a controller outage at its end:
+    what the outage chain test and the fault campaign's outage need. Read from the product's
+    source, as no behaviour short of a whole chain shows it."""
+    root = Path(__file__).resolve().parents[2] / "beam_hpc"
+    sources = [p for d in ("job", "lifecycle") for p in (root / d).glob("*.py") if p.name != "actions.py"]
+    return any("KillClock(" in p.read_text() for p in sources)
