@@ -451,6 +451,31 @@ def ping(*, timeout: float = 20) -> str:
     return proc.stdout.strip().splitlines()[0]
 
 
+DEFAULT_KILL_WAIT_S = 30  # Slurm's default KillWait
+
+
+def parse_config_seconds(text: str, key: str) -> int | None:
+    """A ``Key = N sec`` line of ``scontrol show config`` as seconds (None when absent)."""
+    for line in text.splitlines():
+        name, _, value = line.partition("=")
+        if name.strip() == key:
+            number = value.strip().split(" ", 1)[0]
+            return int(number) if number.isdigit() else None
+    return None
+
+
+def kill_wait_s(*, timeout: float = 15) -> int:
+    """Slurm's KillWait: the seconds between the SIGTERM that ends a job and its SIGKILL
+    (``scontrol show config``, which needs the controller); Slurm's default, 30, when it cannot
+    say. A segment reads it at its start, while the controller answers."""
+    try:
+        proc = _call(["scontrol", "show", "config"], timeout=timeout)
+    except SlurmUnavailable:
+        return DEFAULT_KILL_WAIT_S
+    found = parse_config_seconds(proc.stdout, "KillWait") if proc.returncode == 0 else None
+    return DEFAULT_KILL_WAIT_S if found is None else found
+
+
 def controller_names(env: Mapping[str, str] | None = None) -> list[str]:
     """The controllers slurm.conf names (``SlurmctldHost``, or the old ``ControlMachine``), read
     from the file itself (SLURM_CONF, else /etc/slurm/slurm.conf): what a message names when

@@ -324,6 +324,7 @@ def test_a_stopped_controller_reads_as_unreachable_and_a_bad_partition_as_a_refu
         client.sbatch(["--partition=nosuch", str(_sleeper(tmp_path))])
     assert not isinstance(refused.value, SlurmUnavailable) and "Invalid partition name specified" in refused.value.detail
     job = _running_job(outage, tmp_path)
+    assert client.kill_wait_s() == 5  # the cluster's KillWait, which a segment reads at its start
     outage.stop_controller()
     calls: dict[str, Callable[[], object]] = {
         "sbatch": lambda: client.sbatch(["--job-name=sleeper", f"--output={tmp_path}/%j.out", str(_sleeper(tmp_path))]),

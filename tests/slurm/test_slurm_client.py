@@ -166,6 +166,17 @@ def test_dependents_and_the_controllers_name(tmp_path: Path, monkeypatch: pytest
     assert client.describe_controller(err).startswith("slurmctld at ctl1(10.0.0.1), ctl2: ")
 
 
+def test_kill_wait_from_scontrol_show_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = "Configuration data as of 2026-12-05T22:40:01\nJobCompType             = jobcomp/none\n" \
+             "KillWait                = 5 sec\nMessageTimeout          = 10 sec\n"  # the local cluster's
+    assert client.parse_config_seconds(config, "KillWait") == 5 and client.parse_config_seconds(config, "Nope") is None
+    _fake(tmp_path, monkeypatch, "scontrol", stdout=config)
+    assert client.kill_wait_s() == 5
+    _fake(tmp_path, monkeypatch, "scontrol", stderr="slurm_load_ctl_conf error: Unable to contact slurm controller "
+                                                    "(connect failure)\n", rc=1)
+    assert client.kill_wait_s() == client.DEFAULT_KILL_WAIT_S == 30
+
+
 def test_a_requeue_from_inside_the_job_survives_the_sigterm_it_causes(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Slurm answers a job's own requeue with SIGTERM to the job's processes, the asking scontrol
