@@ -5,10 +5,9 @@ output.
 Why one module: the same outputs (``sbatch --parsable``'s ``<id>[;cluster]``, ``scontrol --oneliner
 show job``'s ``Key=Value`` lines, ``squeue``'s het components ``<leader>+<offset>``) were read in
 several places, each with its own idea of what a failure looks like. Here each is parsed once, job
-states are an enum (:class:`JobState`), and a failure is one error type carrying Slurm's own words:
-:class:`SlurmError` for a refusal on the merits (a bad partition, an account limit), and
-:class:`SlurmUnavailable` when Slurm could not be asked, with ``transient`` set when its words say
-the controller was unreachable or busy (:func:`unreachable`), so that a caller may retry.
+states are an enum (:class:`JobState`), and a failure carries Slurm's own words: :class:`SlurmError`
+a refusal on the merits, :class:`SlurmUnavailable` when Slurm could not be asked (``transient``
+when it was unreachable or busy: :func:`unreachable`; retrying may help).
 
 What stays outside: the job's own ``srun`` steps (the job launcher,
 :class:`beam_hpc.job.runner.SrunLauncher`, owns them), and submitit's own squeue poll in :mod:`beam_hpc.slurm.submitit_het` (submitit's
@@ -26,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from pathlib import Path
 
 from beam_hpc.errors import RuntimeFailure
 
@@ -91,7 +91,7 @@ _UNREACHABLE = (
     "Slurm temporarily unable to accept job",
     "Unable to create job record, try again",  # the job table is full for now
     # `scontrol requeue` with no answer: slurm_requeue2 (src/api/requeue.c) ignores the send's
-    # failure and reports the empty reply's type instead (seen with slurmctld stopped and stopped)
+    # failure and reports the empty reply's type instead (seen with slurmctld stopped and SIGSTOPped)
     "Unexpected message received",
 )
 # Of those, the words that say the request was certainly not taken (nothing reached the controller,
@@ -482,7 +482,7 @@ def controller_names(env: Mapping[str, str] | None = None) -> list[str]:
     ``scontrol ping`` cannot say. Empty when the file cannot be read (a configless site)."""
     path = (os.environ if env is None else env).get("SLURM_CONF") or "/etc/slurm/slurm.conf"
     try:
-        lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return []
     names = []
