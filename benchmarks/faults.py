@@ -20,7 +20,12 @@ chain then meets, in an order drawn from ``--seed`` (printed, with the schedule)
   submission, so the driver stops making progress after rollout ``k``;
 - a torn latest checkpoint: between two segments (the next one held with ``scontrol hold``), a
   file of the newest checkpoint is cut to half its size; the next segment must find it by the
-  manifest and resume from the previous checkpoint.
+  manifest and resume from the previous checkpoint;
+- a controller outage at the walltime save, when the segment rides one out (its resubmission
+  retries while Slurm cannot be reached, beam_hpc.lifecycle.actions): a walltime stop as above,
+  and slurmctld stopped (by its pidfile) the moment the segment asks for its save, for
+  :data:`OUTAGE_S` seconds. The segment must save, resubmit once the controller is back, and the
+  chain go on. This stops the cluster's controller: run the campaign on a cluster no one else uses.
 
 The torn checkpoint is drawn into one of the boundaries after a stop (it is only ever found by the
 segment that resumes). The hang's ``k`` is fixed at submission from the drawn order and the
@@ -72,17 +77,19 @@ GPUS_PER_NODE = 1  # the local cluster's fake GPUs, one per group node: GPU-hour
 RECIPE_OVERRIDES = ["eval.interval=0", f"checkpoint.interval={INTERVAL}",
                     f"topology.trainer.gpus_per_node={GPUS_PER_NODE}", f"topology.rollout.gpus_per_node={GPUS_PER_NODE}"]
 STEP_TIMEOUT_S = 900  # any one wait; generous: the machine has 2 shared cores
-STOPS = ("walltime", "walltime", "walltime", "preemption", "node-kill", "hang")
+STOPS = ("walltime", "walltime", "walltime", "preemption", "node-kill", "hang", "controller-outage")
 TORN = "torn-checkpoint"
+OUTAGE = "controller-outage"
+OUTAGE_S = 150  # the issue's: longer than the 45-60 s lead, so the job's limit passes in the outage
 # Rollouts a chain is expected to keep per stop (on the loaded 2-core machine a rollout takes 3.5-6 s
 # and a walltime stop comes 0-90 s after the lowered limit, about 45 s; the others strike within a
 # few rollouts): where the hang's k is set at submission
-EXPECTED_PROGRESS = {"walltime": 12, "preemption": 6, "node-kill": 7, "hang": 5, TORN: -3}
+EXPECTED_PROGRESS = {"walltime": 12, "preemption": 6, "node-kill": 7, "hang": 5, TORN: -3, OUTAGE: 12}
 # How each fault should end the segment that meets it (ledger reason, next action)
 # How long each fault takes to end a segment once struck (a walltime stop: 0-90 s): a driver that
 # would reach the hang's rollout within it is left to hang first, alone in its segment
-STRIKE_WINDOW_S = {"walltime": 100, "preemption": 30, "node-kill": 20}
-EXPECTED_END = {"walltime": ("walltime", "resubmit"), "preemption": ("preempted", "requeue"),
+STRIKE_WINDOW_S = {"walltime": 100, "preemption": 30, "node-kill": 20, OUTAGE: 100}
+EXPECTED_END = {"walltime": ("walltime", "resubmit"), OUTAGE: ("walltime", "resubmit"), "preemption": ("preempted", "requeue"),
                 "node-kill": ("node-failure", "resubmit"), "hang": ("stalled", "resubmit")}
 
 
@@ -98,11 +105,12 @@ class Fault:
     pick: float
 
 
-def schedule(seed: int, *, hang: bool) -> list[Fault]:
+def schedule(seed: int, *, hang: bool, outage: bool = False) -> list[Fault]:
     """The faults in the order the chain meets them, from ``seed`` alone: the stops shuffled, the
-    torn checkpoint at one of the boundaries after a stop."""
+    torn checkpoint at one of the boundaries after a stop. ``hang``/``outage``: whether the
+    product has a stall watchdog / rides out a controller outage (else those are left out)."""
     rng = random.Random(seed)
-    stops = [k for k in STOPS if hang or k != "hang"]
+    stops = [k for k in STOPS if (hang or k != "hang") and (outage or k != OUTAGE)]
     rng.shuffle(stops)
     faults = [Fault(k, rng.randint(2, 4), round(rng.random(), 3)) for k in stops]
     faults.insert(rng.randint(1, len(faults)), Fault(TORN, 0, round(rng.random(), 3)))
@@ -456,9 +464,12 @@ class Campaign:
     def inject(self, fault: Fault, seg: dict[str, Any]) -> dict[str, Any]:
         job = seg["start"]["job_id"]
         met: dict[str, Any] = {"kind": fault.kind, "segment": seg["segment"]}
-        if fault.kind == "walltime":
+        if fault.kind in ("walltime", OUTAGE):
             minutes, ends = self.cluster.end_soon(job, left_s=LEAD_S)  # the end 60-120 s from now
             met["how"] = f"scontrol update TimeLimit={minutes} (ends in {ends - time.time():.0f} s)"
+            if fault.kind == OUTAGE:
+                met["how"] += f"; slurmctld stopped at the save request for {OUTAGE_S} s"
+                threading.Thread(target=self.outage_at_save, args=(met,), daemon=True).start()
         elif fault.kind == "preemption":
             nodes = self.job_nodes(job)
             urgent = self.cluster.run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={','.join(nodes)}",
@@ -472,6 +483,22 @@ class Campaign:
             met["how"], met["node"] = f"SIGKILL node step of group {group} on {node}", node
         met["at"] = time.time()
         return met
+
+    def outage_at_save(self, met: dict[str, Any]) -> None:
+        """Stop slurmctld the moment the segment asks for its walltime save (the sentinel), start
+        it again :data:`OUTAGE_S` seconds later (in a thread: the chain is watched meanwhile)."""
+        try:
+            self.wait("the walltime save request", Path(self.plan.paths.sentinel).exists, poll_s=0.05)
+            self.cluster.stop_controller()
+            met["outage_from"] = time.time()
+            self.note(f"{OUTAGE}: slurmctld stopped for {OUTAGE_S} s")
+            time.sleep(OUTAGE_S)
+        except (TimeoutError, RuntimeError, OSError) as err:
+            self.errors.append(f"{OUTAGE}: {type(err).__name__}: {err}")
+        finally:
+            self.cluster.start_controller()
+            met["outage_to"] = time.time()
+            self.note(f"{OUTAGE}: slurmctld back")
 
     def node_steps(self) -> dict[str, tuple[int, str]]:
         """{group: (pid, node)} of this run's node step processes (the fake nodes share this host)."""
@@ -655,6 +682,16 @@ def stall_watchdog_available() -> bool:
     return "stalled" in ledger.REASONS
 
 
+def outage_ridden_out() -> bool:
+    """Whether this beam-hpc's segment records a resubmission that waits on Slurm (an older one
+    gave up on an unreachable controller at once, so the campaign leaves the outage out there)."""
+    import inspect
+
+    from beam_hpc.run import ledger
+
+    return "resubmission_pending" in inspect.signature(ledger.end_record).parameters
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=None, help="draws the fault order and points (printed)")
@@ -671,12 +708,13 @@ def main(argv: list[str] | None = None) -> int:
     from slurm_cluster import LocalSlurmCluster
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
-    with_stall = stall_watchdog_available()
-    faults = schedule(seed, hang=with_stall)
+    with_stall, with_outage = stall_watchdog_available(), outage_ridden_out()
+    faults = schedule(seed, hang=with_stall, outage=with_outage)
     hang_k = hang_rollout(faults)
     print(f"seed {seed}: " + ", ".join(f"{f.kind}" + (f" after {f.after}" if f.kind != TORN else "") for f in faults)
           + (f"; the driver hangs after rollout {hang_k}" if hang_k is not None else
              "; no hung driver (this beam-hpc has no stall watchdog)")
+          + ("" if with_outage else "; no controller outage (this beam-hpc's segment does not ride one out)")
           + f"; load {os.getloadavg()[0]:.2f}", flush=True)
     root = Path(tempfile.mkdtemp(prefix="beam-faults-", dir="/tmp"))
     ref_dir = args.reference or root / "uninterrupted"
@@ -722,6 +760,8 @@ def main(argv: list[str] | None = None) -> int:
         from interruptions import clean_up
 
         load.stop.set()
+        if cluster.controller_pid() is None and (cluster.lab / "etc" / "slurm.conf").exists():
+            cluster.start_controller()  # an outage cut short by an error: the controller comes back
         clean_up(cluster, root, [campaign.plan.job_name] if campaign.plan is not None else [], keep=args.keep)
 
 

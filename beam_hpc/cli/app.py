@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(handler(args) or 0)
     except BeamError as err:
         prefix = "beam-hpc: error: " if isinstance(err, InputError) else "beam-hpc: "
-        print(f"{prefix}{err}", file=sys.stderr)
+        print(f"{prefix}{_slurm_unreachable(err, argv) or err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("beam-hpc: interrupted", file=sys.stderr)
@@ -172,6 +172,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"beam-hpc: internal error ({type(err).__name__}: {shorten(str(err), 160)}); "
               f"the traceback is in {log_path}", file=sys.stderr)
         return EXIT_FAILURE
+
+
+def _slurm_unreachable(err: BeamError, argv: list[str] | None) -> str | None:
+    """The one line for a Slurm controller that could not be reached or was busy: which
+    controller, and the command to retry; None for any other error."""
+    from beam_hpc.slurm.client import SlurmUnavailable, describe_controller
+
+    if not isinstance(err, SlurmUnavailable) or not err.transient:
+        return None
+    import shlex
+
+    said = ("; nothing was sent to it" if err.argv[:2] == ["scontrol", "ping"]
+            else f"; {err.argv[0]} said: {err.last_line}")
+    maybe = ("; Slurm may have acted on it all the same: look at `squeue --me` before retrying"
+             if err.may_have_landed else "")
+    again = shlex.join(["beam-hpc", *(sys.argv[1:] if argv is None else argv)])
+    return (f"Slurm's controller did not answer ({describe_controller(err)}{said}){maybe}; "
+            f"retry `{again}` once `scontrol ping` says UP")
 
 
 def _write_crash_log(argv: list[str] | None) -> str:

@@ -3,7 +3,8 @@
 Registered by beam_hpc/cli/app.py (PLUGIN_MODULES). Like the rest of the CLI layer it prints for
 people and picks exit codes; the modules behind it (beam_hpc.observe: status, plot, logs, doctor)
 only compute and raise. Their imports happen inside the handlers, so `beam-hpc --help` stays fast.
-Exit codes: 0 fine, 1 a check failed or nothing to show, 2 bad input (a path or flag).
+Exit codes: 0 fine, 1 a check failed or nothing to show (or, for status, Slurm could not be asked:
+everything the run directory knows is still shown), 2 bad input (a path or flag).
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     except RunDirError as err:
         return _fail(str(err), 2)
     print(json.dumps(status, indent=2, sort_keys=True) if args.json else format_status(status))
+    controller = status["slurm"].get("controller")
+    if controller:
+        return _fail(f"Slurm could not be asked about job {status['slurm']['job_id']} ({controller}); the status above "
+                     f"is the run directory's alone: retry `beam-hpc status {args.run_dir}` once `scontrol ping` "
+                     "says UP", 1)
     return 0
 
 

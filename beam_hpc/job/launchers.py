@@ -9,7 +9,9 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,11 @@ from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = logging.getLogger(__name__)
+
+CONTROLLER_CHECK_S = 3.0  # `scontrol ping` before a stop: instant when slurmctld is down, this long when it hangs
+SCANCEL_TIMEOUT_S = 10.0
+CTRL_C_GAP_S = 0.3  # between the two SIGINTs to srun (it aborts on the second within a second)
+INTERRUPT_WAIT_S = 15.0  # for the node steps to report that they stopped, after the SIGINTs
 
 
 @dataclass
@@ -65,6 +72,12 @@ class SrunLauncher:
     sees at once. Stopping goes through ``scancel --signal=TERM <component>.<step>``: that delivers
     SIGTERM to the tasks (graceful), whereas SIGTERM to srun itself makes Slurm SIGKILL the step
     (measured on the local cluster), which would skip the node steps' cleanup.
+
+    Both go through the controller. When it does not answer (``scontrol ping``), each scancel would
+    wait about 18 s, and srun's own abort asks the controller too (with slurmctld stopped, the tasks
+    of a SIGTERMed srun ran on). So then the stop goes around it (:meth:`_interrupt`): two SIGINTs
+    to our srun, which forwards the Ctrl-C to every task of its step through each node's slurmd,
+    no controller involved; the node steps stop on SIGINT as on SIGTERM.
     """
 
     def __init__(self, ctx: JobContext, *, loopback: bool) -> None:
@@ -88,18 +101,52 @@ class SrunLauncher:
         return [StepHandle(group, proc, None, out)]
 
     def ask_to_stop(self, handles: list[StepHandle], rt: ClusterRuntime) -> None:
-        for h in handles:
-            if h.proc.poll() is not None:
-                continue
+        live = [h for h in handles if h.proc.poll() is None]
+        if not live:
+            return
+        try:
+            slurm_client.ping(timeout=CONTROLLER_CHECK_S)
+        except slurm_client.SlurmUnavailable as err:
+            log.warning("Slurm's controller does not answer (%s): stopping the node steps through their srun", err.detail)
+            self._interrupt(live, rt)
+            return
+        for i, h in enumerate(live):
             steps = {r["slurm_step_id"] for r in reports(rt, h.group) if r.get("slurm_step_id")}
             comp = self.ctx.component_ids[h.group.name]
             if not steps:  # no task reported yet: only srun knows the step; it kills it
                 h.proc.terminate()
             for step in steps:
                 try:
-                    slurm_client.cancel([f"{comp}.{step}"], signal="TERM", timeout=30)
+                    slurm_client.cancel([f"{comp}.{step}"], signal="TERM", timeout=SCANCEL_TIMEOUT_S)
+                except slurm_client.SlurmUnavailable as err:  # gone since the ping: the rest goes around it
+                    log.warning("%s: stopping the node steps through their srun", err)
+                    self._interrupt(live[i:], rt)
+                    return
                 except slurm_client.SlurmError as err:  # the step may be gone; force_stop follows
                     log.warning("%s", err)
+
+    def _interrupt(self, handles: list[StepHandle], rt: ClusterRuntime) -> None:
+        """Stop the groups' node steps without the controller: srun answers a second SIGINT within
+        a second of the first by forwarding SIGINT to its tasks through the nodes' slurmd (measured
+        with slurmctld stopped: the task had it within 0.3 s). srun itself then waits on the absent
+        controller (about 9 s) before it exits: once every node of a group reports that it stopped,
+        its srun is killed, as it has nothing left to do."""
+        for _ in range(2):
+            for h in handles:
+                if h.proc.poll() is None:
+                    h.proc.send_signal(signal.SIGINT)
+            time.sleep(CTRL_C_GAP_S)
+        deadline = time.monotonic() + INTERRUPT_WAIT_S
+        waiting = list(handles)
+        while waiting and time.monotonic() < deadline:
+            for h in list(waiting):
+                states = [r.get("state") for r in reports(rt, h.group)]
+                if h.proc.poll() is not None:
+                    waiting.remove(h)
+                elif len(states) == h.group.nodes and all(st in ("stopped", "failed") for st in states):
+                    h.proc.kill()  # its tasks are done; srun would only wait on the controller
+                    waiting.remove(h)
+            time.sleep(0.2)
 
     def force_stop(self, handles: list[StepHandle]) -> None:
         for h in handles:

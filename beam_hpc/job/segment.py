@@ -42,6 +42,7 @@ from beam_hpc.plan.segment_args import SegmentArgs
 from beam_hpc.run import checkpoint_layout, ledger
 from beam_hpc.run.ledger import Reason
 from beam_hpc.run.lock import Holder, RunLockError, acquire, release
+from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.client import JobInfo, SlurmUnavailable, show_job
 from beam_hpc.slurm.environment import SlurmEnvironment
 
@@ -153,6 +154,8 @@ class Segment:
         self.history, self.rollouts_at_start, self.lead_s = begun.history, begun.rollouts_at_start, begun.lead_s
         self.watchdog.lead_s = self.lead_s
         self.watchdog.on_signal = self.stopping.on_signal
+        if self.job_id is not None:  # KillWait, asked at the start while the controller answers (at the end it may not)
+            self.stopping.kill_clock.kill_wait_s = slurm_client.kill_wait_s()
         self.watchdog.refresh()
         start.write_start_line(self.plan, begun, job_id=self.ledger_job_id, restart=self.restart,
                                host=socket.gethostname())
@@ -228,7 +231,7 @@ class Segment:
                               num_rollout=self.plan.recipe.num_rollout, rollouts_run=metrics.rollouts_run,
                               retryable=retryable, stall=stall)
             facts = SegmentFacts(self.plan, self.job_id, self.ledger_job_id, self.restart, self.started_at,
-                                 self.history, self.lead_s, self.num_rollout_arg)
+                                 self.history, self.lead_s, self.num_rollout_arg, self.stopping.kill_clock)
             intr = self.stopping.interrupt
             self.ending = end.end_segment(
                 outcome, facts, detail=detail, metrics=metrics, failed_nodes=failed_nodes or [],

@@ -49,11 +49,12 @@ def run_job_ids(paths: RunPaths) -> list[str]:
     return [i for n, i in enumerate(ids) if i.isdigit() and i not in ids[:n]]
 
 
-def cancel_run(run_dir: str) -> CancelResult:
+def cancel_run(run_dir: str, *, scancel: bool = True) -> CancelResult:
     """Stop a run's chain: write the cancel flag (no segment resubmits, requeues or starts after
     it), then scancel its jobs. The flag goes first so that a segment woken by the scancel already
     sees it. Raises InputError when ``run_dir`` is not a run directory; scancel failures come back
-    in ``errors`` (the flag already holds)."""
+    in ``errors`` (the flag already holds). ``scancel=False``: the flag only (Slurm's controller
+    does not answer; the jobs found are still returned)."""
     paths = RunPaths(os.path.abspath(run_dir))
     plan_file = Path(paths.plan)
     if not plan_file.is_file() and not Path(paths.ledger).is_file():
@@ -67,7 +68,8 @@ def cancel_run(run_dir: str) -> CancelResult:
     ids = run_job_ids(paths)
     errors: list[str] = []
     env = client.slurm_env_free()
-    for target in ([{"job_ids": ids}] if ids else []) + ([{"name": job_name}] if job_name else []):
+    targets = ([{"job_ids": ids}] if ids else []) + ([{"name": job_name}] if job_name else [])
+    for target in targets if scancel else []:
         try:
             client.cancel(**target, env=env, timeout=60)
         except client.SlurmError as err:

@@ -57,6 +57,8 @@ class SegmentFacts:
     history: list[dict[str, Any]]  # the ledger's segments before this one
     lead_s: int  # the walltime lead, passed on to a resubmission's --signal
     num_rollout_arg: int | None = None  # --num-rollout, passed on to a resubmission
+    # when Slurm kills the job: how long a resubmission or self-requeue may retry an unreachable controller
+    kill_clock: actions.KillClock | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class Ending:
     next_job_id: str | None
     after: After = After.NOTHING
     excluded: tuple[str, ...] = ()  # the run's failed nodes: a self-requeue leaves them out too
+    restart: int = 0  # the job's restart count: tells whether a self-requeue whose answer was lost went through
+    kill_clock: actions.KillClock | None = None  # the self-requeue's deadline
 
     @property
     def exit_code(self) -> int:
@@ -87,7 +91,7 @@ def end_segment(outcome: Outcome, seg: SegmentFacts, *, detail: str, metrics: Se
     decision = decide(outcome, history=seg.history, max_segments=plan.recipe.lifecycle.max_segments,
                       cancelled=cancel.cancel_requested(paths),
                       requeue_on_preemption=plan.recipe.lifecycle.requeue_on_preemption, nodes_short=nodes_short)
-    decision, next_job = _act(decision, seg, excluded)
+    decision, next_job, pending = _act(decision, seg, excluded)
     after = After.REQUEUE_SELF if decision.action == Action.REQUEUE and requeue_self else After.NOTHING
     save_s = saved.seconds if saved is not None and saved.saved else metrics.save_s
     # Logged before the end line: whoever sees the end line (status, a test, the next segment)
@@ -101,15 +105,16 @@ def end_segment(outcome: Outcome, seg: SegmentFacts, *, detail: str, metrics: Se
         detail=f"{detail} -> {decision.detail}", next_action=decision.action, next_job_id=next_job,
         rollout_s=metrics.rollout_s, save_s=save_s, rollouts_run=metrics.rollouts_run,
         ready_s=None if ready_s is None else round(ready_s, 3), last_save_at=_last_save_at(seg),
-        failed_nodes=failed, stall=outcome.stall))
-    return Ending(outcome.reason, decision, next_job, after, tuple(excluded))
+        failed_nodes=failed, stall=outcome.stall, resubmission_pending=pending))
+    return Ending(outcome.reason, decision, next_job, after, tuple(excluded), seg.restart, seg.kill_clock)
 
 
 def after_release(ending: Ending, job_id: str | None) -> None:
     """What :attr:`Ending.after` says, once the run lock is released."""
     if ending.after is After.REQUEUE_SELF:
         try:
-            actions.requeue_self(job_id or "", exclude=ending.excluded)
+            actions.requeue_self(job_id or "", exclude=ending.excluded, restart=ending.restart,
+                                 deadline=ending.kill_clock)
             log.info("requeued job %s", job_id)
         except (RuntimeError, OSError) as err:
             log.error("%s; Slurm requeues the job itself when the grace time ends", err)
@@ -133,32 +138,38 @@ def _exclusions(seg: SegmentFacts, failed: list[dict[str, str]]) -> tuple[list[s
     return excluded, exclusions.plan_shortfall(plan.groups, excluded)
 
 
-def _act(decision: Decision, seg: SegmentFacts, excluded: list[str]) -> tuple[Decision, str | None]:
+def _act(decision: Decision, seg: SegmentFacts,
+         excluded: list[str]) -> tuple[Decision, str | None, dict[str, str] | None]:
     """Carry the decision out: the decision as it stands after trying (a failed resubmission ends
-    the chain, and says why), and the next job's id."""
+    the chain, and says why), the next job's id, and, when Slurm could not be reached until the
+    job's end, the resubmission that is pending (the end line's ``resubmission_pending``)."""
     paths = seg.plan.paths
     if decision.action == Action.RESUBMIT:
         script = Path(paths.script)
         if seg.job_id is None:
-            return Decision(Action.NONE, decision.detail + " (not in Slurm: nothing to resubmit)"), None
+            return Decision(Action.NONE, decision.detail + " (not in Slurm: nothing to resubmit)"), None, None
         if not script.is_file():
-            return Decision(Action.NONE, f"{decision.detail}, but {script} is missing; resubmit by hand"), None
+            return Decision(Action.NONE, f"{decision.detail}, but {script} is missing; resubmit by hand"), None, None
         has_ckpt = checkpoint_layout.latest_iteration(paths.checkpoints) is not None
         try:
             job = actions.resubmit(str(script), SegmentArgs(resume=has_ckpt, num_rollout=seg.num_rollout_arg),
                                    lead_s=seg.lead_s, dependency=f"afterany:{seg.job_id}",
-                                   output=paths.batch_log("%j"), exclude=excluded)
+                                   output=paths.batch_log("%j"), exclude=excluded, deadline=seg.kill_clock)
+        except actions.ResubmissionPending as pending:  # the checkpoint is safe; the next step is a command
+            log.error("%s", pending)
+            return (Decision(Action.NONE, f"{decision.detail}, but the resubmission is pending: {pending.why}; "
+                                          f"run {pending.shell}"), None, pending.record())
         except (RuntimeError, OSError) as err:
             log.error("%s", err)
-            return Decision(Action.NONE, f"{decision.detail}, but the resubmission failed: {err}"), None
+            return Decision(Action.NONE, f"{decision.detail}, but the resubmission failed: {err}"), None, None
         if cancel.cancel_requested(paths):  # cancelled while we were submitting
             cancel.withdraw(job)
-            return Decision(Action.NONE, f"the run was cancelled; withdrew the resubmitted job {job}"), None
+            return Decision(Action.NONE, f"the run was cancelled; withdrew the resubmitted job {job}"), None, None
         log.info("resubmitted as job %s (after this one, %s)", job, "--resume" if has_ckpt else "fresh")
-        return decision, job
+        return decision, job, None
     if decision.action == Action.REQUEUE:
-        return decision, seg.job_id
-    return decision, None
+        return decision, seg.job_id, None
+    return decision, None, None
 
 
 def _last_save_at(seg: SegmentFacts) -> float | None:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from beam_hpc.config.recipe import LifecycleSpec
 from beam_hpc.lifecycle import save
+from beam_hpc.lifecycle.actions import KillClock
 from beam_hpc.lifecycle.stall import CaughtStall, StallWatch, dump_and_stop
 from beam_hpc.lifecycle.watchdog import Interrupt, Watchdog
 from beam_hpc.plan.paths import RunPaths
@@ -64,6 +65,8 @@ class Stopping:
         self.interrupt: Interrupt | None = None  # the interrupt acted on (a more urgent one replaces it)
         self.saved: save.SaveResult | None = None  # what the save on request did
         self.stall: CaughtStall | None = None
+        # when Slurm kills this job: the deadline of the resubmission's retries (beam_hpc.lifecycle.actions)
+        self.kill_clock = KillClock()
         self.job: RunningJob | None = None  # once the runtime exists
         self.stall_watch: StallWatch | None = None  # once the runtime exists
 
@@ -97,6 +100,8 @@ class Stopping:
         """From the signal handler: SIGTERM leaves KillWait seconds, so act here and now (the
         ledger line first), whatever phase the runtime is in; other signals wait for a tick,
         except during bring-up, when there is no rollout to save."""
+        if name == "SIGTERM":
+            self.kill_clock.sigterm()  # KillWait runs from here, whatever phase the segment is in
         if self.over:
             return
         if name in ("SIGTERM", "SIGINT") or self.job is None or self.job.driver is None:

@@ -106,8 +106,9 @@ def _slurm_checks(site: Site, recipe: Recipe | None) -> list[Check]:
     try:
         ping = slurm_client.ping()
     except slurm_client.SlurmUnavailable as err:
-        checks.append(Check("slurm controller", "fail", f"scontrol ping: {err.last_line}",
-                            "check SLURM_CONF and that slurmctld runs (`scontrol ping` must say UP)"))
+        checks.append(Check("slurm controller", "fail", f"scontrol ping: {slurm_client.describe_controller(err)}",
+                            "retry `beam-hpc doctor` once `scontrol ping` says UP (slurmctld restarting, failing "
+                            "over or down?); check SLURM_CONF if it never does"))
         return checks
     checks.append(Check("slurm controller", "pass", ping))
     names = slurm_client.partition_names()

@@ -46,22 +46,37 @@ _ACTIVE_STATES = (_JS.RUNNING, _JS.COMPLETING, _JS.CONFIGURING, _JS.SIGNALING, _
 _WAITING_STATES = (_JS.PENDING, _JS.REQUEUED, _JS.REQUEUE_HOLD, _JS.REQUEUE_FED, _JS.SUSPENDED, _JS.RESV_DEL_HOLD)
 
 # -- Slurm -------------------------------------------------------------------------------------
+CONTROLLER_CHECK_S = 5.0  # `scontrol ping` first: instant when slurmctld is down (scontrol show job: 18 s)
+
+
 def slurm_job_state(job_id: str, timeout: float = 10.0) -> dict[str, Any]:
     """The live state of a (possibly heterogeneous) job from `scontrol show job`.
 
     ``reachable`` is False when scontrol is missing or the controller does not answer; a job that
     Slurm no longer knows (finished longer than MinJobAge ago) is reachable with state "GONE".
+    ``controller`` names the controller when it did not answer (``scontrol ping``'s words), else None.
     """
     out: dict[str, Any] = {"reachable": False, "job_id": job_id, "state": None, "reason": None,
-                           "components": [], "note": ""}
+                           "components": [], "note": "", "controller": None}
     if shutil.which("scontrol") is None:
         out["note"] = "scontrol not found on PATH: no live Slurm state"
+        return out
+    try:
+        slurm_client.ping(timeout=min(timeout, CONTROLLER_CHECK_S))
+    except slurm_client.SlurmUnavailable as err:
+        if err.transient:
+            out["controller"] = slurm_client.describe_controller(err)
+            out["note"] = f"Slurm could not be asked: {out['controller']}"
+        else:
+            out["note"] = f"scontrol failed: {err.last_line}"
         return out
     try:
         records = slurm_client.show_job_records(str(job_id), timeout=timeout)
     except slurm_client.SlurmUnavailable as err:
         out["note"] = (f"scontrol did not answer within {timeout:.0f} s" if err.timed_out
                        else f"scontrol failed: {err.last_line}")
+        if err.transient:
+            out["controller"] = slurm_client.describe_controller(err)
         return out
     if records is None:
         out.update(reachable=True, state="GONE",
@@ -113,6 +128,7 @@ def _segment_rows(run_dir: Path, records: list[dict[str, Any]], scalars: Scalars
             "rollouts_at_end": None,
             "rollouts_run": None,  # rollout steps the segment finished, kept or not (from its scalars)
             "reason": None, "detail": None, "next_action": None, "next_job_id": None,
+            "resubmission_pending": None,
             "timings": {},
             "state": "ended",
         }
@@ -121,7 +137,8 @@ def _segment_rows(run_dir: Path, records: list[dict[str, Any]], scalars: Scalars
             row.update(end=en.get("time"), rollouts_at_end=en.get("rollouts_at_end"),
                        reason=en.get("reason"), detail=en.get("detail"),
                        next_action=nx.get("action"), next_job_id=nx.get("job_id"),
-                       timings=en.get("timings") or {}, rollouts_run=en.get("rollouts_run"))
+                       timings=en.get("timings") or {}, rollouts_run=en.get("rollouts_run"),
+                       resubmission_pending=_pending(en.get("resubmission_pending")))
         elif start is not None:
             running = (i == len(records) - 1 and live is not None and live.get("state") in _ACTIVE_STATES
                        and str(live.get("job_id")) == row["job_id"])
@@ -140,6 +157,14 @@ def _segment_rows(run_dir: Path, records: list[dict[str, Any]], scalars: Scalars
             row["duration_s"] = max(0.0, float(row["end"]) - float(row["start"]))
         rows.append(row)
     return rows
+
+
+def _pending(field: Any) -> dict[str, str] | None:
+    """An end line's ``resubmission_pending`` (``{"command", "why"}``: Slurm could not be reached
+    until the job's end, beam_hpc.lifecycle.actions.ResubmissionPending), when well formed."""
+    if not isinstance(field, dict) or not isinstance(field.get("command"), str) or not field["command"].strip():
+        return None
+    return {"command": field["command"], "why": str(field.get("why") or "")}
 
 
 def _current_job(rows: list[dict[str, Any]]) -> str | None:
@@ -223,9 +248,10 @@ def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None)
         "excluded_nodes": _excluded_nodes(root, records),
         "stalls": _stalls(records, paths),
         "eta": _eta(rows, scalars, goodput, done, generated, total, live, now),
+        "resubmission_pending": rows[-1]["resubmission_pending"] if rows else None,
         "slurm": live if live is not None else {
             "reachable": None, "job_id": job, "state": None, "reason": None, "components": [],
-            "note": "not asked (--no-slurm)" if (job and not slurm) else ""},
+            "note": "not asked (--no-slurm)" if (job and not slurm) else "", "controller": None},
         "metrics_source": scalars.source,
         "wandb": tracking.summary(root),
         "warnings": warnings,
@@ -362,6 +388,8 @@ def _summary_state(rows: list[dict[str, Any]], live: dict[str, Any] | None, done
         return "pending"
     if not rows:
         return "not-started"
+    if rows[-1]["state"] == "ended" and rows[-1]["resubmission_pending"]:
+        return "resubmission-pending"  # the chain waits for the command its last segment could not run
     if rows[-1]["state"] == "ended" and rows[-1]["next_action"] in (None, "none"):
         return "stopped"
     if live is None or not live.get("reachable"):

@@ -49,7 +49,13 @@ def format_status(s: dict[str, Any]) -> str:
     if sl.get("reason") and sl.get("reason") != "None":
         live += f", reason {sl['reason']}"
     job = f"job {sl['job_id']} {live}" if sl.get("job_id") else "no job queued"
-    lines.append(f"state      {s['state']}; {job}" + (f" [{sl['note']}]" if sl.get("note") else ""))
+    lines.append(f"state      {s['state']}; {job}" + (f" [{sl['note']}]" if sl.get("note") and not sl.get("controller") else ""))
+    if sl.get("controller"):
+        lines.append(f"slurm      could not be asked ({sl['controller']}): what follows is the run directory's alone")
+    pending = s.get("resubmission_pending")
+    if pending:
+        lines.append(f"next step  the resubmission is pending ({pending['why']}); once `scontrol ping` says UP, "
+                     f"run: {pending['command']}")
     total = r["total"] if r["total"] is not None else "?"
     frac = f" ({r['fraction'] * 100:.0f}%)" if r["fraction"] is not None else ""
     lines.append(f"rollouts   {r['done']} of {total} checkpointed{frac}, {r['generated']} generated")

@@ -117,6 +117,7 @@ def end_record(
     last_save_at: float | None = None,
     failed_nodes: list[dict[str, str]] | None = None,
     stall: dict[str, Any] | None = None,
+    resubmission_pending: dict[str, str] | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
     """The segment's end line. Besides what happened and what comes next, it records what
@@ -142,6 +143,8 @@ def end_record(
         "last_save_at": last_save_at,
         "failed_nodes": [{"node": str(f["node"]), "why": str(f.get("why", ""))} for f in failed_nodes or []],
         **({"stall": stall} if stall is not None else {}),
+        # Slurm could not be reached until the job's end: {"command": what to run, "why"}
+        **({"resubmission_pending": resubmission_pending} if resubmission_pending is not None else {}),
     }
 
 

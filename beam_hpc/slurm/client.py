@@ -5,8 +5,9 @@ output.
 Why one module: the same outputs (``sbatch --parsable``'s ``<id>[;cluster]``, ``scontrol --oneliner
 show job``'s ``Key=Value`` lines, ``squeue``'s het components ``<leader>+<offset>``) were read in
 several places, each with its own idea of what a failure looks like. Here each is parsed once, job
-states are an enum (:class:`JobState`), and a failure is one error type carrying Slurm's own words
-(:class:`SlurmError`; :class:`SlurmUnavailable` when Slurm could not be asked at all).
+states are an enum (:class:`JobState`), and a failure carries Slurm's own words: :class:`SlurmError`
+a refusal on the merits, :class:`SlurmUnavailable` when Slurm could not be asked (``transient``
+when it was unreachable or busy: :func:`unreachable`; retrying may help).
 
 What stays outside: the job's own ``srun`` steps (the job launcher,
 :class:`beam_hpc.job.runner.SrunLauncher`, owns them; under pyxis the batch host's container steps
@@ -25,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from pathlib import Path
 
 from beam_hpc.errors import RuntimeFailure
 
@@ -50,12 +52,61 @@ class SlurmError(RuntimeFailure):
 
 class SlurmUnavailable(SlurmError):
     """Slurm did not answer (no such command, a timeout, or the controller is down): nothing can be
-    concluded about the job. ``timed_out`` tells a silent controller from a missing command."""
+    concluded about the job. ``timed_out``: our own time limit ran out. ``transient``: the
+    controller could not be reached or was busy (a timeout, or :func:`unreachable` words), so the
+    same request may succeed later; False for a missing command or a missing slurmdbd.
+    ``may_have_landed``: the request may have reached the controller all the same (a timeout on
+    either side, or the command killed by a signal): Slurm 22.05 acts on a request whose answer
+    timed out (seen on the local cluster: a ``sbatch`` that said ``Socket timed out`` created the
+    job once the controller went on), so look before sending it again."""
 
     def __init__(self, argv: Sequence[str], detail: str, returncode: int | None = None,
-                 *, timed_out: bool = False) -> None:
+                 *, timed_out: bool = False, transient: bool | None = None,
+                 may_have_landed: bool | None = None) -> None:
         super().__init__(argv, detail, returncode)
         self.timed_out = timed_out
+        self.transient = (timed_out or unreachable(detail)) if transient is None else transient
+        if may_have_landed is None:  # only a refused connection or a "not now" is certain
+            may_have_landed = self.transient and not any(words in detail for words in _NOT_TAKEN)
+        self.may_have_landed = may_have_landed
+
+
+# What Slurm 22.05's commands say when the controller cannot be reached or is too busy to answer:
+# the strings of slurm_errno.c, as sbatch, squeue, scontrol and scancel printed them on the local
+# cluster with slurmctld stopped ("Unable to contact slurm controller (connect failure)", after
+# about 9 s; 18 s for `scontrol show job` and `scancel --signal` of a step, which try twice) or
+# stopped with SIGSTOP ("Socket timed out on send/recv operation", after MessageTimeout).
+_UNREACHABLE = (
+    "Unable to contact slurm controller",  # connect, send, receive or shutdown failure
+    "Socket timed out on send/recv operation",
+    "Zero Bytes were transmitted or received",
+    "Communication connection failure",
+    "Message send failure",
+    "Message receive failure",
+    "Connection refused",
+    "Connection reset by peer",
+    "Slurm backup controller in standby mode",
+    # EAGAIN: sbatch retries it by itself ("Slurm temporarily unable to accept job, sleeping and
+    # retrying") and says this when its retries run out; also a busy slurmdbd behind the controller
+    "Resource temporarily unavailable",
+    "Slurm temporarily unable to accept job",
+    "Unable to create job record, try again",  # the job table is full for now
+    # `scontrol requeue` with no answer: slurm_requeue2 (src/api/requeue.c) ignores the send's
+    # failure and reports the empty reply's type instead (seen with slurmctld stopped and SIGSTOPped)
+    "Unexpected message received",
+)
+# Of those, the words that say the request was certainly not taken (nothing reached the controller,
+# or it said "not now"); after any other, the request may have been carried out.
+_NOT_TAKEN = (
+    "(connect failure)", "Connection refused", "standby mode", "Resource temporarily unavailable",
+    "temporarily unable to accept job", "Unable to create job record",
+)
+
+
+def unreachable(text: str) -> bool:
+    """Whether Slurm's words say the controller could not be reached or was busy (retrying may
+    help), as opposed to a refusal on the merits (a bad partition, an account limit)."""
+    return any(words in text for words in _UNREACHABLE)
 
 
 class JobState(StrEnum):
@@ -139,21 +190,35 @@ def _call(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
           timeout: float | None = 60) -> subprocess.CompletedProcess:
     """Run one Slurm command; SlurmUnavailable when it cannot run or does not answer in time.
     A non-zero exit is left to the caller, which knows what it means for its command."""
+    shown = list(argv[len(_IMMUNE_TO_SIGTERM):]) if list(argv[:len(_IMMUNE_TO_SIGTERM)]) == _IMMUNE_TO_SIGTERM else argv
     try:
         return subprocess.run(list(argv), capture_output=True, text=True, check=False,
                               env=None if env is None else dict(env), timeout=timeout)
     except subprocess.TimeoutExpired as err:
-        raise SlurmUnavailable(argv, f"{argv[0]} did not answer within {timeout:.0f} s", timed_out=True) from err
+        raise SlurmUnavailable(shown, f"{shown[0]} did not answer within {timeout:.0f} s", timed_out=True) from err
     except FileNotFoundError as err:
-        raise SlurmUnavailable(argv, f"{argv[0]}: not found") from err
+        raise SlurmUnavailable(shown, f"{shown[0]}: not found") from err
     except OSError as err:
-        raise SlurmUnavailable(argv, f"{argv[0]}: {err}") from err
+        raise SlurmUnavailable(shown, f"{shown[0]}: {err}") from err
+
+
+def failure(argv: Sequence[str], proc: subprocess.CompletedProcess) -> SlurmError:
+    """The error for a Slurm command that exited non-zero: SlurmUnavailable (transient) when its
+    words say the controller was unreachable or busy, or a signal ended it; else SlurmError, a
+    refusal in Slurm's own words."""
+    words = _words(proc)
+    if proc.returncode < 0:
+        return SlurmUnavailable(argv, words or f"{argv[0]} was killed by signal {-proc.returncode}",
+                                proc.returncode, transient=True)
+    if unreachable(words):
+        return SlurmUnavailable(argv, words, proc.returncode)
+    return SlurmError(argv, words, proc.returncode)
 
 
 def _checked(argv: Sequence[str], **kw: object) -> subprocess.CompletedProcess:
     proc = _call(argv, **kw)  # type: ignore[arg-type]
     if proc.returncode != 0:
-        raise SlurmError(argv, _words(proc), proc.returncode)
+        raise failure(argv, proc)
     return proc
 
 
@@ -177,11 +242,16 @@ class NoJobId(SlurmError):
         super().__init__(argv, f"no job id in sbatch's output {stdout!r}", 0)
 
 
-def sbatch(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float | None = 60) -> str:
+def sbatch(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float | None = 60,
+           survive_term: bool = False) -> str:
     """Submit ``sbatch --parsable <args>``; returns the job id. Raises SlurmError with sbatch's
-    words when it refuses, NoJobId when its output holds no id."""
+    words when it refuses, SlurmUnavailable when the controller cannot be reached or is busy,
+    NoJobId when its output holds no id. ``survive_term``: sbatch ignores SIGTERM (see
+    ``_IMMUNE_TO_SIGTERM``), for a job that submits while Slurm may be ending it."""
     argv = sbatch_argv(args)
-    proc = _checked(argv, env=env, timeout=timeout)
+    proc = _call([*_IMMUNE_TO_SIGTERM, *argv] if survive_term else argv, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise failure(argv, proc)
     job_id = parse_sbatch_id(proc.stdout)
     if job_id is None:
         raise NoJobId(argv, proc.stdout)
@@ -261,7 +331,7 @@ def _show_job_text(job_id: str, timeout: float | None) -> str | None:
     if proc.returncode != 0:
         if _GONE in (proc.stderr or "") + (proc.stdout or ""):
             return None
-        raise SlurmUnavailable(argv, _words(proc), proc.returncode)
+        raise SlurmUnavailable(argv, _words(proc), proc.returncode, transient=unreachable(_words(proc)))
     return proc.stdout
 
 
@@ -303,6 +373,26 @@ def queued_job_ids(name: str, *, timeout: float | None = 60) -> list[str]:
     return parse_squeue_ids(proc.stdout)
 
 
+def parse_dependents(text: str, job_id: str) -> list[str]:
+    """From ``squeue -h -o %i|%E`` lines, the jobs whose dependency names job ``job_id`` (e.g.
+    ``afterany:41(unfulfilled)``); het components count as their leader."""
+    out: list[str] = []
+    for line in text.splitlines():
+        job, _, dependency = line.strip().partition("|")
+        names = {part.split("(", 1)[0].split(":", 1)[-1] for part in dependency.replace("?", ",").split(",")}
+        leader = job.split("+", 1)[0].strip()
+        if str(job_id) in names and leader and leader not in out:
+            out.append(leader)
+    return out
+
+
+def dependents(job_id: str, *, env: Mapping[str, str] | None = None, timeout: float | None = 60) -> list[str]:
+    """This user's queued jobs that depend on job ``job_id`` (how a resubmission whose answer was
+    lost is found again: it depends ``afterany`` on the job that submitted it)."""
+    proc = _checked(["squeue", "-h", "--me", "-o", "%i|%E"], env=env, timeout=timeout)
+    return parse_dependents(proc.stdout, job_id)
+
+
 # -- scancel / scontrol requeue ---------------------------------------------------------------------
 def cancel(job_ids: Sequence[str] = (), *, name: str | None = None, signal: str | None = None,
            env: Mapping[str, str] | None = None, timeout: float | None = 60) -> None:
@@ -317,7 +407,7 @@ def cancel(job_ids: Sequence[str] = (), *, name: str | None = None, signal: str 
     argv += [f"--name={name}"] if name else [str(j) for j in job_ids]
     proc = _call(argv, env=env, timeout=timeout)
     if proc.returncode != 0 and _GONE not in proc.stderr:
-        raise SlurmError(argv, (proc.stderr or "").strip(), proc.returncode)
+        raise failure(argv, proc)
 
 
 # A job that requeues itself is answered by Slurm with SIGTERM to every process of the job, the
@@ -326,7 +416,7 @@ def cancel(job_ids: Sequence[str] = (), *, name: str | None = None, signal: str 
 # scontrol dies of it and a requeue that happened reads as a failure: submitit 1.5's own
 # ``_requeue`` then records the job as failed. The shell sets SIGTERM to ignored, which exec keeps,
 # so scontrol lives to report Slurm's answer; SIGKILL after KillWait still ends it.
-_IMMUNE_TO_SIGTERM = ["sh", "-c", 'trap "" TERM; exec "$@"', "scontrol"]
+_IMMUNE_TO_SIGTERM = ["sh", "-c", 'trap "" TERM; exec "$@"', "slurm-client"]
 
 
 def requeue(job_id: str, *, env: Mapping[str, str] | None = None, timeout: float | None = 60) -> None:
@@ -335,7 +425,7 @@ def requeue(job_id: str, *, env: Mapping[str, str] | None = None, timeout: float
     argv = ["scontrol", "requeue", str(job_id)]
     proc = _call([*_IMMUNE_TO_SIGTERM, *argv], env=env, timeout=timeout)
     if proc.returncode != 0:
-        raise SlurmError(argv, _words(proc), proc.returncode)
+        raise failure(argv, proc)
 
 
 # -- scontrol show hostnames ------------------------------------------------------------------------
@@ -349,18 +439,85 @@ def expand_hostnames(nodelist: str, *, timeout: float | None = 60) -> list[str]:
 
 # -- controller and partitions (doctor) -------------------------------------------------------------
 def ping(*, timeout: float = 20) -> str:
-    """``scontrol ping``'s first line when the controller is UP; SlurmUnavailable (with the line
-    that says why) otherwise."""
+    """``scontrol ping``'s first line when the controller is UP; SlurmUnavailable (transient, its
+    detail the lines that name each controller, e.g. ``Slurmctld(primary) at vm is DOWN``)
+    otherwise. With slurmctld stopped it answers at once; a controller that is alive but does not
+    answer (SIGSTOP, overload) takes MessageTimeout, so callers pass a short ``timeout``."""
     argv = ["scontrol", "ping"]
     proc = _call(argv, timeout=timeout)
     if "UP" not in proc.stdout:
-        raise SlurmUnavailable(argv, _words(proc), proc.returncode)
+        named = [line.strip() for line in proc.stdout.splitlines() if line.startswith("Slurmctld")]
+        raise SlurmUnavailable(argv, "; ".join(named) or _words(proc), proc.returncode, transient=True,
+                               may_have_landed=False)
     return proc.stdout.strip().splitlines()[0]
 
 
 def srun_help(*, timeout: float = 20) -> str:
     """``srun --help``: the options srun takes here, SPANK plugins' (pyxis's) included."""
     return _checked(["srun", "--help"], timeout=timeout).stdout
+
+
+DEFAULT_KILL_WAIT_S = 30  # Slurm's default KillWait
+
+
+def parse_config_seconds(text: str, key: str) -> int | None:
+    """A ``Key = N sec`` line of ``scontrol show config`` as seconds (None when absent)."""
+    for line in text.splitlines():
+        name, _, value = line.partition("=")
+        if name.strip() == key:
+            number = value.strip().split(" ", 1)[0]
+            return int(number) if number.isdigit() else None
+    return None
+
+
+def kill_wait_s(*, timeout: float = 15) -> int:
+    """Slurm's KillWait: the seconds between the SIGTERM that ends a job and its SIGKILL
+    (``scontrol show config``, which needs the controller); Slurm's default, 30, when it cannot
+    say. A segment reads it at its start, while the controller answers."""
+    try:
+        proc = _call(["scontrol", "show", "config"], timeout=timeout)
+    except SlurmUnavailable:
+        return DEFAULT_KILL_WAIT_S
+    found = parse_config_seconds(proc.stdout, "KillWait") if proc.returncode == 0 else None
+    return DEFAULT_KILL_WAIT_S if found is None else found
+
+
+def controller_names(env: Mapping[str, str] | None = None) -> list[str]:
+    """The controllers slurm.conf names (``SlurmctldHost``, or the old ``ControlMachine``), read
+    from the file itself (SLURM_CONF, else /etc/slurm/slurm.conf): what a message names when
+    ``scontrol ping`` cannot say. Empty when the file cannot be read (a configless site)."""
+    path = (os.environ if env is None else env).get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    names = []
+    for line in lines:
+        key, _, value = line.split("#", 1)[0].strip().partition("=")
+        if key.strip().lower() in ("slurmctldhost", "controlmachine") and value.strip():
+            names.append(value.strip())
+    return names
+
+
+def describe_controller(err: SlurmError | None = None, *, timeout: float = 5) -> str:
+    """One phrase naming the controller that did not answer, for a person: ``scontrol ping``'s
+    lines (``Slurmctld(primary) at vm is DOWN``; ``err`` may be that ping's error, else it is
+    asked here), else the slurm.conf names with what went wrong."""
+    last = err.last_line if err is not None else "no answer"
+    if err is not None and err.argv[:2] == ["scontrol", "ping"]:
+        if err.detail.startswith("Slurmctld"):
+            return err.detail
+    else:
+        try:
+            up = ping(timeout=timeout)
+        except SlurmUnavailable as down:
+            if down.detail.startswith("Slurmctld"):
+                return down.detail
+            last = down.last_line
+        else:  # back already: say what failed, and that it answers now
+            return f"{last} (now {up})"
+    names = controller_names()
+    return f"slurmctld at {', '.join(names)}: {last}" if names else f"the Slurm controller: {last}"
 
 
 def _output(argv: Sequence[str], timeout: float) -> str:

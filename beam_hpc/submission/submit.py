@@ -151,6 +151,8 @@ def run_sbatch(cmd: list[str], env: dict[str, str] | None = None) -> str:
         return slurm_client.sbatch(cmd[1:], env={**os.environ, **(env or {})}, timeout=None)
     except slurm_client.NoJobId as err:
         raise SubmitError(f"could not read a job id from sbatch's output: {err.stdout!r}") from err
+    except slurm_client.SlurmUnavailable:
+        raise  # not a refusal: the CLI names the controller and what to retry
     except slurm_client.SlurmError as err:
         raise SubmitError(f"sbatch refused the job: {err.detail}") from err
 
@@ -256,7 +258,10 @@ def schedule(request: SubmitRequest, *, exclude: list[str] | None = None) -> Sub
     (sbatch or submitit; ``beam-hpc execute`` runs local requests itself). ``exclude``: the run's
     failed nodes: ``--exclude`` on the sbatch line; through submitit, the job's ExcNodeList set
     right after submission (submitit takes no such option here; a job scheduled within that
-    moment may still land on one, and then fails and excludes it again)."""
+    moment may still land on one, and then fails and excludes it again). A controller that does not
+    answer is found before anything is written (SlurmUnavailable)."""
+    if request.uses_sbatch or request.via is Via.SUBMITIT:
+        slurm_client.ping(timeout=10)
     prepare_run(request)
     if request.uses_sbatch:
         cmd = request.sbatch_argv()

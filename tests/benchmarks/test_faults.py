@@ -32,6 +32,9 @@ def test_the_schedule_is_drawn_from_the_seed_and_holds_every_fault_once() -> Non
         assert all(2 <= f.after <= 4 for f in plan if f.kind != faults.TORN)
     assert len({tuple(f.kind for f in plan) for plan in drawn.values()}) > 10  # orders differ
     assert "hang" not in [f.kind for f in faults.schedule(7, hang=False)]
+    with_outage = faults.schedule(7, hang=True, outage=True)  # the eighth kind, where the segment rides one out
+    assert Counter(f.kind for f in with_outage)[faults.OUTAGE] == 1 and len(with_outage) == len(drawn[7]) + 1
+    assert faults.EXPECTED_END[faults.OUTAGE] == ("walltime", "resubmit")  # saved, then resubmitted after it
 
 
 def test_the_hang_is_set_after_the_progress_expected_before_its_turn() -> None:

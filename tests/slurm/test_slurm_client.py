@@ -90,7 +90,7 @@ def test_errors_carry_slurms_words(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     _fake(tmp_path, monkeypatch, "scontrol", stdout=SCONTROL_PING_DOWN, rc=1)
     with pytest.raises(SlurmUnavailable) as err:
         client.ping()
-    assert err.value.last_line.startswith("**") and "DOWN" in err.value.detail
+    assert err.value.last_line == "Slurmctld(primary) at vm is DOWN" and err.value.transient  # the line naming it
     _fake(tmp_path, monkeypatch, "scontrol", stderr="slurm_load_jobs error: Unable to contact slurm controller\n", rc=1)
     with pytest.raises(SlurmUnavailable, match="Unable to contact"):
         client.show_job("5")
@@ -106,6 +106,75 @@ def test_errors_carry_slurms_words(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(SlurmUnavailable, match="scontrol: not found"):
         client.show_job("5")
+
+
+# What Slurm 22.05 printed on the local cluster with slurmctld stopped (connect failure), stopped
+# with SIGSTOP (socket timeout), and refusing on the merits; the real runs are in
+# tests/lifecycle/test_controller_outage.py.
+UNREACHABLE_WORDS = [
+    "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
+    "slurm_load_jobs error: Unable to contact slurm controller (connect failure)",
+    "scancel: error: Kill job error on job id 1: Unable to contact slurm controller (connect failure)",
+    "slurm_load_partitions: Unable to contact slurm controller (connect failure)",
+    "Unexpected message received for job 1",  # scontrol requeue, either way
+    "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation",
+    "slurm_load_jobs error: Socket timed out on send/recv operation",
+    "sbatch: error: Batch job submission failed: Resource temporarily unavailable",
+]
+REFUSALS = [
+    SBATCH_REFUSED,
+    "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)",
+    "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified",
+    "Requested operation is presently disabled for job 41",
+    SCONTROL_GONE,
+]
+
+
+def test_unreachable_or_busy_is_told_from_a_refusal_on_the_merits() -> None:
+    import subprocess
+
+    for words in UNREACHABLE_WORDS:
+        assert client.unreachable(words), words
+        err = client.failure(["sbatch"], subprocess.CompletedProcess(["sbatch"], 1, "", words + "\n"))
+        assert isinstance(err, SlurmUnavailable) and err.transient and err.detail == words
+        # only a refused connection (or a "not now") is sure not to have been carried out
+        assert err.may_have_landed == ("connect failure" not in words and "temporarily" not in words), words
+    for words in REFUSALS:
+        assert not client.unreachable(words), words
+        err = client.failure(["sbatch"], subprocess.CompletedProcess(["sbatch"], 1, "", words))
+        assert type(err) is SlurmError and err.detail == words.strip()  # Slurm's words, as they were
+    killed = client.failure(["sbatch"], subprocess.CompletedProcess(["sbatch"], -15, "", ""))
+    assert isinstance(killed, SlurmUnavailable) and killed.transient and killed.may_have_landed
+    timed_out = SlurmUnavailable(["sbatch"], "sbatch did not answer within 30 s", timed_out=True)
+    assert timed_out.transient and timed_out.may_have_landed
+    assert not SlurmUnavailable(["sbatch"], "sbatch: not found").transient  # nothing to wait for
+
+
+def test_dependents_and_the_controllers_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    squeue = "793201|afterany:793200(unfulfilled)\n793202+0|afterok:9(unfulfilled),afterany:793200(unfulfilled)\n" \
+             "793202+1|afterok:9(unfulfilled),afterany:793200(unfulfilled)\n793203|(null)\n793204|afterany:7932000\n"
+    assert client.parse_dependents(squeue, "793200") == ["793201", "793202"]
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\nSlurmctldHost=ctl1(10.0.0.1)  # primary\nSlurmctldHost=ctl2\n")
+    assert client.controller_names({"SLURM_CONF": str(conf)}) == ["ctl1(10.0.0.1)", "ctl2"]
+    assert client.controller_names({"SLURM_CONF": str(tmp_path / "none")}) == []
+    _fake(tmp_path, monkeypatch, "scontrol", stdout=SCONTROL_PING_DOWN, rc=1)
+    err = SlurmUnavailable(["sbatch"], UNREACHABLE_WORDS[0], 1)
+    assert client.describe_controller(err) == "Slurmctld(primary) at vm is DOWN"
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    _fake(tmp_path, monkeypatch, "scontrol", stderr="scontrol: error: cannot read config\n", rc=1)
+    assert client.describe_controller(err).startswith("slurmctld at ctl1(10.0.0.1), ctl2: ")
+
+
+def test_kill_wait_from_scontrol_show_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = "Configuration data as of 2026-12-05T22:40:01\nJobCompType             = jobcomp/none\n" \
+             "KillWait                = 5 sec\nMessageTimeout          = 10 sec\n"  # the local cluster's
+    assert client.parse_config_seconds(config, "KillWait") == 5 and client.parse_config_seconds(config, "Nope") is None
+    _fake(tmp_path, monkeypatch, "scontrol", stdout=config)
+    assert client.kill_wait_s() == 5
+    _fake(tmp_path, monkeypatch, "scontrol", stderr="slurm_load_ctl_conf error: Unable to contact slurm controller "
+                                                    "(connect failure)\n", rc=1)
+    assert client.kill_wait_s() == client.DEFAULT_KILL_WAIT_S == 30
 
 
 def test_a_requeue_from_inside_the_job_survives_the_sigterm_it_causes(tmp_path: Path,

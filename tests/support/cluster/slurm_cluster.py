@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -87,6 +88,12 @@ class ClusterSpec:
     spot_nodes: int = 4
     ctld_port: int = DEFAULT_CTLD_PORT
     cluster_name: str = "beamlab"
+    # Point /etc/slurm at this cluster when nothing else does (a client run without SLURM_CONF
+    # finds it). False for a private second cluster, whose clients always get SLURM_CONF.
+    link_etc: bool = True
+    # The first job id (slurm.conf FirstJobId): a second cluster's ids far from the first's, since
+    # some per-job names on this host (Ray temp dirs) carry the job id alone.
+    first_job_id: int = 1
 
     @property
     def first_slurmd_port(self) -> int:
@@ -285,6 +292,7 @@ class LocalSlurmCluster:
             # also the delay before a requeued job may start again (default 120 s)
             "AuthInfo=cred_expire=10",
             f"SlurmctldPort={s.ctld_port}",
+            *([f"FirstJobId={s.first_job_id}"] if s.first_job_id != 1 else []),
             f"StateSaveLocation={lab}/state/ctld",
             f"SlurmdSpoolDir={lab}/state/slurmd_%n",
             f"SlurmctldPidFile={lab}/run/slurmctld.pid",
@@ -360,6 +368,8 @@ class LocalSlurmCluster:
         write_atomic(lab / "etc" / "gres.conf", self.gres_conf_text())
         self._write_plugstack()
         # A client run without SLURM_CONF would otherwise try DNS SRV ("configless") discovery.
+        if not self.spec.link_etc:
+            return
         _ETC_SLURM.mkdir(exist_ok=True)
         for name in ("slurm.conf", "gres.conf"):
             link = _ETC_SLURM / name
@@ -490,6 +500,45 @@ class LocalSlurmCluster:
         _wait_until(_munge_works, 10, "munged to answer `munge -n | unmunge`", None)
         pid = _MUNGE_PIDFILE.read_text().strip()
         (self.lab / "run" / "munged.ours").write_text(pid + "\n")
+
+    # -- a controller outage (tests/lifecycle/test_controller_outage.py) -----------------------
+    # Only on a cluster no other session uses: every job on the cluster loses its controller too,
+    # and while slurmctld is down a session's `up` would take the cluster for stopped and start it
+    # afresh on wiped state. The outage tests bring up a private cluster of their own for it.
+    def controller_pid(self) -> int | None:
+        """slurmctld's PID from its pidfile, when that process is alive and is slurmctld."""
+        return _live_pid(self._pidfile("slurmctld"), "slurmctld")
+
+    def stop_controller(self, timeout: float = 15) -> None:
+        """Stop slurmctld by the PID in its pidfile (SIGTERM: it saves its state and exits, as for
+        an upgrade or a restart); slurmd and the jobs on the nodes run on."""
+        with self._lock():
+            if self.controller_pid() is None:
+                raise SlurmClusterError(f"no slurmctld of {self.lab} runs (pidfile {self._pidfile('slurmctld')})")
+            _stop_by_pidfiles([self._pidfile("slurmctld")], "slurmctld", timeout)
+
+    def start_controller(self, timeout: float = 60) -> None:
+        """Start slurmctld again on the state it saved (its jobs, running or queued, are recovered;
+        never ``up``, which starts a stopped controller on fresh state) and wait until it answers."""
+        with self._lock():
+            if self.controller_pid() is None:
+                self._spawn(["slurmctld"], "slurmctld")
+            _wait_until(self.controller_up, timeout, "slurmctld to answer `scontrol ping` again",
+                        self.lab / "log" / "slurmctld.log")
+
+    def pause_controller(self) -> None:
+        """SIGSTOP slurmctld: it keeps its port and accepts connections but answers nothing, as an
+        overloaded controller does (clients say ``Socket timed out on send/recv operation``)."""
+        pid = self.controller_pid()
+        if pid is None:
+            raise SlurmClusterError(f"no slurmctld of {self.lab} runs")
+        os.kill(pid, signal.SIGSTOP)
+
+    def resume_controller(self) -> None:
+        """SIGCONT slurmctld after :meth:`pause_controller`; it then works off what it was sent."""
+        pid = self.controller_pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
 
     # -- shared use by several pytest sessions ------------------------------------------------
     def join(self) -> None:
