@@ -16,7 +16,7 @@ from pathlib import Path
 
 from beam_hpc.errors import InputError, shorten
 from beam_hpc.plan.paths import RunPaths
-from beam_hpc.run import checkpoint_layout
+from beam_hpc.run.files import write_json_atomic
 from beam_hpc.slurm import client
 
 
@@ -59,7 +59,7 @@ def cancel_run(run_dir: str, *, scancel: bool = True) -> CancelResult:
     plan_file = Path(paths.plan)
     if not plan_file.is_file() and not Path(paths.ledger).is_file():
         raise InputError(f"{shorten(run_dir)}: no plan.json and no ledger.jsonl; give the run's --output-dir")
-    checkpoint_layout.write_atomic(paths.cancel_flag, json.dumps({"time": time.time(), "by": os.environ.get("USER", "")}) + "\n")
+    write_json_atomic(paths.cancel_flag, {"time": time.time(), "by": os.environ.get("USER", "")}, indent=None)
     job_name = None
     try:
         job_name = json.loads(plan_file.read_text()).get("job_name")

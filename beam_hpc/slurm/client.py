@@ -2,20 +2,16 @@
 ``sacctmgr`` call beam-hpc makes, the doctor's one-task-per-node ``srun``, and every parse of their
 output.
 
-Why one module: the same outputs (``sbatch --parsable``'s ``<id>[;cluster]``, ``scontrol --oneliner
-show job``'s ``Key=Value`` lines, ``squeue``'s het components ``<leader>+<offset>``) were read in
-several places, each with its own idea of what a failure looks like. Here each is parsed once, job
+Why one module: each output (``sbatch --parsable``'s ``<id>[;cluster]``, ``scontrol --oneliner show
+job``'s ``Key=Value`` lines, ``squeue``'s het components ``<leader>+<offset>``) is parsed once, job
 states are an enum (:class:`JobState`), and a failure carries Slurm's own words: :class:`SlurmError`
 a refusal on the merits, :class:`SlurmUnavailable` when Slurm could not be asked (``transient``
-when it was unreachable or busy: :func:`unreachable`; retrying may help).
+when it was unreachable or busy: :func:`unreachable`; retrying may help). Outside it: the job's own
+``srun`` steps (:mod:`beam_hpc.job.launchers`; under pyxis the batch host's container steps are
+:mod:`beam_hpc.node.container`'s) and submitit's own squeue poll (:mod:`beam_hpc.slurm.submitit_het`).
 
-What stays outside: the job's own ``srun`` steps (the job launcher,
-:class:`beam_hpc.job.runner.SrunLauncher`, owns them; under pyxis the batch host's container steps
-are :mod:`beam_hpc.node.container`'s), and submitit's own squeue poll in :mod:`beam_hpc.slurm.submitit_het` (submitit's
-InfoWatcher runs the command it is given; see that module).
-
-Environment: a client run from inside a job inherits the job's SLURM_* variables, which e.g. make
-a resubmitted job believe it is a requeue; callers in a job pass ``env=slurm_env_free()``.
+A client run from inside a job inherits the job's SLURM_* variables, which e.g. make a resubmitted
+job believe it is a requeue; callers in a job pass ``env=slurm_env_free()``.
 """
 
 from __future__ import annotations
