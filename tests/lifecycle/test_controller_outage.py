@@ -620,15 +620,16 @@ def test_a_150_s_outage_at_the_walltime_save_loses_nothing(outage, tiny_assets, 
     recipe's own batch (2-6 s a rollout here) and a 3-minute walltime (the issue's 1:45 less Ray's
     bring-up, 12-65 s on this machine, left no rollout before the walltime or all 60 of them,
     depending on its load) make the walltime come before the 60th rollout however loaded it is."""
+    from job_plans import HOST_SITE, make_test_plan
     from reference_harness import assert_bitwise_equal, load_checkpoint, run_backend
-    from reference_harness import make_plan as reference_plan
     from run_watch import chain_finished, diagnostics, segments, wait_for
 
     n, recipe = 60, ["eval.interval=0", "checkpoint.interval=10"]
     run, plan, first = _chain(outage, runs, tiny_assets, num_rollout=n, walltime="00:03:00", lead_s=45, recipe=recipe)
     whole = runs / "uninterrupted"
-    uninterrupted = ThreadPoolExecutor(1).submit(run_backend, reference_plan(
-        whole, tiny_assets, [*recipe, f"num_rollout={n}"]), reference_ray, timeout=1800)
+    uninterrupted = ThreadPoolExecutor(1).submit(run_backend, make_test_plan(
+        whole, assets=tiny_assets, overrides=[*recipe, f"num_rollout={n}"], site=HOST_SITE).paths.plan,
+        reference_ray, timeout=1800)
     seg_log = run / "logs" / f"{first}-0" / "segment.log"
     wait_for("the walltime save request", lambda: seg_log.exists() and "save requested (walltime)" in seg_log.read_text(
         errors="replace"), run, timeout=600, poll_s=0.05)

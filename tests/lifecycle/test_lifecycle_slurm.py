@@ -257,8 +257,9 @@ def test_walltime_then_preemption_then_a_new_total_complete_the_run(slurm_cluste
         assert_one_wandb_run(run, plan, n)
 
 
-# W&B offline beside TensorBoard (tracking.wandb): the walltime chain above runs with it when wandb is installed
-WANDB = ("tracking.wandb.project=beam-test", "tracking.wandb.mode=offline")
+# W&B offline beside TensorBoard (tracking.wandb), and evals (SMALL has none) to see at their steps: the
+# walltime chain above runs with them when wandb is installed
+WANDB = ("tracking.wandb.project=beam-test", "tracking.wandb.mode=offline", "eval.interval=3")
 
 
 def assert_one_wandb_run(run: Path, plan: Plan, n: int) -> None:

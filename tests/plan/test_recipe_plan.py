@@ -221,7 +221,7 @@ def test_slurms_declared_tmp_disk_decides_the_trainers_tmp() -> None:
 @pytest.mark.slurm
 def test_submit_dry_run_asks_the_cluster_for_tmp_disk(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The local cluster declares TmpDisk 3,000,000 MB on n1-n10 and 100,000 MB on n11-n12: the
-    seed's 1863G fits its 8 trainer nodes, 11 trainer nodes or 4,000 GB are refused (exit 2, one
+    seed's 1863G fits its 8 trainer nodes, 16 trainer nodes or 4,000 GB are refused (exit 2, one
     line), and ``tmp: none`` asks for nothing. Dry runs: no job is queued."""
     args = ["submit", recipe_path("dedicated"), "--site", site_path("local"), "--dry-run", "--via", "sbatch",
             "--output-dir", str(tmp_path / "run"), "--set", f"data.dir={tmp_path}", "--set", f"model.path={tmp_path}"]
@@ -229,7 +229,7 @@ def test_submit_dry_run_asks_the_cluster_for_tmp_disk(tmp_path: Path, capsys: py
     out = capsys.readouterr().out
     assert ("local disk, trainer: --tmp=1863G (from training.offload.min_free_gb 2000 GB; 10 of the 12 nodes of "
             "partition debug declare TmpDisk >= 1907712 MB (1863G))") in out
-    assert main([*args, "--set", "topology.trainer.nodes=11"]) == 2
+    assert main([*args, "--set", "topology.trainer.nodes=16"]) == 2  # (Megatron needs 8k nodes here)
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "only 10 of the 12 nodes of partition debug" in err
     assert main([*args, "--set", "training.offload.min_free_gb=4000"]) == 2

@@ -91,7 +91,7 @@ def records(run: Path) -> dict[str, dict]:
 def normalized(record: dict, run: Path) -> list[str]:
     """The driver's argv with what differs by run and job taken out: the run directory, the Ray
     address (after --ray-address) and the total (compared on its own)."""
-    argv = [a.replace(str(run), "<run>") for a in record["argv"]]
+    argv = [a.replace(str(run), "<run>").replace("{run_dir}", "<run>") for a in record["argv"]]  # (a plan says {run_dir})
     for flag, stand_in in (("--ray-address", "<ray>"), ("--num-rollout", "<total>")):
         argv[argv.index(flag) + 1] = stand_in
     return argv

@@ -161,8 +161,9 @@ def test_walltime_save_at_sentinel_then_resume_with_exact_miles_flags(slurm_clus
     assert status["eval"]["accuracy"] == 0.5 and status["eval"]["miles_checker"]["accuracy"] == 0.25
 
     # the flags of both launches are what miles_args builds for this plan (--load on the resume too)
-    # (the plan carries --num-rollout {num_rollout}; each segment fills in the total it runs to)
-    expected = [plan_fill(a, num_rollout=str(NUM_ROLLOUT)) if a == "{num_rollout}" else a
+    # (the plan carries --num-rollout {num_rollout}, each segment filling in the total it runs to,
+    # and names the run directory {run_dir}, filled from the plan's output_dir)
+    expected = [plan_fill(a, num_rollout=str(NUM_ROLLOUT), run_dir=plan.output_dir)
                 for a in miles_args.miles_args(recipe, site)]
     assert "{num_rollout}" in miles_args.miles_args(recipe, site)
     for record, job in ((one, first), (two, second)):
