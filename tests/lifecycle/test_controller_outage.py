@@ -377,10 +377,14 @@ def test_a_hung_controller_reads_as_busy_and_a_lost_answer_is_found_not_sent_twi
     out, _ = box["out"]  # type: ignore[misc]
     assert isinstance(out, str) and out.isdigit(), repr(out)
     assert client.dependents(job) == [out], "the lost submission was sent again"
-    # found by the look before a resend, or (the controller answered the look before it got to the
-    # lost request) withdrawn as a twin after it
+    # Three outcomes keep that one job: the lost request was found by the look before a resend; or
+    # (the controller answered the look before it got to the lost request) withdrawn as a twin after
+    # it; or (seen under load in CI) the paused controller never read the first request, so the one
+    # resend is the only submission. The first half of this test shows a lost sbatch landing.
     print("\n" + "\n".join(caplog.messages))
-    assert any("went through after all" in m or "withdrawing job" in m for m in caplog.messages)
+    found = any("went through after all" in m or "withdrawing job" in m for m in caplog.messages)
+    retried = [m for m in caplog.messages if "trying again" in m]
+    assert found or len(retried) >= 1, caplog.messages
 
 
 # -- (b) the resubmission rides out the outage ------------------------------------------------------------
