@@ -7,29 +7,11 @@ They run W&B offline only: no network, no key.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
-import pytest
+from optional_package import OptionalPackage
 
 WANDB_VERSION = "0.31.0"
-_MISSING = f"wandb unavailable: pip install wandb=={WANDB_VERSION} to run the W&B tracking tests"
-
-
-def have_wandb() -> bool:
-    """Whether wandb is importable; under ``BEAM_REQUIRE_WANDB=1`` its absence fails the test. For a
-    test that checks W&B on top of what it checks anyway (the walltime chain), so that a machine
-    without wandb still runs the rest."""
-    if importlib.util.find_spec("wandb") is not None:
-        return True
-    if os.environ.get("BEAM_REQUIRE_WANDB") == "1":
-        pytest.fail(_MISSING + " (BEAM_REQUIRE_WANDB=1 requires it)", pytrace=False)
-    return False
-
-
-def require_wandb() -> None:
-    if importlib.util.find_spec("wandb") is not None:
-        return
-    if os.environ.get("BEAM_REQUIRE_WANDB") == "1":
-        pytest.fail(_MISSING + " (BEAM_REQUIRE_WANDB=1 requires it)", pytrace=False)
-    pytest.skip(_MISSING)
+WANDB = OptionalPackage("wandb", "BEAM_REQUIRE_WANDB",
+                        f"wandb unavailable: pip install wandb=={WANDB_VERSION} to run the W&B tracking tests")
+# have_wandb: for a test that checks W&B on top of what it checks anyway (the walltime chain)
+have_wandb = WANDB.present
+require_wandb = WANDB.require
