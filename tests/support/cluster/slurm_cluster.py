@@ -353,8 +353,9 @@ class LocalSlurmCluster:
 
     def _write_config(self, fresh_state: bool) -> None:
         lab = self.lab
-        if fresh_state:
+        if fresh_state:  # job ids start again at FirstJobId: a record of an old job 29 would pass as the new one's
             shutil.rmtree(lab / "state", ignore_errors=True)
+            shutil.rmtree(self.pyxis_records, ignore_errors=True)
         for d in ("etc", "state/ctld", "log", "run", "dev", "leases"):
             (lab / d).mkdir(parents=True, exist_ok=True)
         for name in self.nodes:  # slurmd refuses to start without its spool dir
