@@ -40,6 +40,12 @@ HANG_AFTER_ROLLOUT_VAR = "BEAM_TEST_HANG_AFTER_ROLLOUT"
 HANG_TIMES_VAR = "BEAM_TEST_HANG_TIMES"
 HANG_MARKER_FILE = "test-hang.json"  # in the segment directory of a driver that hung on purpose
 
+# Seconds (a float). The reference driver waits this long after each rollout, as a run whose
+# rollouts take long does (long responses, a slow shared filesystem), without their CPU. A chain
+# test then meets its walltime in the middle of a run of a few small rollouts however loaded the
+# machine is. Used by tests/lifecycle/test_controller_outage_chain.py.
+SLOW_ROLLOUT_VAR = "BEAM_TEST_SLOW_ROLLOUT_S"
+
 
 class InjectedFault(RuntimeError):
     """A hook made this node bad; the caller turns it into its own error."""
@@ -70,6 +76,13 @@ def hangs_ray_start(node_index: int) -> bool:
 def hang_markers(logs_dir: str | Path) -> list[Path]:
     """The markers of the hangs so far in a run (``logs_dir``: the run's logs/), oldest segment first."""
     return sorted(Path(logs_dir).glob(f"*/{HANG_MARKER_FILE}"))
+
+
+def slow_rollout() -> None:
+    """SLOW_ROLLOUT_VAR: sleep that many seconds (after a rollout)."""
+    pause = os.environ.get(SLOW_ROLLOUT_VAR)
+    if pause:
+        time.sleep(float(pause))
 
 
 def hang_after_rollout(k: int, logs_dir: str | Path, segment_dir: str | None) -> None:

@@ -1,11 +1,7 @@
 """When Slurm itself falters: the real slurmctld stopped (or SIGSTOPped) and started again.
 
-The slow tests run on a private cluster of their own (``outage_cluster``: one slurmctld and three
-slurmd on another port and LAB, tests/support/cluster/slurm_cluster.py), never on the shared one: stopping
-the shared controller would take it from every other session's jobs, and a session's ``up`` would
-take it for stopped and start it afresh on wiped state. The private cluster costs about half a
-second to start and nothing measurable while idle; its job ids start far above the shared
-cluster's (Ray temp dirs are named by job id) and its plans use the tests' own Ray port band.
+The slow tests run on a private cluster of their own (tests/support/cluster/private_cluster.py),
+never on the shared one, whose controller every other test's jobs need.
 
 - (a) the client classifies what sbatch, squeue, scontrol and scancel really say with the
   controller stopped or stopped dead (SIGSTOP) as unreachable, and a bad partition as a refusal;
@@ -16,21 +12,17 @@ cluster's (Ray temp dirs are named by job id) and its plans use the tests' own R
 - (c) the login commands against an absent controller: one line, exit 1, nothing half-written;
 - (d) a job's teardown with the controller down stays within a walltime lead.
 
-The full chains: a 150 s outage at the walltime save; a 40 s outage mid-segment.
+The full chains (a 150 s outage at the walltime save; a 40 s outage mid-segment) are
+test_controller_outage_chain.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shlex
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,8 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from private_cluster import controller_up_around, log_size, private_cluster, submits_since
 from run_watch import poll_until
-from slurm_cluster import ClusterSpec, LocalSlurmCluster
+from slurm_cluster import LocalSlurmCluster
 
 from beam_hpc.lifecycle import actions
 from beam_hpc.lifecycle.actions import KillClock, ResubmissionPending
@@ -232,42 +225,11 @@ def test_status_says_what_to_run_when_the_resubmission_is_pending(tmp_path: Path
 
 
 # -- the private cluster --------------------------------------------------------------------------------
-def _free_port() -> int:
-    """A slurmctld port whose slurmd ports (17001 + port - 6817 ...) are free too."""
-    start = 6900 + (os.getpid() % 200) * 4
-    for port in range(start, start + 400, 4):
-        spec = ClusterSpec(ctld_port=port)
-        wanted = [port] + [spec.first_slurmd_port + i for i in range(4)]
-        try:
-            with contextlib.ExitStack() as stack:
-                for p in wanted:
-                    s = stack.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", p))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port range for a private Slurm cluster")
-
-
 @pytest.fixture(scope="module")
 def outage_cluster(slurm_cluster) -> Iterator[LocalSlurmCluster]:  # type: ignore[no-untyped-def]
-    """A private cluster (2 debug nodes + 1 spot node) that only these tests use and stop. It needs
-    the shared one for munged (started and owned there), and stops only its own daemons."""
-    lab = Path(tempfile.mkdtemp(prefix="beam-o", dir="/tmp"))
-    cluster = LocalSlurmCluster(ClusterSpec(lab=lab, nodes=2, small_disk_nodes=0, spot_nodes=1,
-                                            ctld_port=_free_port(), cluster_name="beamoutage", link_etc=False,
-                                            first_job_id=FIRST_JOB_ID + (os.getpid() % 1000) * 100))
-    t0 = time.monotonic()
-    cluster.up(started_by_tests=True)
-    print(f"\nprivate Slurm cluster in {lab} up in {time.monotonic() - t0:.2f} s")
-    try:
+    """A private cluster that only this module's tests use and stop (tests/support/cluster/private_cluster.py)."""
+    with private_cluster("beamoutage", FIRST_JOB_ID) as cluster:
         yield cluster
-    finally:
-        cluster.resume_controller()
-        with contextlib.suppress(Exception):
-            cluster.start_controller(timeout=30)
-        cluster.down()
-        shutil.rmtree(lab, ignore_errors=True)
 
 
 @pytest.fixture
@@ -275,12 +237,8 @@ def outage(outage_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalSlu
     """The private cluster for one test: its SLURM_CONF for every client, its controller up again
     and its jobs cancelled afterwards, whatever the test did."""
     monkeypatch.setenv("SLURM_CONF", str(outage_cluster.conf))
-    outage_cluster.resume_controller()
-    outage_cluster.start_controller()
-    yield outage_cluster
-    outage_cluster.resume_controller()
-    outage_cluster.start_controller()
-    outage_cluster.run("scancel", "--me", check=False)
+    with controller_up_around(outage_cluster) as cluster:
+        yield cluster
 
 
 def _sleeper(tmp: Path, name: str = "sleeper") -> Path:
@@ -388,23 +346,12 @@ def test_a_hung_controller_reads_as_busy_and_a_lost_answer_is_found_not_sent_twi
 
 
 # -- (b) the resubmission rides out the outage ------------------------------------------------------------
-def _submits_since(cluster: LocalSlurmCluster, offset: int) -> list[str]:
-    """Job ids slurmctld logged as submitted (``_slurm_rpc_submit_batch_job``, or ``..._het_job`` for
-    a heterogeneous one) past ``offset`` of its log."""
-    text = (cluster.lab / "log" / "slurmctld.log").read_text(errors="replace")[offset:]
-    return re.findall(r"_slurm_rpc_submit_batch_(?:het_)?job: JobId=(\d+)", text)
-
-
-def _log_size(cluster: LocalSlurmCluster) -> int:
-    return len((cluster.lab / "log" / "slurmctld.log").read_text(errors="replace"))
-
-
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_resubmission_rides_out_a_stopped_controller_and_is_the_first_thing_it_gets(outage, tmp_path) -> None:
     job = _running_job(outage, tmp_path)
     outage.stop_controller()
-    offset = _log_size(outage)
+    offset = log_size(outage)
     box: dict[str, object] = {}
     worker = threading.Thread(target=lambda: box.update(out=_timed(lambda: actions.resubmit(
         str(_sleeper(tmp_path, "next")), SegmentArgs(resume=True, num_rollout=60), lead_s=45,
@@ -421,7 +368,7 @@ def test_a_resubmission_rides_out_a_stopped_controller_and_is_the_first_thing_it
     assert info is not None and info.submit_time is not None
     print(f"\nresubmitted as {out} after {took:.1f} s; {info.submit_time - back:.1f} s after the controller came back")
     assert client.dependents(job) == [out]
-    assert _submits_since(outage, offset) == [out]  # the first (and only) submission it got
+    assert submits_since(outage, offset) == [out]  # the first (and only) submission it got
     assert info.submit_time - back < 12  # within one attempt of its return (sbatch retries each second)
 
 
@@ -585,101 +532,3 @@ def test_teardown_with_the_controller_down_fits_in_a_walltime_lead(outage, tmp_p
     assert reports == {"trainer-0": "stopped", "rollout-0": "stopped"}  # SIGINT through slurmd: a clean stop
     outage.start_controller()
     _until("the job to end", lambda: client.job_state(job) in (None, client.JobState.COMPLETED), 120)
-
-
-# -- the full chain ---------------------------------------------------------------------------------------------
-
-
-def _chain(outage: LocalSlurmCluster, runs: Path, assets, *, num_rollout: int, walltime: str, lead_s: int,  # type: ignore[no-untyped-def]
-           recipe: list[str]) -> tuple[Path, object, str]:
-    """The tiny recipe (with ``recipe`` overrides) submitted the user's way to the private cluster."""
-    from beam_hpc.submission.submit import submit
-
-    run = runs / "chain"
-    overrides = [f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *recipe,
-                 f"lifecycle.walltime={walltime}", f"lifecycle.lead_s={lead_s}"]
-    sub = submit(ROOT / "recipes" / "tiny.yaml", ROOT / "env" / "local.yaml", overrides=overrides,
-                 output_dir=str(run), num_rollout=num_rollout, via="sbatch")
-    return run, sub.plan, str(sub.job_id)
-
-
-@pytest.fixture
-def runs(outage_cluster) -> Iterator[Path]:  # type: ignore[no-untyped-def]
-    root = Path(tempfile.mkdtemp(prefix="beam-out-", dir="/tmp"))
-    yield root
-    outage_cluster.cancel_jobs_under(root)
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.mark.slow
-@pytest.mark.slurm
-@pytest.mark.ray
-@pytest.mark.e2e
-def test_a_150_s_outage_at_the_walltime_save_loses_nothing(outage, tiny_assets, runs, reference_ray) -> None:
-    """The issue's case: a 45 s lead, and slurmctld stopped the moment the segment asks for its
-    walltime save (its log says so; stopping takes 0.2 s, the save, the driver's stop and the
-    teardown seconds), down for 150 s: the job's limit passes in the outage. The segment saves,
-    tears down, and retries its resubmission until the controller is back, which takes it first.
-    The chain then completes 60 of 60 rollouts, bitwise equal to an uninterrupted run. The tiny
-    recipe's own batch (2-6 s a rollout here) and a 3-minute walltime (the issue's 1:45 less Ray's
-    bring-up, 12-65 s on this machine, left no rollout before the walltime or all 60 of them,
-    depending on its load) make the walltime come before the 60th rollout however loaded it is."""
-    from job_plans import HOST_SITE, make_test_plan
-    from reference_harness import assert_bitwise_equal, load_checkpoint, run_backend
-    from run_watch import chain_finished, diagnostics, segments, wait_for
-
-    n, recipe = 60, ["eval.interval=0", "checkpoint.interval=10"]
-    run, plan, first = _chain(outage, runs, tiny_assets, num_rollout=n, walltime="00:03:00", lead_s=45, recipe=recipe)
-    whole = runs / "uninterrupted"
-    uninterrupted = ThreadPoolExecutor(1).submit(run_backend, make_test_plan(
-        whole, assets=tiny_assets, overrides=[*recipe, f"num_rollout={n}"], site=HOST_SITE).paths.plan,
-        reference_ray, timeout=1800)
-    seg_log = run / "logs" / f"{first}-0" / "segment.log"
-    wait_for("the walltime save request", lambda: seg_log.exists() and "save requested (walltime)" in seg_log.read_text(
-        errors="replace"), run, timeout=600, poll_s=0.05)
-    outage.stop_controller()
-    down_at, offset = time.time(), _log_size(outage)
-    time.sleep(150)
-    assert "end" not in segments(run)[0], f"the segment ended while the controller was down\n{diagnostics(run)}"
-    back_at = time.time()  # (start_controller returns once `scontrol ping` says UP: the job may be quicker)
-    outage.start_controller()
-    first_end = wait_for("the first segment's end line", lambda: "end" in segments(run)[0] and segments(run)[0]["end"],
-                         run, timeout=300)
-    print(f"\nfirst segment, down {down_at:.1f} back {back_at:.1f} end {first_end['time']:.1f}: {first_end['reason']}: "
-          f"{first_end['detail']}")
-    assert first_end["reason"] == "walltime" and "saved on request" in first_end["detail"], diagnostics(run)
-    assert first_end["next"]["action"] == "resubmit" and first_end["time"] > back_at, diagnostics(run)
-    assert _submits_since(outage, offset)[:1] == [first_end["next"]["job_id"]], "not the first thing it got"
-    assert "Slurm could not be reached or was busy" in seg_log.read_text(errors="replace")
-    wait_for("the chain to finish", lambda: chain_finished(run), run, timeout=1800)
-    segs = segments(run)
-    assert segs[-1]["end"]["reason"] == "completed" and segs[-1]["end"]["rollouts_at_end"] == n, diagnostics(run)
-    for before, after in zip(segs, segs[1:], strict=False):  # nothing lost at any boundary
-        assert after["start"]["rollouts_at_start"] == before["end"]["rollouts_at_end"], diagnostics(run)
-    uninterrupted.result()
-    last = f"iter_{n - 1:07d}"
-    assert assert_bitwise_equal(load_checkpoint(whole / "checkpoints" / last),
-                                load_checkpoint(run / "checkpoints" / last), last) > 50
-
-
-@pytest.mark.slow
-@pytest.mark.slurm
-@pytest.mark.ray
-@pytest.mark.e2e
-def test_a_40_s_outage_mid_segment_costs_nothing(outage, tiny_assets, runs) -> None:
-    """slurmctld down for 40 s while a segment trains: the segment runs on and completes its run
-    as the only segment."""
-    from reference_harness import SMALL
-    from run_watch import chain_finished, diagnostics, segments, wait_for
-
-    n = 12
-    run, plan, first = _chain(outage, runs, tiny_assets, num_rollout=n, walltime="00:20:00", lead_s=60,
-                              recipe=[*SMALL, "checkpoint.interval=4"])
-    wait_for("a trained rollout", lambda: (run / "dumps" / "metrics.jsonl").exists(), run, timeout=600)
-    outage.stop_controller()
-    time.sleep(40)
-    outage.start_controller()
-    wait_for("the run to complete", lambda: chain_finished(run), run, timeout=900)
-    segs = segments(run)
-    assert [s["segment"] for s in segs] == [f"{first}-0"], diagnostics(run)
-    assert segs[0]["end"]["reason"] == "completed" and segs[0]["end"]["rollouts_at_end"] == n

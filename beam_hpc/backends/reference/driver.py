@@ -343,6 +343,7 @@ class Loop:
                 log.info("stop_after_rollout=%d: stopping after its checkpoint", k)
                 return 0
             fault_hooks.hang_after_rollout(k, self.paths.logs, os.environ.get(SEGMENT_DIR_VAR))
+            fault_hooks.slow_rollout()
         return 0
 
     def report(self, k: int, roll: dict[str, Any], tm: dict[str, float], lag: int, wait_s: float, step_s: float) -> None:

@@ -1,0 +1,141 @@
+"""When Slurm itself falters, end to end: the tiny recipe's chain on a private Slurm cluster whose
+real slurmctld is stopped at the worst moment (at the walltime save) and at an ordinary one (mid
+segment). The policy and the client's reading of a stopped controller are test_controller_outage.py's.
+
+Each test gets its own private cluster (tests/support/cluster/private_cluster.py), so the two chains
+run side by side on two pytest workers. The rollouts are the small test recipe's, slowed by the
+driver's ``BEAM_TEST_SLOW_ROLLOUT_S`` hook (a sleep, not work): the walltime then comes in the middle
+of the run however loaded the machine is, without the CPU of long rollouts. The walltime is entered
+by lowering the running job's limit (``end_soon``, as ``scontrol update`` does), not by waiting out a
+limit long enough for a slow bring-up.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from private_cluster import controller_up_around, log_size, private_cluster, submits_since
+from reference_harness import SMALL
+from run_watch import chain_finished, diagnostics, segments, wait_for
+from slurm_cluster import LocalSlurmCluster
+
+from beam_hpc.fault_hooks import SLOW_ROLLOUT_VAR
+from beam_hpc.run import metric_names
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e]
+
+ROOT = Path(__file__).resolve().parents[2]
+FIRST_JOB_ID = 800_000  # far from the shared cluster's ids and from test_controller_outage.py's
+
+
+@pytest.fixture
+def outage(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalSlurmCluster]:  # type: ignore[no-untyped-def]
+    """A private cluster of this test's own, SLURM_CONF pointing at it for every client."""
+    with private_cluster("beamoutchain", FIRST_JOB_ID) as cluster:
+        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+        with controller_up_around(cluster):
+            yield cluster
+
+
+@pytest.fixture
+def runs(outage) -> Iterator[Path]:  # type: ignore[no-untyped-def]
+    root = Path(tempfile.mkdtemp(prefix="beam-out-", dir="/tmp"))
+    yield root
+    outage.cancel_jobs_under(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _chain(runs: Path, assets, *, num_rollout: int, lead_s: int, recipe: list[str],  # type: ignore[no-untyped-def]
+           slow_s: float) -> tuple[Path, str]:
+    """The tiny recipe (with ``recipe`` overrides) submitted the user's way; each rollout slowed by
+    ``slow_s`` through the environment sbatch exports to the job (and a resubmission passes on)."""
+    from beam_hpc.submission.submit import submit
+
+    run = runs / "chain"
+    overrides = [f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *recipe,
+                 "lifecycle.walltime=00:20:00", f"lifecycle.lead_s={lead_s}"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(SLOW_ROLLOUT_VAR, str(slow_s))
+        sub = submit(ROOT / "recipes" / "tiny.yaml", ROOT / "env" / "local.yaml", overrides=overrides,
+                     output_dir=str(run), num_rollout=num_rollout, via="sbatch")
+    return run, str(sub.job_id)
+
+
+def _rollouts_done(run: Path) -> int:
+    metrics = run / "dumps" / metric_names.METRICS_FILE
+    if not metrics.exists():
+        return 0
+    return sum('"kind": "rollout"' in line for line in metrics.read_text(errors="replace").splitlines())
+
+
+def test_a_150_s_outage_at_the_walltime_save_loses_nothing(outage, tiny_assets, runs, reference_ray) -> None:  # type: ignore[no-untyped-def]
+    """The issue's case: a 45 s lead, and slurmctld stopped the moment the segment asks for its
+    walltime save (its log says so), down for 150 s: the job's limit passes in the outage. The
+    segment saves, tears down, and retries its resubmission until the controller is back, which
+    takes it first. The chain then completes, bitwise equal to an uninterrupted run.
+
+    Once two rollouts are trained the job's limit is lowered to end 46-106 s later (whole
+    minutes), so its save comes 1-61 s later: at 3 s a rollout at least 2 + 61/3 < 24 of the 30
+    rollouts are done by then, so the walltime always comes mid-run."""
+    from job_plans import HOST_SITE, make_test_plan
+    from reference_harness import assert_bitwise_equal, load_checkpoint, run_backend
+
+    n, lead_s, recipe = 30, 45, [*SMALL, "checkpoint.interval=4"]
+    run, first = _chain(runs, tiny_assets, num_rollout=n, lead_s=lead_s, recipe=recipe, slow_s=3)
+    whole = runs / "uninterrupted"
+    uninterrupted = ThreadPoolExecutor(1).submit(run_backend, make_test_plan(
+        whole, assets=tiny_assets, overrides=[*recipe, f"num_rollout={n}"], site=HOST_SITE).paths.plan,
+        reference_ray, timeout=900)
+    wait_for("two trained rollouts", lambda: _rollouts_done(run) >= 2, run, timeout=600)
+    _, ends_at = outage.end_soon(first, left_s=lead_s + 1)
+    seg_log = run / "logs" / f"{first}-0" / "segment.log"
+    wait_for("the walltime save request", lambda: seg_log.exists() and "save requested (walltime)" in seg_log.read_text(
+        errors="replace"), run, timeout=180, poll_s=0.05)
+    outage.stop_controller()
+    down_at, offset = time.time(), log_size(outage)
+    time.sleep(150)
+    assert "end" not in segments(run)[0], f"the segment ended while the controller was down\n{diagnostics(run)}"
+    back_at = time.time()  # (start_controller returns once `scontrol ping` says UP: the job may be quicker)
+    assert ends_at < back_at, "the job's limit did not pass in the outage"
+    outage.start_controller()
+    first_end = wait_for("the first segment's end line", lambda: "end" in segments(run)[0] and segments(run)[0]["end"],
+                         run, timeout=300)
+    print(f"\nfirst segment, down {down_at:.1f} limit {ends_at:.1f} back {back_at:.1f} end {first_end['time']:.1f}: "
+          f"{first_end['reason']}: {first_end['detail']}; {first_end['rollouts_at_end']} of {n} rollouts")
+    assert first_end["reason"] == "walltime" and "saved on request" in first_end["detail"], diagnostics(run)
+    assert 2 <= first_end["rollouts_at_end"] < n, diagnostics(run)
+    assert first_end["next"]["action"] == "resubmit" and first_end["time"] > back_at, diagnostics(run)
+    assert submits_since(outage, offset)[:1] == [first_end["next"]["job_id"]], "not the first thing it got"
+    assert "Slurm could not be reached or was busy" in seg_log.read_text(errors="replace")
+    wait_for("the chain to finish", lambda: chain_finished(run), run, timeout=900)
+    segs = segments(run)
+    assert segs[-1]["end"]["reason"] == "completed" and segs[-1]["end"]["rollouts_at_end"] == n, diagnostics(run)
+    for before, after in zip(segs, segs[1:], strict=False):  # nothing lost at any boundary
+        assert after["start"]["rollouts_at_start"] == before["end"]["rollouts_at_end"], diagnostics(run)
+    uninterrupted.result()
+    last = f"iter_{n - 1:07d}"
+    assert assert_bitwise_equal(load_checkpoint(whole / "checkpoints" / last),
+                                load_checkpoint(run / "checkpoints" / last), last) > 50
+
+
+def test_a_40_s_outage_mid_segment_costs_nothing(outage, tiny_assets, runs) -> None:  # type: ignore[no-untyped-def]
+    """slurmctld down for 40 s while a segment trains (24 rollouts of at least 2 s each: it trains
+    through the whole outage): the segment runs on and completes its run as the only segment."""
+    n = 24
+    run, first = _chain(runs, tiny_assets, num_rollout=n, lead_s=60, recipe=[*SMALL, "checkpoint.interval=8"],
+                        slow_s=2)
+    wait_for("a trained rollout", lambda: _rollouts_done(run) >= 1, run, timeout=600)
+    outage.stop_controller()
+    time.sleep(40)
+    assert _rollouts_done(run) < n, "the run finished inside the outage: it did not train through it"
+    outage.start_controller()
+    wait_for("the run to complete", lambda: chain_finished(run), run, timeout=900)
+    segs = segments(run)
+    assert [s["segment"] for s in segs] == [f"{first}-0"], diagnostics(run)
+    assert segs[0]["end"]["reason"] == "completed" and segs[0]["end"]["rollouts_at_end"] == n
