@@ -92,7 +92,8 @@ def gpus_per_engine(plan: Plan) -> int:
 def engine_ports(site: Site, job_id: int, n: int) -> list[int]:
     """``n`` server ports for extra job ``job_id``: slots ``job_id * gpus_per_node + i`` of the SGLang
     band of the site's port plan (``beam_hpc.plan.ports``), a band no Ray or weight-sync port of any
-    job uses, so the run's own ports never collide with its extra jobs'."""
+    job uses, so the run's own ports never collide with its extra jobs'. Two extra jobs share ports
+    only when their ids are ``port_span / gpus_per_node`` apart (250 with the defaults)."""
     per_node = max(site.gpus_per_node, 1)
     if not 0 < n <= per_node:
         raise InputError(f"engines per node: {n} is not between 1 and site gpus_per_node ({per_node})")
