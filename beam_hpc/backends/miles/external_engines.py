@@ -50,7 +50,8 @@ ATTACH_FLAGS = ("--rollout-external", "--rollout-external-engine-addrs", "--work
 
 @dataclass(frozen=True)
 class Engine:
-    """One SGLang server of an extra job: where Miles reaches it, and how many GPUs it spans."""
+    """One SGLang server of an extra job: where Miles reaches it (``host:port``), how many GPUs it
+    spans (``tp``) and which job registered it (empty before it is registered)."""
 
     host: str
     port: int

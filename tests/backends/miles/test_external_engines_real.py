@@ -19,6 +19,7 @@ from test_external_engines import CONTRACT, STANDIN, filled, free_port, miles_pl
 
 from beam_hpc.backends.miles import external_engines as ee
 from beam_hpc.backends.miles import preflight
+from beam_hpc.plan.plan import Plan
 from beam_hpc.slurm import client
 from beam_hpc.slurm.client import JobState
 
@@ -81,30 +82,42 @@ def test_miles_accepts_the_attached_driver_command(tmp_path: Path, monkeypatch: 
     assert not bad.ok and "--rollout-external-engine-adrs" in bad.unrecognized  # the check can fail
 
 
+def start_engine_job(plan: Plan, where: Path, gpu_ids: list[int]) -> tuple[str, ee.Engine]:
+    """An extra job's engine as the extra job starts it: the SGLang stand-in in a Slurm job of its
+    own on the local cluster, ``engine_argv`` for the run's plan, registered once it answers."""
+    port = free_port()
+    cmd = ee.engine_argv(plan, host="127.0.0.1", port=port, gpu_ids=gpu_ids)
+    script = where / f"engine-{port}.sh"
+    script.write_text(f"#!/bin/bash\nexport PYTHONPATH={STANDIN}\nexec {sys.executable} {' '.join(cmd[1:])}\n")
+    job = client.sbatch([f"--job-name=beam-engines-{os.getpid()}", "--nodes=1", "--ntasks=1", "--cpus-per-task=1",
+                         "--time=00:10:00", f"--output={where}/engine-%j.out", str(script)])
+    engine = ee.Engine("127.0.0.1", port, len(gpu_ids), job)
+    try:
+        assert poll_until(lambda: client.job_state(job) == JobState.RUNNING, 120), client.job_state(job)
+        out = where / f"engine-{job}.out"
+        assert poll_until(lambda: ee.healthy(engine, 0.5), 60), out.read_text() if out.exists() else "no output"
+    except BaseException:
+        client.cancel([job])
+        raise
+    ee.register(plan.output_dir, job, [engine])
+    return job, engine
+
+
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_segment_start_asks_slurm_whether_the_engines_job_runs(tmp_path: Path,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    """An engine (the SGLang stand-in) runs inside a Slurm job of the local cluster and is
-    registered under that job's id: a segment starting while the job runs attaches it; once the job
-    is cancelled, Slurm says so and the next segment start leaves it out with a line in the log."""
+    """An engine runs inside a Slurm job of the local cluster, registered under that job's id: a
+    segment starting while the job runs attaches it; once the job is cancelled, Slurm says so and
+    the next segment start leaves it out with a line in the log. (The whole path, a Miles chain
+    whose first segment attaches an engine and whose second leaves it out, is in
+    ``test_miles_slurm.py``.)"""
     plan = miles_plan(tmp_path, "topology.rollout.nodes=1", "topology.rollout.gpus_per_node=2")
-    port = free_port()
-    engine_cmd = ee.engine_argv(plan, host="127.0.0.1", port=port, gpu_ids=[0, 1])
-    script = tmp_path / "engine.sh"
-    script.write_text("#!/bin/bash\n"
-                      f"export PYTHONPATH={STANDIN}\n"
-                      f"exec {sys.executable} {' '.join(engine_cmd[1:])}\n")
-    job = client.sbatch([f"--job-name=beam-engines-{os.getpid()}", "--nodes=1", "--time=00:10:00",
-                         f"--output={tmp_path}/%j.out", str(script)])
+    job, engine = start_engine_job(plan, tmp_path, [0, 1])
     try:
-        assert poll_until(lambda: client.job_state(job) == JobState.RUNNING, 120), client.job_state(job)
-        ee.register(plan.output_dir, job, [ee.Engine("127.0.0.1", port, 2)])
-        assert poll_until(lambda: ee.healthy(ee.Engine("127.0.0.1", port, 2), 0.5), 60), \
-            (tmp_path / f"{job}.out").read_text() if (tmp_path / f"{job}.out").exists() else "no output"
         with caplog.at_level(logging.INFO):
             out = ee.attach(plan, filled(plan))
-        assert out[out.index("--rollout-external-engine-addrs") + 1] == f"127.0.0.1:{port}"
+        assert out[out.index("--rollout-external-engine-addrs") + 1] == engine.addr
         assert out[out.index("--rollout-num-gpus") + 1] == "2"
     finally:
         client.cancel([job])
@@ -112,4 +125,4 @@ def test_segment_start_asks_slurm_whether_the_engines_job_runs(tmp_path: Path,
     caplog.clear()
     with caplog.at_level(logging.INFO):
         assert ee.attach(plan, filled(plan)) == filled(plan)
-    assert f"engine 127.0.0.1:{port} of extra job {job} left out: the job is no longer running" in caplog.text
+    assert f"engine {engine.addr} of extra job {job} left out: the job is no longer running" in caplog.text
