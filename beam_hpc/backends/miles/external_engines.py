@@ -21,7 +21,7 @@ import json
 import os
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,11 +31,12 @@ from beam_hpc.errors import InputError
 from beam_hpc.logging_setup import module_logger
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.ports import SGLANG_ENGINE, band_port
-from beam_hpc.run.files import write_json_atomic
+from beam_hpc.run.files import locked, write_json_atomic
 
 logger = module_logger(__name__)
 
 ENGINES_DIR = ("elastic", "engines")
+LOCK_FILE = ".lock"  # serializes the nodes of one job registering into its record
 SERVER_MODULE = "sglang.launch_server"
 HEALTH_PATH = "/health"
 HEALTH_TIMEOUT_S = 3.0
@@ -91,16 +92,17 @@ def gpus_per_engine(plan: Plan) -> int:
 
 
 def engine_ports(site: Site, job_id: int, n: int) -> list[int]:
-    """``n`` server ports for extra job ``job_id``: slots ``job_id * gpus_per_node + i`` of the SGLang
-    band of the site's port plan (``beam_hpc.plan.ports``), a band no Ray or weight-sync port of any
-    job uses, so the run's own ports never collide with its extra jobs'. Two extra jobs share ports
-    only when their ids are ``port_span / gpus_per_node`` apart (250 with the defaults)."""
+    """``n`` distinct server ports for extra job ``job_id`` (node ``k`` of the job takes the ``k``-th
+    run of its engines), from slots ``job_id * gpus_per_node + i`` of the SGLang band of the site's
+    port plan (``beam_hpc.plan.ports``), a band no Ray or weight-sync port of any job uses, so the
+    run's own ports never collide with its extra jobs'. Distinct across the job's nodes, so nodes
+    that share an address (a one-host test cluster) do not clash either; two jobs share a port only
+    when their ids are ``port_span / gpus_per_node`` apart (250 with the defaults), or closer than
+    the first one's node count."""
     per_node = max(site.gpus_per_node, 1)
-    if not 0 < n <= per_node:
-        raise InputError(f"engines per node: {n} is not between 1 and site gpus_per_node ({per_node})")
-    if site.ray.port_span < per_node:
-        raise InputError(f"site ray.port_span: {site.ray.port_span} is smaller than gpus_per_node ({per_node}); "
-                         "raise ray.port_span so one job's engines fit its band")
+    if not 0 < n <= site.ray.port_span:
+        raise InputError(f"engine ports: {n} is not between 1 and site ray.port_span ({site.ray.port_span}); "
+                         "raise ray.port_span for this many engines in one job")
     ports = [band_port(site.ray, SGLANG_ENGINE, job_id * per_node + i) for i in range(n)]
     if max(ports) > 65535:
         raise InputError(f"site ray.gcs_port_base: {site.ray.gcs_port_base} with ray.port_span {site.ray.port_span} "
@@ -120,7 +122,7 @@ def engine_argv(plan: Plan, *, host: str, port: int, gpu_ids: list[int]) -> list
     if why is not None:
         raise InputError(why)
     tp = gpus_per_engine(plan)
-    if len(gpu_ids) != tp or gpu_ids != list(range(gpu_ids[0], gpu_ids[0] + tp)):
+    if len(gpu_ids) != tp or gpu_ids != list(range(gpu_ids[0], gpu_ids[0] + tp)) or gpu_ids[0] < 0:
         raise InputError(f"gpu_ids: {gpu_ids} are not {tp} consecutive GPUs (topology.rollout.gpus_per_engine)")
     if tp > plan.site.gpus_per_node:
         raise InputError(f"topology.rollout.gpus_per_engine: {tp} spans nodes (site gpus_per_node "
@@ -156,15 +158,21 @@ def engines_dir(run_dir: str | Path) -> Path:
     return Path(run_dir).joinpath(*ENGINES_DIR)
 
 
-def register(run_dir: str | Path, job_id: int | str, engines: Sequence[Engine]) -> Path:
-    """Record extra job ``job_id``'s engines (atomic, mode 0600 in a 0700 directory)."""
+def register(run_dir: str | Path, job_id: int | str, engines: Sequence[Engine | Mapping[str, object]]) -> Path:
+    """Record engines of extra job ``job_id`` (``Engine`` or ``{"host", "port", "tp"}``), atomically,
+    mode 0600 in a 0700 directory. Each node of the job registers its own: the job's record keeps
+    the engines other nodes registered and replaces those at the same address."""
     d = engines_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     os.chmod(d, 0o700)
     path = d / f"{job_id}.json"
-    record = {"job_id": str(job_id), "time": time.time(),
-              "engines": [{"host": e.host, "port": e.port, "tp": e.tp} for e in engines]}
-    write_json_atomic(path, record, mode=0o600)
+    new = [e if isinstance(e, Engine) else Engine(str(e["host"]), int(str(e["port"])), int(str(e["tp"])))
+           for e in engines]
+    with locked(d / LOCK_FILE, mode=0o600):
+        kept = [e for e in _read(path) if e.addr not in {n.addr for n in new}] if path.exists() else []
+        record = {"job_id": str(job_id), "time": time.time(),
+                  "engines": [{"host": e.host, "port": e.port, "tp": e.tp} for e in [*kept, *new]]}
+        write_json_atomic(path, record, mode=0o600)
     return path
 
 
@@ -183,12 +191,15 @@ def registered(run_dir: str | Path) -> list[Engine]:
     out: list[Engine] = []
     for path in sorted(d.glob("*.json"), key=lambda p: (len(p.stem), p.stem)) if d.is_dir() else []:
         try:
-            record = json.loads(path.read_text())
-            out += [Engine(str(e["host"]), int(e["port"]), int(e["tp"]), str(record["job_id"]))
-                    for e in record["engines"]]
+            out += _read(path)
         except (OSError, ValueError, KeyError, TypeError) as err:
             logger.warning("engine record %s left out: unreadable (%s)", path, err)
     return out
+
+
+def _read(path: Path) -> list[Engine]:
+    record = json.loads(path.read_text())
+    return [Engine(str(e["host"]), int(e["port"]), int(e["tp"]), str(record["job_id"])) for e in record["engines"]]
 
 
 # -- segment start ----------------------------------------------------------------------------------

@@ -109,9 +109,9 @@ def test_runs_that_cannot_attach_engines_are_refused(tmp_path: Path, overrides: 
         ee.engine_argv(plan, host="h", port=1, gpu_ids=[0, 1])
 
 
-@pytest.mark.parametrize("gpu_ids", [[0], [0, 2], [1, 2, 3], []])
+@pytest.mark.parametrize("gpu_ids", [[0], [0, 2], [1, 2, 3], [], [-1, 0]])
 def test_gpu_ids_must_be_one_engines_consecutive_gpus(plan: Plan, gpu_ids: list[int]) -> None:
-    with pytest.raises((InputError, IndexError)):
+    with pytest.raises(InputError, match="gpu_ids"):
         ee.engine_argv(plan, host="h", port=1, gpu_ids=gpu_ids)
 
 
@@ -139,11 +139,17 @@ def test_engine_ports_never_meet_any_jobs_ray_or_weight_sync_ports(base_span: tu
     assert ee.engine_ports(SITE, 41, 8) == ee.engine_ports(SITE, 41 + 250, 8)
 
 
+def test_engine_ports_of_a_multi_node_job_are_distinct() -> None:
+    """Node k of a job takes the k-th run of its ports: 3 nodes x 8 engines, all distinct."""
+    ports = ee.engine_ports(SITE, 41, 24)
+    assert len(set(ports)) == 24 and ports[:8] == ee.engine_ports(SITE, 41, 8)
+
+
 def test_engine_ports_refusals() -> None:
-    with pytest.raises(InputError, match="between 1 and site gpus_per_node"):
-        ee.engine_ports(SITE, 5, 9)
-    with pytest.raises(InputError, match="ray.port_span"):
-        ee.engine_ports(Site(name="t", container={"runtime": "host"}, gpus_per_node=8, ray={"port_span": 4}), 5, 2)
+    with pytest.raises(InputError, match="between 1 and site ray.port_span"):
+        ee.engine_ports(Site(name="t", container={"runtime": "host"}, gpus_per_node=8, ray={"port_span": 4}), 5, 5)
+    with pytest.raises(InputError, match="between 1 and site ray.port_span"):
+        ee.engine_ports(SITE, 5, 0)
     with pytest.raises(InputError, match="ray.gcs_port_base: 60000"):
         ee.engine_ports(Site(name="t", container={"runtime": "host"}, gpus_per_node=8, ray={"gcs_port_base": 60000}), 5, 2)
 
@@ -163,11 +169,14 @@ def test_register_registered_deregister(tmp_path: Path) -> None:
                                                               {"host": "10.0.0.1", "port": 40002, "tp": 2}]
     assert isinstance(record["time"], float)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert sorted(p.name for p in path.parent.iterdir()) == ["12.json", "9.json"]  # no temporary left
+    assert sorted(p.name for p in path.parent.iterdir()) == [".lock", "12.json", "9.json"]  # no temporary left
     assert [(e.job_id, e.addr) for e in ee.registered(run)] == [
         ("9", "10.0.0.2:40003"), ("12", "10.0.0.1:40001"), ("12", "10.0.0.1:40002")]
-    ee.register(run, 12, a[:1])  # registering again replaces the job's record
-    assert [e.addr for e in ee.registered(run) if e.job_id == "12"] == ["10.0.0.1:40001"]
+    # another node of job 12 registers its engine (as a mapping): the job's record keeps both nodes';
+    # a node registering an address again replaces that engine
+    ee.register(run, 12, [{"host": "10.0.0.3", "port": 40001, "tp": 2}, ee.Engine("10.0.0.1", 40002, 4)])
+    assert [(e.addr, e.tp) for e in ee.registered(run) if e.job_id == "12"] == [
+        ("10.0.0.1:40001", 2), ("10.0.0.3:40001", 2), ("10.0.0.1:40002", 4)]
     assert ee.deregister(run, 12) is True and [e.job_id for e in ee.registered(run)] == ["9"]
 
 
