@@ -33,6 +33,7 @@ from glob import glob
 from pathlib import Path
 from typing import IO, Any
 
+from beam_hpc.backends.miles.external_engines import attach as attach_engines
 from beam_hpc.job.context import (  # noqa: F401 (re-exported: the runner's public names)
     STATUSES,
     JobContext,
@@ -299,7 +300,8 @@ class JobRunner:
 
     def run_driver(self, on_tick: Callable[[JobRunner], None] | None = None) -> int:
         """Run the driver to its end; fail fast if a node step dies or a stop is requested."""
-        argv, env = self._ray_process(self.driver_argv())
+        # a Miles run gets the engines its extra rollout jobs registered (backends.miles.external_engines)
+        argv, env = self._ray_process(attach_engines(self.plan, self.driver_argv()))
         log.info("driver: %s", " ".join(argv))
         self._record_driver(argv, env)
         self.driver = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=self.driver_stdout,

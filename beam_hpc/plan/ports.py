@@ -1,10 +1,11 @@
 """The job's port plan: one band of ``ray.port_span`` ports per kind, one slot per job.
 
 ``port = gcs_port_base + band * port_span + slot % port_span``: each kind of listener (Ray's
-GCS, node manager, object manager, ... and the reference backend's weight-sync rendezvous,
-in the band after Ray's) gets its own band, and a job's number picks its slot in every band,
-so concurrent jobs on shared nodes never clash with each other or with another kind. One
-module owns the bands so that Ray and the weight sync cannot drift into each other's ports.
+GCS, node manager, object manager, ... the reference backend's weight-sync rendezvous, in the
+band after Ray's, and the SGLang servers of a Miles run's extra rollout jobs, in the last band)
+gets its own band, and a job's number picks its slot in every band, so concurrent jobs on
+shared nodes never clash with each other or with another kind. One module owns the bands so
+that Ray and the weight sync cannot drift into each other's ports.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ RAY_PORT_KINDS = (
     "metrics_export",
 )
 WEIGHT_SYNC = "weight_sync"
-BANDS = (*RAY_PORT_KINDS, WEIGHT_SYNC)
+SGLANG_ENGINE = "sglang_engine"  # a job's engines take consecutive slots (backends.miles.external_engines)
+BANDS = (*RAY_PORT_KINDS, WEIGHT_SYNC, SGLANG_ENGINE)
 
 
 def band_port(spec: RayPortSpec, kind: str, slot: int) -> int:

@@ -33,8 +33,10 @@ import pytest
 import run_watch
 from miles_facts import QWEN3_8B
 from run_watch import chain_finished, diagnostics, segments
+from test_external_engines_real import start_engine_job
 
 from beam_hpc.backends.miles import args as miles_args
+from beam_hpc.backends.miles import external_engines
 from beam_hpc.config.recipe import load_yaml, recipe_from_dict
 from beam_hpc.config.site import site_from_dict
 from beam_hpc.plan.plan import fill as plan_fill
@@ -106,17 +108,27 @@ def test_walltime_save_at_sentinel_then_resume_with_exact_miles_flags(slurm_clus
     """Segment 1: the walltime warning -> sentinel -> the double saves at its next rollout and
     removes the file -> the segment stops and resubmits itself with --resume. Segment 2: the
     double loads that checkpoint from --load and finishes. Both launches got exactly the flags
-    miles_args builds for the plan, and the address variables of the job's head node."""
+    miles_args builds for the plan, and the address variables of the job's head node. An extra
+    rollout job's engine, registered before the run starts, is attached to segment 1; its job is
+    cancelled before segment 2 starts, which leaves it out with a line in the log."""
+    from beam_hpc.backends.registry import plan_for
     from beam_hpc.submission.submit import submit
 
     recipe = recipe_from_dict(miles_recipe(run_dir.parent), "miles test recipe")
     site = site_from_dict(local_site(), "local site, Miles double")
-    sub = submit(recipe, site, via="sbatch")
+    engine_job, engine = start_engine_job(plan_for(recipe, site), run_dir.parent, [0])
+    try:
+        sub = submit(recipe, site, via="sbatch")
+    except BaseException:
+        slurm_cluster.run("scancel", engine_job)
+        raise
     first, plan = str(sub.job_id), sub.plan
     dumps = run_dir / "dumps"
     # the double's first record: the driver runs (so the segment saves rather than just stops), and
     # the sentinel will be there early in its loop, far from num_rollout
     wait_for("the double to start in segment 1", lambda: (dumps / "standin-0.json").exists(), run_dir)
+    slurm_cluster.run("scancel", engine_job)  # the extra job leaves; the run's next segment must not wait for it
+    slurm_cluster.wait_for_job(engine_job)
     slurm_cluster.run("scancel", "--batch", "--signal=USR1", first)  # Slurm's walltime warning
     wait_for("the chain to finish", lambda: chain_finished(run_dir), run_dir)
 
@@ -166,9 +178,16 @@ def test_walltime_save_at_sentinel_then_resume_with_exact_miles_flags(slurm_clus
     expected = [plan_fill(a, num_rollout=str(NUM_ROLLOUT), run_dir=plan.output_dir)
                 for a in miles_args.miles_args(recipe, site)]
     assert "{num_rollout}" in miles_args.miles_args(recipe, site)
+    # segment 1 attached the extra job's engine (the same GPU count as the run's rollout group);
+    # segment 2 asked Slurm, found the job gone and left the engine out, saying so in its log
+    attached = external_engines.attach_argv(expected, [engine])
+    assert attached[attached.index("--rollout-external-engine-addrs") + 1] == engine.addr
+    assert one["argv"][1:] == attached and two["argv"][1:] == expected
+    left_out = f"engine {engine.addr} of extra job {engine_job} left out: the job is no longer running"
+    assert [p.name for p in run_dir.rglob("*") if p.is_file() and left_out in p.read_text(errors="replace")], \
+        diagnostics(run_dir)
     for record, job in ((one, first), (two, second)):
         assert Path(record["argv"][0]) == STANDIN / miles_args.ENTRY_ASYNC
-        assert record["argv"][1:] == expected
         assert record["argv"][record["argv"].index("--load") + 1] == plan.paths.checkpoints
         rt = _json(run_dir / "logs" / f"{job}-0" / "runtime.json")
         assert record["env"] == {"MASTER_ADDR": rt["head_ip"], "MILES_HOST_IP": rt["head_ip"]}
