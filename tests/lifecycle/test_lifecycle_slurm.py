@@ -73,15 +73,20 @@ def runs(slurm_cluster) -> Iterator[Path]:
 
 
 # -- helpers --------------------------------------------------------------------------------------------
+def chain_overrides(assets: TinyAssets, *, interval: int, walltime: str, lead_s: int,
+                    extra: tuple[str, ...] = ()) -> list[str]:
+    """The tiny recipe, small, with a checkpoint interval and a walltime lead: every run here."""
+    return [f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *SMALL,
+            f"checkpoint.interval={interval}", f"lifecycle.walltime={walltime}", f"lifecycle.lead_s={lead_s}", *extra]
+
+
 def submit_run(run_dir: Path, assets: TinyAssets, *, num_rollout: int, interval: int, walltime: str = "00:10:00",
                lead_s: int = 60, resume: bool = False, extra: tuple[str, ...] = (), site: Path = SITE,
                dependency: str | None = None) -> tuple[Plan, str]:
     """The user's path: recipe + overrides -> plan, script, login-node checks, sbatch."""
     from beam_hpc.submission.submit import submit
 
-    overrides = [f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *SMALL,
-                 f"checkpoint.interval={interval}", f"lifecycle.walltime={walltime}", f"lifecycle.lead_s={lead_s}",
-                 *extra]
+    overrides = chain_overrides(assets, interval=interval, walltime=walltime, lead_s=lead_s, extra=extra)
     sub = submit(TINY, site, overrides=overrides, output_dir=str(run_dir), num_rollout=num_rollout,
                  resume=resume, via="sbatch", dependency=dependency)
     return sub.plan, str(sub.job_id)
@@ -188,7 +193,8 @@ def _nodes_of(job_id: str) -> str:
     return ",".join(x.strip() for x in out.split() if x.strip())
 
 
-def test_walltime_then_preemption_then_a_new_total_complete_the_run(slurm_cluster, tiny_assets, runs) -> None:
+def test_walltime_then_preemption_then_a_new_total_complete_the_run(slurm_cluster, tiny_assets, runs,  # type: ignore[no-untyped-def]
+                                                                    capsys) -> None:
     """One chain meets the two interruptions of a run's life, in the cluster's ``spot`` partition:
 
     1. walltime: once the first segment trains, its limit is lowered into the 150 s lead; it saves
@@ -203,12 +209,29 @@ def test_walltime_then_preemption_then_a_new_total_complete_the_run(slurm_cluste
 
     The first target is out of reach, so each interruption lands mid-run however fast the machine.
     Nothing is skipped; nothing is trained twice but what a preemption without a save may cost.
-    (The resubmitted segment's own command line, and the requeued one's: test_submission_launch_parity.py.)"""
+
+    The chain is also launch parity's first way in (tests/submission/test_submission_launch_parity.py):
+    submitted with ``beam-hpc submit --via sbatch`` on the parity site (a module function, a module
+    load, env, an extra ``#SBATCH`` line), every segment's driver, the requeued one's included, runs
+    the command a dry run of the same submission plans, with the total passed on, the site's
+    variables and the module loaded once, and every job carries the extra line."""
+    from parity_site import check_driver_record, driver_records, has_extra_line, normalized, parity_site
+
+    import beam_hpc
+    from beam_hpc.cli.app import main as cli_main
+
     run = runs / "chain"
-    site = spot_site(SITE, runs / "spot.yaml")
+    site = spot_site(parity_site(runs / "parity.yaml"), runs / "spot.yaml")
     wandb = WANDB if have_wandb() else ()  # one W&B run across the chain, checked at the end
-    plan, first = submit_run(run, tiny_assets, num_rollout=100_000, interval=3, walltime="00:10:00", lead_s=150,
-                             site=site, extra=wandb)
+    overrides = chain_overrides(tiny_assets, interval=3, walltime="00:10:00", lead_s=150, extra=wandb)
+    assert cli_main(["submit", str(TINY), "--site", str(site), "--via", "sbatch", "--output-dir", str(run),
+                     *[a for o in overrides for a in ("--set", o)], "--num-rollout", "100000"]) == 0
+    first = capsys.readouterr().out.split("submitted job ")[1].split()[0]
+    has_extra_line(first)
+    plan = Plan.load(run / "plan.json")
+    dry = beam_hpc.submit(str(TINY), str(site), output_dir=str(runs / "dry"), overrides=overrides, via="sbatch",
+                          dry_run=True)
+    reference = normalized(dry.plan.driver_argv, runs / "dry")
     wait_for("a first trained rollout", lambda: rollout_ids(run), run)
     slurm_cluster.end_soon(first)  # its walltime, now: inside the 150 s lead
     second = wait_for("the walltime resubmission",
@@ -225,8 +248,10 @@ def test_walltime_then_preemption_then_a_new_total_complete_the_run(slurm_cluste
     # a requeued job may start again after cred_expire (10 s here); let it go at once
     wait_for("the requeued job to pend", lambda: job_state(second) in ("PENDING", "RUNNING"), run, timeout=60)
     slurm_cluster.run("scontrol", "update", f"jobid={second}", "StartTime=now", check=False)
-    wait_for("the requeued segment to start", lambda: len(segments(run)) > 2, run)
+    wait_for("the requeued segment's driver", lambda: f"{second}-1" in driver_records(run), run)
+    has_extra_line(second)  # the resubmission carries the site's extra line too
     n, last = change_the_total(run, tiny_assets, more=5, interval=3, site=site, extra=wandb)
+    has_extra_line(last)
     wait_for("the new segment to finish the run", lambda: finished_by(run, last), run)
     segs = segments(run)
     print(f"\nwalltime, preemption, a new total ({n} rollouts):\n{timeline(run)}\n{diagnostics(run)}")
@@ -255,6 +280,11 @@ def test_walltime_then_preemption_then_a_new_total_complete_the_run(slurm_cluste
     assert not (run / "run.lock").exists() and not (run / "SAVE_NOW").exists()
     if wandb:
         assert_one_wandb_run(run, plan, n)
+    # launch parity: each segment ran the planned command with the total passed on to it
+    recs = driver_records(run)
+    assert set(recs) == {s["segment"] for s in segs}, (sorted(recs), diagnostics(run))
+    for seg, rec in recs.items():
+        check_driver_record(seg, rec, run, reference, n if seg == f"{last}-0" else 100_000)
 
 
 # W&B offline beside TensorBoard (tracking.wandb), and evals (SMALL has none) to see at their steps: the
