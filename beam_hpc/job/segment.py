@@ -54,8 +54,8 @@ _STATUS_REASON = {JobStatus.NODE_FAILURE: Reason.NODE_FAILURE, JobStatus.NOT_REA
 
 
 class Segment:
-    """One segment of a run: lock, start, job, stops, end. ``query`` and ``time_limit`` are how
-    Slurm is asked about this job (tests hand in answers)."""
+    """One segment of a run: lock, start, job, stops, end. ``query`` is how Slurm is asked about
+    this job, its time limit included (tests hand in answers)."""
 
     def __init__(
         self,
@@ -65,7 +65,6 @@ class Segment:
         num_rollout: int | None = None,
         env: Mapping[str, str] | None = None,
         query: Callable[[str], JobInfo | None] = show_job,
-        time_limit: Callable[[str], int | None] = start.slurm_time_limit_s,
         script: str | None = None,
     ) -> None:
         self.env = dict(os.environ if env is None else env)
@@ -73,7 +72,7 @@ class Segment:
         self.paths = self.plan.paths
         self.want_resume = resume
         self.num_rollout_arg = num_rollout
-        self.query, self.time_limit = query, time_limit
+        self.query = query
         self.script = script  # the batch script this segment runs from (a rendered script's "$0")
         self.slurm = SlurmEnvironment(self.env)
         self.job_id: str | None = self.slurm.job_id
@@ -149,8 +148,9 @@ class Segment:
         """The start line and the checks; an exit code when the segment must not run the job."""
         if self.num_rollout_arg is not None:
             self.plan = start.with_num_rollout(self.plan, self.num_rollout_arg)
+        info = self._job_info()  # its time limit: the job's own, whatever the script's header said
         begun = start.survey(self.plan, restart=self.restart, want_resume=self.want_resume,
-                             time_limit_s=None if self.job_id is None else self.time_limit(self.job_id))
+                             time_limit_s=None if info is None else info.time_limit_s)
         self.history, self.rollouts_at_start, self.lead_s = begun.history, begun.rollouts_at_start, begun.lead_s
         self.watchdog.lead_s = self.lead_s
         self.watchdog.on_signal = self.stopping.on_signal

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from beam_hpc.config.recipe import Recipe, parse_walltime
+from beam_hpc.config.recipe import Recipe
 from beam_hpc.errors import InputError
 from beam_hpc.lifecycle import save
 from beam_hpc.plan.plan import Plan, compute_lead_s
@@ -26,8 +26,7 @@ from beam_hpc.run import checkpoint_layout, ledger
 from beam_hpc.run.identity import IdentityError, record_identity
 from beam_hpc.run.ledger import Reason
 from beam_hpc.run.resume import check_resume
-from beam_hpc.slurm import client
-from beam_hpc.slurm.client import JobInfo, SlurmUnavailable
+from beam_hpc.slurm.client import JobInfo
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +53,6 @@ class Refusal:
     reason: Reason
     detail: str
     bad_input: bool = False
-
-
-def slurm_time_limit_s(job_id: str) -> int | None:
-    """The job's time limit in seconds, from Slurm (None: UNLIMITED, or Slurm cannot say)."""
-    try:
-        records = client.show_job_records(job_id)
-    except SlurmUnavailable as err:
-        log.warning("cannot read the job's time limit: %s", err)
-        return None
-    limit = records[0].get("TimeLimit", "") if records else ""
-    try:
-        return parse_walltime(limit) if limit[:1].isdigit() else None
-    except ValueError:
-        return None
 
 
 def with_num_rollout(plan: Plan, n: int) -> Plan:

@@ -268,6 +268,7 @@ class JobInfo:
     # StartTime + TimeLimit: when the time limit falls. Not EndTime: scancel moves EndTime to the
     # moment of the cancel, so only this tells a cancel's SIGTERM from the time limit's
     limit_end: float | None = None
+    time_limit_s: int | None = None  # TimeLimit in seconds (None: UNLIMITED, or Slurm said something else)
 
 
 def slurm_time(value: str | None) -> float | None:
@@ -303,22 +304,28 @@ def parse_show_job(text: str) -> JobInfo | None:
             preempt_time=slurm_time(fields.get("PreemptTime")),
             submit_time=slurm_time(fields.get("SubmitTime")),
             limit_end=_limit_end(fields),
+            time_limit_s=_time_limit_s(fields),
         )
     return None
 
 
-def _limit_end(fields: dict[str, str]) -> float | None:
-    """StartTime + TimeLimit (None while pending, for UNLIMITED, or when Slurm says something else)."""
+def _time_limit_s(fields: dict[str, str]) -> int | None:
+    """TimeLimit in seconds (None for UNLIMITED, or when Slurm says something else)."""
     from beam_hpc.config.recipe import parse_walltime
 
-    start = slurm_time(fields.get("StartTime"))
-    limit = fields.get("TimeLimit")
-    if start is None or not limit or not limit[0].isdigit():
+    limit = fields.get("TimeLimit", "")
+    if not limit[:1].isdigit():
         return None
     try:
-        return start + parse_walltime(limit)
+        return parse_walltime(limit)
     except ValueError:
         return None
+
+
+def _limit_end(fields: dict[str, str]) -> float | None:
+    """StartTime + TimeLimit (None while pending, for UNLIMITED, or when Slurm says something else)."""
+    start, limit = slurm_time(fields.get("StartTime")), _time_limit_s(fields)
+    return None if start is None or limit is None else start + limit
 
 
 def _show_job_text(job_id: str, timeout: float | None) -> str | None:

@@ -1,8 +1,8 @@
 """beam_hpc.job.segment: a segment's checks, start line and end, without Slurm or Ray (it stops
 before the job, or is driven by hand through its signal handlers).
 
-The seams are how the segment asks Slurm about its job (``query=``, ``time_limit=``): a JobInfo
-and a time limit are handed in instead of running ``scontrol``; tests/lifecycle/test_lifecycle_slurm.py
+The seam is how the segment asks Slurm about its job (``query=``): a JobInfo, time limit
+included, is handed in instead of running ``scontrol``; tests/lifecycle/test_lifecycle_slurm.py
 and tests/job/test_segment_slurm.py run the same code on the real local Slurm cluster.
 """
 
@@ -50,15 +50,10 @@ def _deliver(sig: int) -> None:
     time.sleep(0.01)  # the handler runs at the next bytecode boundary
 
 
-def _limit(seconds: int | None):
-    """What Slurm says of the job's time limit (the segment's ``time_limit=`` seam; None: it cannot say)."""
-    return lambda _job_id: seconds
-
-
 def _run_segment(plan, env: dict[str, str] | None = None, **kw) -> tuple[int, dict]:
     from beam_hpc.job.segment import Segment
 
-    code = Segment(plan.paths.plan, env=env or {}, time_limit=_limit(3600), **kw).run()
+    code = Segment(plan.paths.plan, env=env or {}, **kw).run()
     segs, _ = ledger.read_ledger(plan.paths.ledger)
     assert not Path(plan.paths.lock).exists()  # released on every path
     return code, segs[-1]
@@ -97,8 +92,8 @@ def test_a_segment_passes_over_a_torn_newest_checkpoint_and_counts_from_the_comp
     _published(plan.paths, 4)
     torn = _published(plan.paths, 9) / "model.pt"
     torn.write_bytes(torn.read_bytes()[:100])
-    seg = Segment(plan.paths.plan, resume=True, env={"SLURM_JOB_ID": "81"}, time_limit=_limit(3600),
-                  query=lambda j: JobInfo(j, JobState.RUNNING, 0, time.time() + 3600, None))
+    seg = Segment(plan.paths.plan, resume=True, env={"SLURM_JOB_ID": "81"},
+                  query=lambda j: JobInfo(j, JobState.RUNNING, 0, time.time() + 3600, None, time_limit_s=3600))
     assert seg._prepare() is None  # resumes (from 4)
     assert checkpoint_layout.latest_iteration(plan.paths.checkpoints) == 4
     start = ledger.read_ledger(plan.paths.ledger)[0][-1]["start"]
@@ -146,13 +141,11 @@ def test_a_submission_after_the_cancel_flag_clears_it(tiny_plan) -> None:
     flagged = flag.stat().st_mtime
 
     def submitted(at: float):
-        return lambda job_id: JobInfo(job_id, JobState.RUNNING, 0, None, None, submit_time=at)
+        return lambda job_id: JobInfo(job_id, JobState.RUNNING, 0, None, None, submit_time=at, time_limit_s=3600)
 
-    assert Segment(plan.paths.plan, env={"SLURM_JOB_ID": "55"}, query=submitted(flagged - 60),
-                   time_limit=_limit(3600)).run() == 0
+    assert Segment(plan.paths.plan, env={"SLURM_JOB_ID": "55"}, query=submitted(flagged - 60)).run() == 0
     assert flag.exists() and ledger.read_ledger(plan.paths.ledger)[0][-1]["end"]["reason"] == "cancelled"
-    code = Segment(plan.paths.plan, env={"SLURM_JOB_ID": "56"}, resume=True, query=submitted(flagged + 60),
-                   time_limit=_limit(3600)).run()
+    code = Segment(plan.paths.plan, env={"SLURM_JOB_ID": "56"}, resume=True, query=submitted(flagged + 60)).run()
     assert not flag.exists()
     end = ledger.read_ledger(plan.paths.ledger)[0][-1]["end"]
     assert code == 2 and end["reason"] == "error" and "no checkpoint" in end["detail"]  # went on to its checks
@@ -173,12 +166,12 @@ def test_a_segment_refuses_checkpoints_made_with_another_model_or_topology(tiny_
     requeued = {"SLURM_JOB_ID": "71", "SLURM_RESTART_COUNT": "1"}
 
     def query(job_id: str) -> JobInfo:
-        return JobInfo(job_id, JobState.RUNNING, 1, None, None)
+        return JobInfo(job_id, JobState.RUNNING, 1, None, None, time_limit_s=3600)
 
     for overrides, field in ((("model.path=/elsewhere/model",), "model.path (was "),
                              (("topology.trainer.nodes=2",), "topology.trainer.nodes (was 1, now 2)")):
         other, _ = tiny_plan("num_rollout=10", *overrides)  # a consistent plan.json: its own sha matches
-        code, seg = _run_segment(other, env=requeued, query=query)  # (time limit: _run_segment's)
+        code, seg = _run_segment(other, env=requeued, query=query)
         assert code == 2 and seg["segment"] == "71-1" and seg["start"]["resume"]
         end = seg["end"]
         assert end["reason"] == "error" and end["next"] == {"action": "none", "job_id": None}
@@ -209,8 +202,8 @@ def test_without_save_on_request_the_lead_is_ignored_and_the_time_limit_is_recor
     plan, _ = tiny_plan("num_rollout=40", "lifecycle.save_on_request=false")
     _checkpoint(plan.paths, 4)
     end_time = time.time() + 3600
-    seg = Segment(plan.paths.plan, resume=True, env={"SLURM_JOB_ID": "80"}, time_limit=_limit(3600),
-                  query=lambda j: JobInfo(j, JobState.RUNNING, 0, end_time, None))
+    seg = Segment(plan.paths.plan, resume=True, env={"SLURM_JOB_ID": "80"},
+                  query=lambda j: JobInfo(j, JobState.RUNNING, 0, end_time, None, time_limit_s=3600))
     seg.watchdog.install()
     try:
         assert seg._prepare() is None  # the checks a segment makes before its job
@@ -240,11 +233,12 @@ def test_the_time_limit_is_slurms_and_caps_the_computed_lead(tiny_plan) -> None:
     # a computed lead: the floor, 500 s (the plan allows it in its 30 min walltime)
     plan, _ = tiny_plan("lifecycle.lead_s=null", "lifecycle.lead_floor_s=500")
     assert (plan.walltime_s, plan.lead_s) == (1800, 500)
-    running = lambda j: JobInfo(j, JobState.RUNNING, 0, time.time() + 600, None)  # noqa: E731
     for env, limit, expected in (({"SLURM_JOB_ID": "90"}, 600, (600, 300)),  # --time edited to 00:10:00
                                  ({"SLURM_JOB_ID": "91"}, None, (1800, 500)),  # Slurm cannot say
-                                 ({}, 600, (1800, 500))):  # beam-hpc execute: no Slurm, the seam is not asked
-        seg = Segment(plan.paths.plan, env=env, query=running, time_limit=_limit(limit))
+                                 ({}, 600, (1800, 500))):  # beam-hpc execute: no Slurm, the query is not asked
+        seg = Segment(plan.paths.plan, env=env,
+                      query=lambda j, limit=limit: JobInfo(j, JobState.RUNNING, 0, time.time() + 600, None,
+                                                          time_limit_s=limit))
         assert seg._prepare() is None
         start = ledger.read_ledger(plan.paths.ledger)[0][-1]["start"]
         assert (start["walltime_s"], start["lead_s"]) == expected, (env, limit)

@@ -43,9 +43,11 @@ def test_parse_job_reads_the_het_leader_and_slurm_times() -> None:
     cancelled = client.parse_show_job("JobId=7 JobState=COMPLETING Restarts=0 TimeLimit=00:20:00 "
                                       "StartTime=2026-12-04T19:52:03 EndTime=2026-12-04T19:52:11 PreemptTime=None")
     assert cancelled is not None and cancelled.limit_end - cancelled.end_time == 20 * 60 - 8
-    assert client.parse_show_job("JobId=7 JobState=RUNNING TimeLimit=UNLIMITED StartTime=2026-12-04T19:52:03"
-                                 ).limit_end is None
-    assert client.parse_show_job("JobId=7 JobState=PENDING TimeLimit=1-00:00:00 StartTime=Unknown").limit_end is None
+    assert cancelled.time_limit_s == 20 * 60  # the job's own limit: what a segment runs to
+    unlimited = client.parse_show_job("JobId=7 JobState=RUNNING TimeLimit=UNLIMITED StartTime=2026-12-04T19:52:03")
+    assert unlimited is not None and unlimited.limit_end is None and unlimited.time_limit_s is None
+    pending = client.parse_show_job("JobId=7 JobState=PENDING TimeLimit=1-00:00:00 StartTime=Unknown")
+    assert pending is not None and pending.limit_end is None and pending.time_limit_s == 86_400
     records = client.parse_show_job_records(SCONTROL_PREEMPTED + "JobId=18 JobState=PENDING HetJobOffset=1\n")
     assert [r["JobId"] for r in records] == ["17", "18"] and records[1]["HetJobOffset"] == "1"
 
