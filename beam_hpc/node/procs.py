@@ -20,10 +20,10 @@ ENDED_STATES = frozenset({"Z", "X"})  # zombie, dead: ended, whatever its parent
 _STATE, _PPID, _STARTTIME = 3, 4, 22
 
 
-def _stat_field(pid: int | str, number: int) -> str | None:
+def _stat_field(pid: int | str, number: int, proc: str = PROC) -> str | None:
     """Field ``number`` (>= 3) of ``/proc/<pid>/stat``, or None when the process is gone."""
     try:
-        text = Path(f"{PROC}/{pid}/stat").read_bytes()
+        text = Path(f"{proc}/{pid}/stat").read_bytes()
     except OSError:
         return None
     _, paren, rest = text.rpartition(b")")
@@ -43,9 +43,9 @@ def running(pid: int | str) -> bool:
     return state(pid) not in (GONE, *ENDED_STATES)
 
 
-def parent(pid: int | str) -> int | None:
+def parent(pid: int | str, proc: str = PROC) -> int | None:
     """The parent's pid, or None when the process is gone."""
-    value = _stat_field(pid, _PPID)
+    value = _stat_field(pid, _PPID, proc)
     return int(value) if value is not None and value.isdigit() else None
 
 
@@ -69,6 +69,22 @@ def start_time(pid: int | str = "self") -> float | None:
 def pids(proc: str = PROC) -> list[int]:
     """Every process on this host now (those of other users too)."""
     return sorted(int(e.name) for e in os.scandir(proc) if e.name.isdigit())
+
+
+def with_descendants(roots: list[int], proc: str = PROC) -> list[int]:
+    """``roots`` and every process below them now (children, their children, ...), sorted."""
+    below: dict[int, list[int]] = {}
+    for pid in pids(proc):
+        ppid = parent(pid, proc)
+        if ppid is not None:
+            below.setdefault(ppid, []).append(pid)
+    found, todo = set(roots), list(roots)
+    while todo:
+        for child in below.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return sorted(found)
 
 
 def cmdline(pid: int | str) -> list[str]:

@@ -333,10 +333,14 @@ def write_token(directory: str | Path) -> Path:
 
 
 def tagged_pids(job_tag: str, node_index: int | None = None, proc: str = "/proc") -> list[int]:
-    """PIDs on this host whose environment carries the job's tag (and node index, if given).
+    """PIDs on this host whose environment carries the job's tag (and node index, if given), and
+    every process below them.
 
     Ray's processes inherit the environment of `ray start`, so this finds exactly this job's Ray
-    processes, never another job's or another user's; they are then stopped by PID.
+    processes, never another job's or another user's; they are then stopped by PID. The processes
+    below count too: a raylet's agents rename themselves (``ray::DashboardAgent``), which can
+    overwrite the environment /proc shows, tag included, and once their raylet is gone they live on
+    as orphans no tag finds.
     """
     want = f"{JOB_TAG_VAR}={job_tag}".encode()
     want_node = f"{NODE_TAG_VAR}={node_index}".encode() if node_index is not None else None
@@ -346,7 +350,7 @@ def tagged_pids(job_tag: str, node_index: int | None = None, proc: str = "/proc"
         items = procs.environ(pid, proc) if pid != me else None
         if items is not None and want in items and (want_node is None or want_node in items):
             found.append(pid)
-    return found
+    return [p for p in procs.with_descendants(found, proc) if p != me] if found else []
 
 
 def stop_pids(pids: Iterable[int], grace_s: float) -> list[int]:

@@ -49,6 +49,19 @@ def start_nodes_with_own_scratch(monkeypatch: pytest.MonkeyPatch, bin_dir: Path,
     monkeypatch.setattr(sys, "executable", str(wrapper))
 
 
+def holding_files_under(prefix: str) -> list[tuple[int, list[str]]]:
+    """Processes with a file open whose path starts with ``prefix``, and their command lines."""
+    found = []
+    for pid in procs.pids():
+        try:
+            targets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        if any(t.startswith(prefix) for t in targets):
+            found.append((pid, procs.cmdline(pid)))
+    return found
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_run_local_brings_up_both_groups_places_work_and_cleans_up(tmp_path):
@@ -66,6 +79,10 @@ def test_run_local_brings_up_both_groups_places_work_and_cleans_up(tmp_path):
     assert {(t["ray_temp_parent_mode"], Path(t["ray_temp_dir"]).name) for t in smoke["tasks"]} == {("0o700", "r")}
     job_id = f"l{os.getpid()}"
     assert gone(lambda: tagged_pids(f"{plan.run_id}.{job_id}.0")) == []
+    # Ray's agents too: they rename themselves (ray::DashboardAgent), which can hide the job's tag, and
+    # an agent that outlives its raylet lingers for a minute or two before it notices; by their
+    # open log files under the job's Ray temp dirs (deleted or not), within seconds of the end
+    assert gone(lambda: holding_files_under(f"/tmp/beam-{job_id}.0-"), timeout=10) == []
     assert gone(lambda: glob(f"/tmp/beam-{job_id}.0-*")) == []
     assert not Path(plan.output_dir, ".ray-auth").exists()
     saved = json.loads(Path(outcome.segment_dir, "outcome.json").read_text())
