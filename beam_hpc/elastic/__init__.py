@@ -1,0 +1,1 @@
+"""Rollout capacity that comes and goes: extra Slurm jobs that join a running run."""
