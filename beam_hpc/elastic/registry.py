@@ -177,9 +177,24 @@ def extra_jobs(run_dir: str | Path) -> list[ExtraJob]:
     return sorted(jobs, key=lambda j: (j.submitted_at or 0.0, j.job_id))
 
 
-def capacity_changes(jobs: list[ExtraJob]) -> list[tuple[float, str, str]]:
-    """``(time, "joined"|"left", job_id)`` for each node that joined or left, in time order: where
-    the run's rollout capacity changed (``plot`` draws them)."""
-    out = [(t, "joined", j.job_id) for j in jobs for t in j.joined_at]
-    out += [(t, "left", j.job_id) for j in jobs for t in j.left_at]
+def capacity_changes(jobs: list[ExtraJob]) -> list[tuple[int, str, str]]:
+    """``(rollout, "joined"|"left", job_id)`` where the run's rollout capacity changed, in rollout
+    order: a node joined at the rollout of its first unit after joining, and left at the rollout of
+    its last unit before leaving (a node that served nothing changed nothing). ``plot`` draws them."""
+    out: set[tuple[int, str, str]] = set()
+    for j in jobs:
+        current: dict[str, list[int]] = {}  # node -> rollouts served since it joined
+        for e in j.events:
+            node, kind = e.get("node"), e["event"]
+            if node is None:
+                continue
+            if kind == "joined":
+                current[node] = []
+            elif kind == "unit" and _num(e.get("rollout")) is not None:
+                served = current.setdefault(node, [])
+                if not served:
+                    out.add((int(e["rollout"]), "joined", j.job_id))
+                served.append(int(e["rollout"]))
+            elif kind == "left" and current.get(node):
+                out.add((current.pop(node)[-1], "left", j.job_id))
     return sorted(out)
