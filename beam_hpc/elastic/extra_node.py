@@ -172,7 +172,7 @@ class NodeProgram:
         group_tp = self.plan.recipe.topology.rollout.gpus_per_engine
         gpus = SlurmEnvironment.current().gpus_on_node or 0
         per_node = max(1, gpus // group_tp)
-        nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1") or 1)
+        nodes = SlurmEnvironment.current().job_num_nodes
         ports = external_engines.engine_ports(self.plan.site, int(self.job_id), per_node * nodes)
         host = socket.gethostbyname(self.node) if self.node else "127.0.0.1"
         procs, engines = [], []
@@ -269,7 +269,7 @@ def supervise(run_dir: Path) -> int:
         log.error("not inside a Slurm job: submit this with `beam-hpc rollout add` or sbatch")
         return 2
     plan = Plan.load(run_dir)
-    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    nodelist = env.nodelist(0)
     nodes = client.expand_hostnames(nodelist) if nodelist else []
     registry.record(run_dir, job_id, {"event": "start", "restart": restart, "nodes": nodes})
     logs = registry.elastic_dir(run_dir) / "logs"
