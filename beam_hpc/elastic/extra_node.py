@@ -32,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from beam_hpc import fault_hooks
 from beam_hpc.elastic import registry
 from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.plan.plan import Plan
@@ -136,6 +137,7 @@ class NodeProgram:
         self.record({"event": "started", "worker": self.worker_id, "pid": os.getpid()})
         rc = 0
         try:
+            fault_hooks.check_bad_node(self.node)  # the tests' dying node (inert unless its variable is set)
             if self.plan.recipe.backend == "miles":
                 self.serve_engines()
             else:
@@ -271,7 +273,8 @@ def supervise(run_dir: Path) -> int:
     plan = Plan.load(run_dir)
     nodelist = env.nodelist(0)
     nodes = client.expand_hostnames(nodelist) if nodelist else []
-    registry.record(run_dir, job_id, {"event": "start", "restart": restart, "nodes": nodes})
+    registry.record(run_dir, job_id, {"event": "start", "restart": restart, "nodes": nodes,
+                                      "gpus_per_node": env.gpus_on_node or 0})
     logs = registry.elastic_dir(run_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     n = len(nodes) or env.job_num_nodes

@@ -106,13 +106,18 @@ class ExtraJob:
     def units_served(self) -> int:
         return len(self._units())
 
+    def _train_units(self) -> list[dict[str, Any]]:
+        return [e for e in self._units() if e.get("purpose", "train") == "train"]
+
     @property
     def samples(self) -> int:
-        return int(sum(_num(e.get("samples")) or 0 for e in self._units()))
+        """Training samples served (an eval unit's are not rollout samples)."""
+        return int(sum(_num(e.get("samples")) or 0 for e in self._train_units()))
 
     @property
     def rollouts(self) -> list[int]:
-        return sorted({int(e["rollout"]) for e in self._units() if _num(e.get("rollout")) is not None})
+        """Training rollouts it served a unit of."""
+        return sorted({int(e["rollout"]) for e in self._train_units() if _num(e.get("rollout")) is not None})
 
     @property
     def versions(self) -> list[int]:
@@ -165,6 +170,12 @@ def extra_job(run_dir: str | Path, job_id: str) -> ExtraJob:
         job.partition = sub.get("partition") if isinstance(sub.get("partition"), str) else None
         job.gpus_per_node = int(_num(sub.get("gpus_per_node")) or 0)
         job.submitted_at = _num(sub.get("time"))
+    else:  # submitted by hand (sbatch of the written script): what its first start saw
+        first = next((e for e in events if e["event"] == "start" and "node" not in e), None)
+        if first is not None:
+            job.nodes = len(first.get("nodes") or [])
+            job.gpus_per_node = int(_num(first.get("gpus_per_node")) or 0)
+            job.submitted_at = _num(first.get("time"))
     return job
 
 

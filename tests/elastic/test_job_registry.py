@@ -42,6 +42,10 @@ def test_events_read_back_as_the_job(tmp_path: Path) -> None:
     assert (jobs.units_served, jobs.samples) == (6, 96)
     assert jobs.node_seconds() == 2 * 99.0  # each node: started +11 .. left +110
     assert jobs.gpu_hours() == 2 * 99.0 * 4 / 3600
+    registry.record(run, "41", {"event": "unit", "node": "n13", "rollout": 5, "purpose": "eval", "version": 5,
+                                "samples": 8, "time": 1090.0})
+    again = registry.extra_job(run, "41")
+    assert (again.units_served, again.samples, again.rollouts) == (7, 96, [5, 6, 7])  # eval: a unit, not rollout samples
     assert registry.capacity_changes([jobs]) == [(5, "joined", "41"), (7, "left", "41")]
 
 
