@@ -113,6 +113,7 @@ class NodeProgram:
         self.run_dir = Path(plan.output_dir)
         self.stopper = stopper or Stopper()
         self.reason: str | None = None
+        self.left = False  # this node's left event is recorded
         self.worker_id = f"x{job_id}-{index}"
 
     def record(self, event: dict[str, Any]) -> None:
@@ -123,6 +124,7 @@ class NodeProgram:
         if event.get("event") == "left":
             self.reason = self.reason or stop_reason(self.stopper.signal, self.job_id)
             event = {**event, "reason": self.reason}
+            self.left = True
         self.record(dict(event))
 
     def run(self) -> int:
@@ -144,15 +146,18 @@ class NodeProgram:
                 self.serve_worker()
         except Exception as err:  # noqa: BLE001 - any failure of this node is recorded, then it exits 1
             log.exception("node %s: the worker failed", self.node)
-            self.reason = "failed"
-            self.record({"event": "left", "reason": "failed", "error": f"{type(err).__name__}: {err}"})
-            rc = 1
+            error = f"{type(err).__name__}: {err}"
+            if self.left:  # the worker said it left (its deregistration ran) before the error surfaced
+                self.record({"event": "error", "error": error})
+            else:
+                self.record({"event": "left", "reason": "failed", "error": error})
+            self.reason, self.left, rc = "failed", True, 1
         finally:
             left = sweep(tag, self.index, grace_s=SWEEP_GRACE_S)
             if left:
                 log.info("node %s: stopped %d leftover processes by PID: %s", self.node, len(left), left)
             shutil.rmtree(local, ignore_errors=True)
-        if rc == 0 and self.reason is None:  # a worker that returned without its own left event
+        if not self.left:  # a worker that returned without its own left event
             self.reason = stop_reason(self.stopper.signal, self.job_id)
             self.record({"event": "left", "reason": self.reason})
         return rc
