@@ -129,19 +129,23 @@ def cmd_remove(args: argparse.Namespace) -> int:
     if unknown:
         raise InputError(f"JOBID: {shorten(', '.join(unknown))} is not an extra rollout job of this run "
                          f"(its jobs: {', '.join(jobs) or 'none'}; see beam-hpc rollout list)")
-    chosen = [jobs[j] for j in args.job_ids] if args.job_ids else [j for j in jobs.values() if j.state != "left"]
-    if not chosen:
-        print("no extra rollout job is pending or running")
-        return 0
+    chosen = [jobs[j] for j in args.job_ids] if args.job_ids else list(jobs.values())
+    acted = 0
     for j in chosen:
+        # Slurm's word, not the record's: a preempted job has left but comes back after its requeue
         state = client.job_state(j.job_id)
         if state is None or state.terminal:
-            print(f"job {j.job_id}: Slurm no longer runs it ({state.value if state else 'unknown'})")
-        elif state is client.JobState.RUNNING:
+            if args.job_ids:
+                print(f"job {j.job_id}: Slurm no longer runs it ({state.value if state else 'unknown to Slurm'})")
+            continue
+        acted += 1
+        if state is client.JobState.RUNNING:
             client.cancel([j.job_id], signal="USR2")  # to the tasks: each node drains, deregisters, leaves
             print(f"job {j.job_id}: asked its nodes to leave (they finish deregistering, then the job ends)")
         else:
             client.cancel([j.job_id])
             registry.record(plan.output_dir, j.job_id, {"event": "left", "reason": "removed", "state": state.value})
             print(f"job {j.job_id}: cancelled ({state.value})")
+    if not acted and not args.job_ids:
+        print("no extra rollout job is pending or running")
     return 0
