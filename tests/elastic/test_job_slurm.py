@@ -10,7 +10,6 @@ The baseline is the same recipe and seed through the backend alone, while the ch
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from beam_hpc.cli.app import main
 from beam_hpc.elastic import extra_job, registry
 from beam_hpc.lifecycle import quarantine
 from beam_hpc.run import metric_names
+from beam_hpc.run.scalars import read_scalars
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.slow]
 
@@ -39,10 +39,11 @@ TIMEOUT_S = 300
 @pytest.fixture
 def runs(slurm_cluster) -> Iterator[Path]:
     """Run directories outside pytest's pruned temp dirs; every job under them is cancelled after."""
-    root = Path(tempfile.mkdtemp(prefix="beam-ej-", dir="/tmp"))
-    yield root
-    slurm_cluster.cancel_jobs_under(root)
-    shutil.rmtree(root, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="beam-ej-", dir="/tmp", ignore_cleanup_errors=True) as root:
+        try:
+            yield Path(root)
+        finally:
+            slurm_cluster.cancel_jobs_under(Path(root))
 
 
 def wait_for(what: str, predicate, run_dir: Path, timeout: float = TIMEOUT_S, poll_s: float = 0.5):  # type: ignore[no-untyped-def]
@@ -61,11 +62,8 @@ def _job_state(job: str) -> str:
 
 
 def _trained(run: Path) -> list[int]:
-    try:
-        lines = (run / "dumps" / metric_names.METRICS_FILE).read_text().splitlines(keepends=True)
-    except FileNotFoundError:
-        return []
-    return [json.loads(x)["rollout_id"] for x in lines if x.endswith("\n") and "rollout_id" in x]
+    """The rollouts the run trained so far, as `status` reads them."""
+    return [p.step for p in read_scalars(run).series.get(metric_names.ROLLOUT_TIME, [])]
 
 
 def _served(run: Path, job: str) -> list[dict]:
@@ -170,7 +168,7 @@ def test_an_extra_job_joins_is_preempted_and_the_run_ends_bitwise_as_without_it(
         assert seg["end"]["reason"] == "completed" and not seg["end"].get("failed_nodes"), diagnostics(run)
     served = _served(run, job)
     assert served and min(e["rollout"] for e in served) >= 2, served
-    assert sorted(set(_trained(run))) == list(range(n)), _trained(run)
+    assert _trained(run) == list(range(n)), _trained(run)
     # each unit counted once: every rollout has its fixed number of units, and the units the run
     # counted as served from outside are exactly those the extra job reported accepted
     from beam_hpc.backends.reference import unit_service
