@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from beam_hpc import fault_hooks
 from beam_hpc.elastic import policy_store, rendezvous
 from beam_hpc.elastic.server import Client, ServiceError
 from beam_hpc.elastic.units import Unit
@@ -151,7 +152,11 @@ def serve(run_dir: Path, *, worker_id: str, stop: threading.Event, threads: int 
         if on_event is not None:
             on_event({"event": event, "time": time.time(), "worker": worker_id, **extra})
 
+    delay = 0.0
+
     def interrupt() -> None:
+        if delay:
+            stop.wait(delay)
         if stop.is_set():
             raise Leaving
 
@@ -182,6 +187,8 @@ def serve(run_dir: Path, *, worker_id: str, stop: threading.Event, threads: int 
                     continue
                 unit = Unit.from_json(got["unit"])
                 inflight = unit.key
+                delay = fault_hooks.unit_token_delay(unit.rollout_id)
+                log.info("serving unit %s at version %d", unit.key, unit.version)
                 result = runner.compute(unit, interrupt)
                 verdict = session.call("/result", key=unit.key, result=result)["verdict"]
                 inflight = None
