@@ -22,7 +22,8 @@ RAY_PORT_KINDS = (
     "metrics_export",
 )
 WEIGHT_SYNC = "weight_sync"
-BANDS = (*RAY_PORT_KINDS, WEIGHT_SYNC)
+ELASTIC = "elastic"  # the reference backend's rollout service for outside workers
+BANDS = (*RAY_PORT_KINDS, WEIGHT_SYNC, ELASTIC)
 
 
 def band_port(spec: RayPortSpec, kind: str, slot: int) -> int:
