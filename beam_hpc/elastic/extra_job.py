@@ -183,13 +183,9 @@ def render(req: ExtraJobRequest) -> str:
     return render_batch(batch_job(req))
 
 
-def logs_dir(run_dir: str | Path) -> Path:
-    return registry.elastic_dir(run_dir) / "logs"
-
-
 def sbatch_args(req: ExtraJobRequest, script: Path) -> list[str]:
     """sbatch's arguments (after ``sbatch``) for the written script: the output under the run."""
-    return ["--parsable", f"--output={logs_dir(req.run_dir) / 'slurm-%j.out'}", str(script)]
+    return ["--parsable", f"--output={registry.logs_dir(req.run_dir) / 'slurm-%j.out'}", str(script)]
 
 
 def write_script(req: ExtraJobRequest, *, now: float | None = None) -> Path:
@@ -198,7 +194,7 @@ def write_script(req: ExtraJobRequest, *, now: float | None = None) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
     path = registry.script_path(req.run_dir, stamp)
     path.parent.mkdir(parents=True, exist_ok=True)
-    logs_dir(req.run_dir).mkdir(parents=True, exist_ok=True)
+    registry.logs_dir(req.run_dir).mkdir(parents=True, exist_ok=True)
     write_atomic(path, render(req))
     path.chmod(0o755)
     return path

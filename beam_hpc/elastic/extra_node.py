@@ -280,7 +280,7 @@ def supervise(run_dir: Path) -> int:
     nodes = client.expand_hostnames(nodelist) if nodelist else []
     registry.record(run_dir, job_id, {"event": "start", "restart": restart, "nodes": nodes,
                                       "gpus_per_node": env.gpus_on_node or 0})
-    logs = registry.elastic_dir(run_dir) / "logs"
+    logs = registry.logs_dir(run_dir)
     logs.mkdir(parents=True, exist_ok=True)
     n = len(nodes) or env.job_num_nodes
     cmd = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--mpi=none",

@@ -18,15 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from beam_hpc.elastic.rendezvous import elastic_dir  # RUN/elastic/, spelled once there
 from beam_hpc.run.ledger import append
 
-ELASTIC_DIR = "elastic"
 JOBS_DIR = "jobs"  # under elastic/
 REASONS = ("preempted", "walltime", "removed", "failed")
-
-
-def elastic_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir, ELASTIC_DIR)
 
 
 def jobs_dir(run_dir: str | Path) -> Path:
@@ -35,6 +31,11 @@ def jobs_dir(run_dir: str | Path) -> Path:
 
 def events_path(run_dir: str | Path, job_id: str) -> Path:
     return jobs_dir(run_dir) / f"{job_id}.jsonl"
+
+
+def logs_dir(run_dir: str | Path) -> Path:
+    """The extra jobs' batch logs (``slurm-<job>.out``) and node logs (``node-<job>-<restart>-<i>.log``)."""
+    return elastic_dir(run_dir) / "logs"
 
 
 def script_path(run_dir: str | Path, stamp: str) -> Path:
