@@ -151,9 +151,23 @@ def slurm_problems(req: ExtraJobRequest) -> list[str]:
     return out
 
 
+def miles_problems(req: ExtraJobRequest) -> list[str]:
+    """A Miles run's extra nodes start SGLang engines the next segment attaches: a run that cannot
+    attach them (colocated, LoRA) is refused here rather than on the nodes."""
+    if req.plan.recipe.backend != "miles":
+        return []
+    try:
+        from beam_hpc.backends.miles import external_engines  # the Miles seam (engines, ports, registration)
+    except ImportError:
+        return ["backend: miles: this beam-hpc has no extra SGLang engines (beam_hpc.backends.miles."
+                "external_engines); install one that has, or add capacity to a reference-backend run"]
+    why = external_engines.refusal(req.plan)
+    return [why] if why else []
+
+
 def problems(req: ExtraJobRequest) -> list[str]:
     """Everything wrong with the request, one line each (empty: it may be submitted)."""
-    return model_problems(req) + slurm_problems(req)
+    return model_problems(req) + miles_problems(req) + slurm_problems(req)
 
 
 def node_command(req: ExtraJobRequest) -> str:

@@ -175,22 +175,23 @@ class NodeProgram:
         """A Miles run: this node's SGLang engines, from the image, registered for the run's next
         segment (which attaches them with --rollout-external); they stop and deregister on leaving."""
         from beam_hpc.backends.miles import external_engines  # the Miles seam: engines, their ports, the registry
+        from beam_hpc.node.ray_node import node_ip
 
-        group_tp = self.plan.recipe.topology.rollout.gpus_per_engine
-        gpus = SlurmEnvironment.current().gpus_on_node or 0
-        per_node = max(1, gpus // group_tp)
+        tp = external_engines.gpus_per_engine(self.plan)
+        gpus = SlurmEnvironment.current().gpus_on_node or self.plan.site.gpus_per_node
+        per_node = max(1, gpus // tp)
         nodes = SlurmEnvironment.current().job_num_nodes
         ports = external_engines.engine_ports(self.plan.site, int(self.job_id), per_node * nodes)
-        host = socket.gethostbyname(self.node) if self.node else "127.0.0.1"
+        host = node_ip(self.plan.site.network, self.index)  # the site's way to this node's address
         procs, engines = [], []
         for i in range(per_node):
             port = ports[self.index * per_node + i]
             argv = external_engines.engine_argv(self.plan, host=host, port=port,
-                                                gpu_ids=list(range(i * group_tp, (i + 1) * group_tp)))
+                                                gpu_ids=list(range(i * tp, (i + 1) * tp)))
             procs.append(subprocess.Popen(argv))
-            engines.append({"host": host, "port": port, "tp": group_tp})
+            engines.append({"host": host, "port": port, "tp": tp})
         self.record({"event": "joined", "engines": engines})
-        external_engines.register(self.run_dir, self.job_id, engines)  # one file per job: the last node's wins
+        external_engines.register(self.run_dir, self.job_id, engines)  # this node's, beside the job's other nodes'
         try:
             while not self.stopper.event.wait(1.0):
                 dead = [p.args for p in procs if p.poll() is not None]
@@ -200,6 +201,11 @@ class NodeProgram:
             external_engines.deregister(self.run_dir, self.job_id)
             for p in procs:
                 p.terminate()
+            for p in procs:
+                try:
+                    p.wait(timeout=SWEEP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    p.kill()
 
 
 # -- the batch side ---------------------------------------------------------------------------------
