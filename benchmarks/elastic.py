@@ -89,7 +89,16 @@ def run_benchmark(rollouts: int, block: int, root: Path) -> dict:
     sub = submit(ROOT / "recipes" / "tiny.yaml", ROOT / "env" / "local.yaml", overrides=overrides,
                  output_dir=str(run), num_rollout=rollouts, via="sbatch")
     print(f"run job {sub.job_id}: {rollouts} rollouts, blocks of {block}", flush=True)
+    done = lambda: len(metrics(run)) >= rollouts  # noqa: E731
     joins, leaves, jobs = [], [], []
+
+    def leave(job: str) -> None:
+        t_signal = time.time()
+        assert cli(["rollout", "remove", str(run), job]) == 0
+        left = wait("the extra worker's left", lambda: next(
+            (e for e in events(run, job) if e["event"] == "left" and "node" in e), None))
+        leaves.append(left["time"] - t_signal)
+
     k = block  # rollouts 0..block-1: the run's worker alone (and warm)
     while k + 2 * block <= rollouts:
         wait(f"rollout {k - 1}", lambda k=k: len(metrics(run)) >= k)
@@ -97,19 +106,19 @@ def run_benchmark(rollouts: int, block: int, root: Path) -> dict:
         assert cli(["rollout", "add", str(run), "--nodes", "1", "--partition", "spot", "--time", "00:10:00"]) == 0
         job = registry.extra_jobs(run)[-1].job_id
         jobs.append(job)
-        first = wait("the extra worker's first unit",
-                     lambda job=job: next((e for e in events(run, job) if e["event"] == "unit"), None))
+        first = wait("the extra worker's first unit", lambda job=job: done() or next(
+            (e for e in events(run, job) if e["event"] == "unit"), None))
+        if first is True:  # the run ended before the extra worker served anything
+            leave(job)
+            break
         joins.append(first["time"] - t_add)
         k = int(first["rollout"]) + block  # a block with the extra worker, from the rollout it joined
-        wait(f"rollout {k - 1}", lambda k=k: len(metrics(run)) >= k)
-        t_signal = time.time()
-        assert cli(["rollout", "remove", str(run), job]) == 0
-        left = wait("the extra worker's left", lambda job=job: next(
-            (e for e in events(run, job) if e["event"] == "left" and "node" in e), None))
-        leaves.append(left["time"] - t_signal)
-        print(f"job {job}: joined in {joins[-1]:.1f} s, left in {leaves[-1]:.1f} s", flush=True)
+        wait(f"rollout {k - 1}", lambda k=k: len(metrics(run)) >= min(k, rollouts))
+        leave(job)
+        print(f"job {job}: joined in {joins[-1]:.2f} s at rollout {first['rollout']}, left in {leaves[-1]:.2f} s",
+              flush=True)
         k += block  # a block alone
-    wait("the run's last rollout", lambda: len(metrics(run)) >= rollouts, timeout=TIMEOUT_S)
+    wait("the run's last rollout", done)
     m = metrics(run)
     alone = [r[WAIT] for i, r in sorted(m.items()) if i >= block // 2 and r.get(UNITS_OUTSIDE) == 0
              and r.get(OUTSIDE_WORKERS) == 0]

@@ -22,7 +22,6 @@ from beam_hpc.elastic.rendezvous import elastic_dir  # RUN/elastic/, spelled onc
 from beam_hpc.run.ledger import append
 
 JOBS_DIR = "jobs"  # under elastic/
-REASONS = ("preempted", "walltime", "removed", "failed")
 
 
 def jobs_dir(run_dir: str | Path) -> Path:
