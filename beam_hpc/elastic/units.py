@@ -20,7 +20,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-DEFAULT_UNIT_PROMPTS = 1
+# 4 prompts a unit: on the tiny recipe (32 x 8) units of 1 prompt made a rollout's generation 2.3x
+# slower than one batch, units of 4 only 1.16x, and a rollout still splits into 8 shares.
+DEFAULT_UNIT_PROMPTS = 4
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.e2e]
 
 N = 12
 LEAVE_AT = 8
-BASE = [*SMALL, f"num_rollout={N}", f"checkpoint.interval={N}", "training.async_training=false"]
+BASE = [*SMALL, f"num_rollout={N}", f"checkpoint.interval={N}", "training.async_training=false",
+        "backend_options.unit_prompts=1"]
 WORKER = "outside-1"
 
 
@@ -53,14 +54,16 @@ def _checkpoint(run_dir: Path) -> dict:
 
 
 def test_one_worker_and_two_workers_compute_the_same_run(tmp_path, tiny_assets, reference_ray) -> None:
-    """Units are cut by size, never by worker count: two rollout workers give the bits of one."""
+    """Units are cut by size, never by worker count: two rollout workers give the bits of one (an
+    async run, with the default unit of 4 prompts: 2 units a rollout)."""
     one, two = tmp_path / "one", tmp_path / "two"
-    base = [*SMALL, "num_rollout=3", "checkpoint.interval=3"]
+    base = [*SMALL, "batch.prompts=8", "num_rollout=3", "checkpoint.interval=3"]
     run_backend(_plan(one, tiny_assets, base), reference_ray)
     run_backend(_plan(two, tiny_assets, [*base, "backend_options.rollout_workers=2"]), reference_ray)
     n = assert_bitwise_equal(load_checkpoint(one / "checkpoints" / "iter_0000002"),
                              load_checkpoint(two / "checkpoints" / "iter_0000002"), "iter 2")
     assert n > 50
+    assert all(len(_samples(two, k)) == 32 for k in range(3))
     served = {s["served_by"] for k in range(3) for s in _samples(two, k)}
     assert served == {"segment:0", "segment:1"}  # both took a share, and the result did not move
 

@@ -122,7 +122,7 @@ class Loop:
     instead), ``stop_after_rollout`` (save at that rollout and exit, as a walltime stop would; for
     tests), ``weight_sync`` (``object_store``, the default, or ``nccl``: how pushes travel, see
     :mod:`beam_hpc.backends.reference.weight_sync`), ``unit_prompts`` (prompts per unit of rollout
-    work, default 1: see :mod:`beam_hpc.elastic.units`) and ``unit_lease_s`` (how long an outside
+    work, default 4: see :mod:`beam_hpc.elastic.units`) and ``unit_lease_s`` (how long an outside
     worker may go silent before its units go back, default 30).
     """
 
