@@ -6,8 +6,9 @@ service, and then leases units one at a time: it loads the policy version the un
 the run's thread count (so bit for bit as the run's own workers would), and posts the result. With
 no rendezvous it waits; when the segment changes it registers again. When ``stop`` is set it
 abandons the unit in progress (checked before every token), deregisters giving that unit back,
-and returns a :class:`ServeReport`. ``python -m beam_hpc.elastic.worker`` does the same until
-SIGTERM, SIGINT or SIGUSR1 and then exits 0.
+and returns a :class:`ServeReport`; a version that fails its checksum is given back the same way
+and raised. ``python -m beam_hpc.elastic.worker`` does the same until SIGTERM, SIGINT or SIGUSR1 and
+then exits 0 (1, with one line, on such a failure).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from beam_hpc import fault_hooks
 from beam_hpc.elastic import policy_store, rendezvous
 from beam_hpc.elastic.server import Client, ServiceError
 from beam_hpc.elastic.units import Unit
+from beam_hpc.errors import RuntimeFailure
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +246,11 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, leave)
-    report = serve(args.run_dir, worker_id=args.worker_id, stop=stop, threads=args.threads)
+    try:
+        report = serve(args.run_dir, worker_id=args.worker_id, stop=stop, threads=args.threads)
+    except RuntimeFailure as e:  # a policy version that fails its checksum, a model that will not load
+        print(f"worker {args.worker_id}: {e}", file=sys.stderr, flush=True)
+        return 1
     print(f"worker {report.worker_id}: {report.units_served} units, {report.samples} samples, "
           f"rollouts {report.rollouts}, versions {report.versions}, gave back {report.given_back or 'nothing'}",
           flush=True)
