@@ -196,6 +196,10 @@ def serve(run_dir: Path, *, worker_id: str, stop: threading.Event, threads: int 
                 inflight = None
             except Leaving:
                 break
+            except policy_store.PolicyVersionMissing as e:  # the segment moved on under us
+                log.info("%s; registering again", e)
+                session.lost, inflight = True, None
+                continue
             except ServiceError as e:
                 log.info("segment %s: %s; registering again", session.segment, e)
                 session.lost, inflight = True, None

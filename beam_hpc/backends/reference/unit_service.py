@@ -81,12 +81,17 @@ class UnitService:
     def start(self) -> UnitService:
         for i in range(len(self.loop.workers)):
             self.queue.register(own_name(i), outside=False)
+        policy_store.prune(self.run_dir)  # an earlier segment's versions: this one publishes its own
         self.feeder.start()
         r = self.loop.recipe
         hello = {"recipe": r.model_dump(mode="json"), "model_path": self.loop.model_path, "unit_threads": threads_of(r),
                  "sync": not self.loop.asynchronous, "max_staleness": self.max_staleness, "lease_s": self.queue.lease_s}
         service = Service(self.queue, self.segment, hello, self._accept)
-        self.server = ElasticServer(service, self.secret, self.host, self.port).start()
+        try:
+            self.server = ElasticServer(service, self.secret, self.host, self.port).start()
+        except OSError as e:  # the band's port is taken (or beyond 65535): any free one will do
+            log.warning("rollout service: port %d on %s not available (%s); taking a free one", self.port, self.host, e)
+            self.server = ElasticServer(service, self.secret, self.host, 0).start()
         rendezvous.write(self.run_dir, rendezvous.Rendezvous(
             segment=self.segment, address=self.host, port=self.server.port, secret=self.secret, run_seed=r.seed,
             sync=not self.loop.asynchronous, max_staleness=self.max_staleness,
