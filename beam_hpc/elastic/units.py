@@ -73,6 +73,12 @@ def cut(purpose: str, rollout_id: int, prompts: list[list[int]], labels: list[st
     ]
 
 
+def within_staleness(version: int, current: int, max_staleness: int) -> bool:
+    """May a unit of policy ``version`` be served while the trainer's is ``current``: exactly the
+    current one in a sync run (``max_staleness`` 0), at most that many behind otherwise."""
+    return 0 <= current - version <= max_staleness
+
+
 @dataclass
 class WorkerState:
     outside: bool

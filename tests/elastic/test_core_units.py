@@ -14,7 +14,7 @@ import pytest
 
 from beam_hpc.elastic import policy_store, rendezvous
 from beam_hpc.elastic.server import AUTH_HEADER, Client, ElasticServer, Service, ServiceError, sign, verify
-from beam_hpc.elastic.units import Unit, UnitQueue, cut, seed_parts
+from beam_hpc.elastic.units import Unit, UnitQueue, cut, seed_parts, within_staleness
 
 
 class Clock:
@@ -124,6 +124,12 @@ def test_accept_filters_what_an_outside_worker_may_take() -> None:
     assert q.lease("w1", lambda u: u.version == 1).key == "train:1:0"
     assert q.lease("w1", lambda u: u.version == 1) is None
     assert q.versions_wanted() == {0, 1}
+
+
+def test_staleness_sync_serves_only_the_current_version_async_at_most_the_allowed_lag() -> None:
+    assert within_staleness(5, 5, 0) and not within_staleness(4, 5, 0)
+    assert within_staleness(4, 5, 1) and within_staleness(5, 5, 1) and not within_staleness(3, 5, 1)
+    assert not within_staleness(6, 5, 1)  # a version the trainer has not reached is never valid
 
 
 def test_rendezvous_is_private_atomic_and_removed_only_by_its_segment(tmp_path) -> None:

@@ -18,7 +18,7 @@ from beam_hpc.backends.reference.prompt_source import encode_prompts, read_rows
 from beam_hpc.backends.reference.rollout_worker import RolloutWorker
 from beam_hpc.elastic import policy_store, rendezvous
 from beam_hpc.elastic.server import ElasticServer, Service
-from beam_hpc.elastic.units import UnitQueue, cut
+from beam_hpc.elastic.units import UnitQueue, cut, within_staleness
 from beam_hpc.elastic.worker import ServeReport, serve
 
 pytestmark = [pytest.mark.slow]
@@ -41,7 +41,8 @@ class Segment:
                                                         str(policy_store.policy_dir(run_dir))))
 
     def accept(self, unit) -> bool:  # type: ignore[no-untyped-def]
-        return unit.version in policy_store.versions(self.run_dir) and self.version_now - unit.version <= self.max_staleness
+        return (unit.version in policy_store.versions(self.run_dir)
+                and within_staleness(unit.version, self.version_now, self.max_staleness))
 
     def close(self) -> None:
         rendezvous.remove(self.run_dir, self.name)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from beam_hpc.backends.reference.policy import threads_of
 from beam_hpc.elastic import policy_store, rendezvous
 from beam_hpc.elastic.server import ElasticServer, Service
-from beam_hpc.elastic.units import Unit, UnitQueue
+from beam_hpc.elastic.units import Unit, UnitQueue, within_staleness
 from beam_hpc.errors import RuntimeFailure
 from beam_hpc.plan.ports import ELASTIC, band_port
 from beam_hpc.slurm.environment import SlurmEnvironment
@@ -100,7 +100,7 @@ class UnitService:
         return self
 
     def _accept(self, unit: Unit) -> bool:
-        return unit.version in self.published and self.loop.version_now - unit.version <= self.max_staleness
+        return unit.version in self.published and within_staleness(unit.version, self.loop.version_now, self.max_staleness)
 
     def pushed(self, version: int, ref: Any) -> None:
         if ref is not None:
