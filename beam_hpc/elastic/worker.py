@@ -50,6 +50,10 @@ class ServeReport:
     segments: list[str] = field(default_factory=list)
 
 
+class WorkerError(RuntimeFailure):
+    """The worker cannot serve this run (its model does not load here)."""
+
+
 class Leaving(Exception):
     """Raised inside a unit's generation when the worker is asked to stop."""
 
@@ -64,13 +68,22 @@ class UnitRunner:
         self.version = -1
 
     def prepare(self, hello: dict[str, Any]) -> None:
-        from beam_hpc.backends.reference.policy import device_of, load_policy, load_tokenizer
         from beam_hpc.config.recipe import Recipe
 
         recipe = Recipe.model_validate(hello["recipe"])
         key = (hello["model_path"], recipe.model_dump_json())
         if key == self.key:
             return
+        try:
+            self._load(recipe, hello)
+        except (OSError, ValueError) as e:
+            raise WorkerError(f"cannot load the run's model from {hello['model_path']} on this node: {e}; "
+                              "an extra job's nodes must see the run's model path") from e
+        self.key, self.version = key, -1
+
+    def _load(self, recipe: Any, hello: dict[str, Any]) -> None:
+        from beam_hpc.backends.reference.policy import device_of, load_policy, load_tokenizer
+
         unit_threads = int(hello["unit_threads"])
         if unit_threads != self.threads:
             log.warning("the run computes every unit with %d torch thread(s); using that, not %d, so that units "
@@ -80,7 +93,6 @@ class UnitRunner:
         self.tok = load_tokenizer(hello["model_path"])
         self.model = load_policy(recipe, hello["model_path"])
         self.model.eval()
-        self.key, self.version = key, -1
 
     def compute(self, unit: Unit, interrupt: Callable[[], None]) -> dict[str, Any]:
         from beam_hpc.backends.reference.policy import load_trainable_state
@@ -179,6 +191,8 @@ def serve(run_dir: Path, *, worker_id: str, stop: threading.Event, threads: int 
                     stop.wait(POLL_S)
                     continue
                 runner.prepare(session.hello)
+                if stop.is_set():
+                    break
                 report.segments.append(session.segment)
                 log.info("registered with segment %s at %s", session.segment, rv.url)
                 emit("joined", segment=session.segment)

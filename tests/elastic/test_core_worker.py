@@ -19,7 +19,7 @@ from beam_hpc.backends.reference.rollout_worker import RolloutWorker
 from beam_hpc.elastic import policy_store, rendezvous
 from beam_hpc.elastic.server import ElasticServer, Service
 from beam_hpc.elastic.units import UnitQueue, cut, within_staleness
-from beam_hpc.elastic.worker import ServeReport, serve
+from beam_hpc.elastic.worker import ServeReport, WorkerError, serve
 
 pytestmark = [pytest.mark.slow]
 
@@ -34,7 +34,8 @@ class Segment:
         self.version_now, self.max_staleness = version_now, max_staleness
         self.queue = UnitQueue()
         self.queue.register("segment:0", outside=False)
-        svc = Service(self.queue, name, hello, self.accept)
+        self.registered: list[str] = []
+        svc = Service(self.queue, name, hello, self.accept, on_register=self.registered.append)
         self.server = ElasticServer(svc, SECRET, "127.0.0.1").start()
         rendezvous.write(run_dir, rendezvous.Rendezvous(name, "127.0.0.1", self.server.port, SECRET, 1,
                                                         max_staleness == 0, max_staleness,
@@ -133,3 +134,16 @@ def test_stop_before_any_run_returns_a_report_at_once(tmp_path) -> None:
     report = serve(tmp_path, worker_id="idle", stop=stop)
     assert isinstance(report, ServeReport) and report.units_served == 0 and report.joined_at is None
     assert report.left_at > 0
+
+
+def test_a_model_this_node_cannot_load_ends_serve_with_one_message_after_deregistering(tmp_path, tiny_assets) -> None:
+    plan = make_test_plan(tmp_path / "run", assets=tiny_assets, site=HOST_SITE, overrides=SMALL)
+    run_dir = Path(plan.output_dir)
+    hello = {"recipe": plan.recipe.model_dump(mode="json"), "model_path": str(tmp_path / "not-here"), "unit_threads": 1}
+    seg = Segment(run_dir, "6-0", hello, version_now=0, max_staleness=0)
+    try:
+        with pytest.raises(WorkerError, match="cannot load the run's model from .*not-here on this node"):
+            serve(run_dir, worker_id="w2", stop=threading.Event())
+        assert seg.registered == ["w2"] and seg.queue.outside_workers() == []  # it registered, then left before raising
+    finally:
+        seg.close()
