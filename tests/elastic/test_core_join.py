@@ -24,6 +24,7 @@ from polling import poll_until
 from reference_harness import SMALL, assert_bitwise_equal, load_checkpoint, metrics, run_backend
 
 from beam_hpc.backends.reference import unit_service
+from beam_hpc.elastic import policy_store
 from beam_hpc.fault_hooks import SLOW_UNITS_VAR
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.e2e]
@@ -158,6 +159,7 @@ def test_an_outside_worker_joins_leaves_mid_unit_and_changes_no_bit(tmp_path, ti
     assert [m[unit_service.UNITS] for m in rollouts] == [4.0] * N
     assert sum(m[unit_service.UNITS_OUTSIDE] for m in rollouts) == outside
     assert rollouts[-1][unit_service.OUTSIDE_WORKERS] == 0
+    assert len(policy_store.versions(joined)) == 1  # published while it served, pruned to the current one
 
 
 def test_an_outside_worker_in_an_async_run_serves_one_version_behind_and_changes_no_bit(
@@ -178,3 +180,4 @@ def test_an_outside_worker_in_an_async_run_serves_one_version_behind_and_changes
         outside += _outside_units(j.run_dir, k)
     assert outside > 0
     assert "published for outside workers" in j.backend_log
+    assert 1 <= len(policy_store.versions(j.run_dir)) <= 2  # pruned to what one step of staleness needs
