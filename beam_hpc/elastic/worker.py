@@ -28,7 +28,8 @@ from beam_hpc import fault_hooks
 from beam_hpc.elastic import policy_store, rendezvous
 from beam_hpc.elastic.server import Client, ServiceError
 from beam_hpc.elastic.units import Unit
-from beam_hpc.errors import RuntimeFailure
+from beam_hpc.errors import EXIT_INPUT, RuntimeFailure
+from beam_hpc.plan.paths import PLAN_FILE
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-id", required=True, help="a name for this worker, unique in the run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the run's own count wins)")
     args = parser.parse_args(argv)
+    if not (args.run_dir / PLAN_FILE).is_file():
+        print(f"--run-dir: {args.run_dir} is not a run directory (no {PLAN_FILE}); give the --output-dir of a "
+              "submitted run", file=sys.stderr, flush=True)
+        return EXIT_INPUT
+    if args.threads < 1:
+        print(f"--threads: {args.threads}; give 1 or more", file=sys.stderr, flush=True)
+        return EXIT_INPUT
     log_to_stream("stdout")
     stop = threading.Event()
 

@@ -257,3 +257,14 @@ def test_many_clients_at_once_never_get_the_same_unit(service) -> None:
     for t in threads:
         t.join(60)
     assert sorted(got) == list(range(40)) and len(keys) == 40
+
+
+def test_the_worker_program_refuses_a_directory_that_is_no_run_with_exit_2(tmp_path, capsys) -> None:
+    from beam_hpc.elastic.worker import main
+
+    assert main(["--run-dir", str(tmp_path / "nothing"), "--worker-id", "w"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("--run-dir: ") and "no plan.json" in err[0]
+    (tmp_path / "plan.json").write_text("{}")
+    assert main(["--run-dir", str(tmp_path), "--worker-id", "w", "--threads", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "--threads: 0; give 1 or more"
