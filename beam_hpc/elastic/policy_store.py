@@ -5,7 +5,8 @@ is registered: the segment's own workers get theirs over the run's transport) as
 ``weights.pt`` plus ``manifest.json`` with the file's sha256, staged in a temporary directory and
 renamed into place, so a reader sees a whole version or none. A worker loads the version a unit
 names and refuses it if the checksum does not match. Versions older than the staleness allows are
-pruned. torch is imported only by the functions that read or write weights.
+pruned, and a new segment starts from none (a version number is only ever one segment's weights).
+torch is imported only by the functions that read or write weights.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ _NAME = re.compile(r"^v(\d{6,})$")
 
 
 class PolicyVersionError(RuntimeFailure):
-    """A version is missing or its files do not match their manifest."""
+    """A version's files do not match their manifest."""
+
+
+class PolicyVersionMissing(PolicyVersionError):
+    """A version is not (or no longer) published: its segment has ended, or it was pruned."""
 
 
 def policy_dir(run_dir: str | Path) -> Path:
@@ -72,19 +77,25 @@ def load_verified(run_dir: str | Path, version: int) -> dict[str, Any]:
     try:
         manifest = json.loads((d / MANIFEST).read_text())
     except (OSError, ValueError) as e:
-        raise PolicyVersionError(f"policy version {version}: no readable manifest in {d} ({e})") from e
+        raise PolicyVersionMissing(f"policy version {version}: no readable manifest in {d} ({e})") from e
     for name, digest in manifest["files"].items():
-        got = sha256_file(d / name)
+        try:
+            got = sha256_file(d / name)
+        except FileNotFoundError as e:
+            raise PolicyVersionMissing(f"policy version {version}: pruned while loading") from e
         if got != digest:
             raise PolicyVersionError(f"policy version {version}: {name} has sha256 {got[:12]}..., "
                                      f"the manifest says {digest[:12]}...; it will not be served")
-    state: dict[str, Any] = torch.load(d / WEIGHTS, weights_only=True)
+    try:
+        state: dict[str, Any] = torch.load(d / WEIGHTS, weights_only=True)
+    except FileNotFoundError as e:  # pruned between the check and the load
+        raise PolicyVersionMissing(f"policy version {version}: pruned while loading") from e
     return state
 
 
-def prune(run_dir: str | Path, keep_from: int) -> list[int]:
-    """Remove the versions older than ``keep_from``; returns them."""
-    gone = [v for v in versions(run_dir) if v < keep_from]
+def prune(run_dir: str | Path, keep_from: int | None = None) -> list[int]:
+    """Remove the versions older than ``keep_from`` (None: all of them); returns them."""
+    gone = [v for v in versions(run_dir) if keep_from is None or v < keep_from]
     for v in gone:
         shutil.rmtree(version_dir(run_dir, v), ignore_errors=True)
     return gone

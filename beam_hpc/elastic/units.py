@@ -20,7 +20,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-DEFAULT_UNIT_PROMPTS = 1
+# 4 prompts a unit: on the tiny recipe (32 x 8) units of 1 prompt made a rollout's generation 2.3x
+# slower than one batch, units of 4 only 1.16x, and a rollout still splits into 8 shares.
+DEFAULT_UNIT_PROMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,12 @@ def cut(purpose: str, rollout_id: int, prompts: list[list[int]], labels: list[st
              samples_per_prompt, train, version)
         for i, lo in enumerate(range(0, len(prompts), unit_prompts))
     ]
+
+
+def within_staleness(version: int, current: int, max_staleness: int) -> bool:
+    """May a unit of policy ``version`` be served while the trainer's is ``current``: exactly the
+    current one in a sync run (``max_staleness`` 0), at most that many behind otherwise."""
+    return 0 <= current - version <= max_staleness
 
 
 @dataclass

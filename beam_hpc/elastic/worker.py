@@ -6,8 +6,9 @@ service, and then leases units one at a time: it loads the policy version the un
 the run's thread count (so bit for bit as the run's own workers would), and posts the result. With
 no rendezvous it waits; when the segment changes it registers again. When ``stop`` is set it
 abandons the unit in progress (checked before every token), deregisters giving that unit back,
-and returns a :class:`ServeReport`. ``python -m beam_hpc.elastic.worker`` does the same until
-SIGTERM, SIGINT or SIGUSR1 and then exits 0.
+and returns a :class:`ServeReport`; a version that fails its checksum is given back the same way
+and raised. ``python -m beam_hpc.elastic.worker`` does the same until SIGTERM, SIGINT or SIGUSR1 and
+then exits 0 (1, with one line, on such a failure).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from beam_hpc import fault_hooks
 from beam_hpc.elastic import policy_store, rendezvous
 from beam_hpc.elastic.server import Client, ServiceError
 from beam_hpc.elastic.units import Unit
+from beam_hpc.errors import EXIT_INPUT, RuntimeFailure
+from beam_hpc.plan.paths import PLAN_FILE
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,10 @@ class ServeReport:
     segments: list[str] = field(default_factory=list)
 
 
+class WorkerError(RuntimeFailure):
+    """The worker cannot serve this run (its model does not load here)."""
+
+
 class Leaving(Exception):
     """Raised inside a unit's generation when the worker is asked to stop."""
 
@@ -62,13 +69,22 @@ class UnitRunner:
         self.version = -1
 
     def prepare(self, hello: dict[str, Any]) -> None:
-        from beam_hpc.backends.reference.policy import device_of, load_policy, load_tokenizer
         from beam_hpc.config.recipe import Recipe
 
         recipe = Recipe.model_validate(hello["recipe"])
         key = (hello["model_path"], recipe.model_dump_json())
         if key == self.key:
             return
+        try:
+            self._load(recipe, hello)
+        except (OSError, ValueError) as e:
+            raise WorkerError(f"cannot load the run's model from {hello['model_path']} on this node: {e}; "
+                              "an extra job's nodes must see the run's model path") from e
+        self.key, self.version = key, -1
+
+    def _load(self, recipe: Any, hello: dict[str, Any]) -> None:
+        from beam_hpc.backends.reference.policy import device_of, load_policy, load_tokenizer
+
         unit_threads = int(hello["unit_threads"])
         if unit_threads != self.threads:
             log.warning("the run computes every unit with %d torch thread(s); using that, not %d, so that units "
@@ -78,7 +94,6 @@ class UnitRunner:
         self.tok = load_tokenizer(hello["model_path"])
         self.model = load_policy(recipe, hello["model_path"])
         self.model.eval()
-        self.key, self.version = key, -1
 
     def compute(self, unit: Unit, interrupt: Callable[[], None]) -> dict[str, Any]:
         from beam_hpc.backends.reference.policy import load_trainable_state
@@ -177,6 +192,8 @@ def serve(run_dir: Path, *, worker_id: str, stop: threading.Event, threads: int 
                     stop.wait(POLL_S)
                     continue
                 runner.prepare(session.hello)
+                if stop.is_set():
+                    break
                 report.segments.append(session.segment)
                 log.info("registered with segment %s at %s", session.segment, rv.url)
                 emit("joined", segment=session.segment)
@@ -194,6 +211,10 @@ def serve(run_dir: Path, *, worker_id: str, stop: threading.Event, threads: int 
                 inflight = None
             except Leaving:
                 break
+            except policy_store.PolicyVersionMissing as e:  # the segment moved on under us
+                log.info("%s; registering again", e)
+                session.lost, inflight = True, None
+                continue
             except ServiceError as e:
                 log.info("segment %s: %s; registering again", session.segment, e)
                 session.lost, inflight = True, None
@@ -235,6 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-id", required=True, help="a name for this worker, unique in the run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the run's own count wins)")
     args = parser.parse_args(argv)
+    if not (args.run_dir / PLAN_FILE).is_file():
+        print(f"--run-dir: {args.run_dir} is not a run directory (no {PLAN_FILE}); give the --output-dir of a "
+              "submitted run", file=sys.stderr, flush=True)
+        return EXIT_INPUT
+    if args.threads < 1:
+        print(f"--threads: {args.threads}; give 1 or more", file=sys.stderr, flush=True)
+        return EXIT_INPUT
     log_to_stream("stdout")
     stop = threading.Event()
 
@@ -244,7 +272,11 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, leave)
-    report = serve(args.run_dir, worker_id=args.worker_id, stop=stop, threads=args.threads)
+    try:
+        report = serve(args.run_dir, worker_id=args.worker_id, stop=stop, threads=args.threads)
+    except RuntimeFailure as e:  # a policy version that fails its checksum, a model that will not load
+        print(f"worker {args.worker_id}: {e}", file=sys.stderr, flush=True)
+        return 1
     print(f"worker {report.worker_id}: {report.units_served} units, {report.samples} samples, "
           f"rollouts {report.rollouts}, versions {report.versions}, gave back {report.given_back or 'nothing'}",
           flush=True)

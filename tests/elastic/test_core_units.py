@@ -14,7 +14,7 @@ import pytest
 
 from beam_hpc.elastic import policy_store, rendezvous
 from beam_hpc.elastic.server import AUTH_HEADER, Client, ElasticServer, Service, ServiceError, sign, verify
-from beam_hpc.elastic.units import Unit, UnitQueue, cut, seed_parts
+from beam_hpc.elastic.units import Unit, UnitQueue, cut, seed_parts, within_staleness
 
 
 class Clock:
@@ -124,6 +124,12 @@ def test_accept_filters_what_an_outside_worker_may_take() -> None:
     assert q.lease("w1", lambda u: u.version == 1).key == "train:1:0"
     assert q.lease("w1", lambda u: u.version == 1) is None
     assert q.versions_wanted() == {0, 1}
+
+
+def test_staleness_sync_serves_only_the_current_version_async_at_most_the_allowed_lag() -> None:
+    assert within_staleness(5, 5, 0) and not within_staleness(4, 5, 0)
+    assert within_staleness(4, 5, 1) and within_staleness(5, 5, 1) and not within_staleness(3, 5, 1)
+    assert not within_staleness(6, 5, 1)  # a version the trainer has not reached is never valid
 
 
 def test_rendezvous_is_private_atomic_and_removed_only_by_its_segment(tmp_path) -> None:
@@ -251,3 +257,14 @@ def test_many_clients_at_once_never_get_the_same_unit(service) -> None:
     for t in threads:
         t.join(60)
     assert sorted(got) == list(range(40)) and len(keys) == 40
+
+
+def test_the_worker_program_refuses_a_directory_that_is_no_run_with_exit_2(tmp_path, capsys) -> None:
+    from beam_hpc.elastic.worker import main
+
+    assert main(["--run-dir", str(tmp_path / "nothing"), "--worker-id", "w"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("--run-dir: ") and "no plan.json" in err[0]
+    (tmp_path / "plan.json").write_text("{}")
+    assert main(["--run-dir", str(tmp_path), "--worker-id", "w", "--threads", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "--threads: 0; give 1 or more"

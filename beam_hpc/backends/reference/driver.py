@@ -1,17 +1,17 @@
 """The reference backend's loop: rollout workers generate, the trainer updates, weights go back.
 
 One segment runs from the rollouts already in the latest checkpoint to ``num_rollout``.
-Asynchronous (the default, as Miles's train_async.py): get rollout k, launch rollout k+1 with the
-workers' W_k, train on k -> W_{k+1}, push W_{k+1} (queued behind k+1), eval/save at the boundary.
-In turn (``training.async_training: false``, which colocated runs need): generate k with W_k,
-train, push, eval/save. W_j are the weights after j rollouts, so in async mode rollout r >= 1 is
-generated with W_{r-1} (policy lag 1, Miles's one-step-off policy); in turn the lag is 0. Ray runs
-an actor's calls in submission order, which is what orders "push" after "launch" on every worker.
-
-Resume is bitwise: sampling noise is a pure function of (seed, rollout id), prompts of (seed,
-cursor), every process fixes its thread count, and an async checkpoint holds the in-flight rollout
-and the behaviour weights W_k, so that the resumed segment trains on exactly the samples the
-uninterrupted run would have. The ``backend_options`` it reads are listed on :class:`Loop`.
+Asynchronous (the default, as Miles's train_async.py): get rollout k, queue rollout k+1 for W_k,
+train on k -> W_{k+1}, push W_{k+1}, eval/save at the boundary. In turn (``training.async_training:
+false``, which colocated runs need): generate k with W_k, train, push, eval/save. W_j are the
+weights after j rollouts, so in async mode rollout r >= 1 is generated with W_{r-1} (policy lag 1,
+Miles's one-step-off policy); in turn the lag is 0. A rollout is queued as fixed units, each naming
+the version it is generated with, that the segment's workers and outside workers serve alike
+(``beam_hpc.elastic.units``, ``unit_service.py``). Resume is bitwise: sampling noise is a pure
+function of (seed, purpose, rollout id, prompt index), prompts of (seed, cursor), every process
+fixes its thread count, and an async checkpoint holds the in-flight rollout and the behaviour
+weights W_k, so that the resumed segment trains on exactly the samples the uninterrupted run would
+have. The ``backend_options`` it reads are listed on :class:`Loop`.
 """
 
 from __future__ import annotations
@@ -61,6 +61,12 @@ class Pending:
     rollout_id: int
     keys: list[str]
     results: list[dict[str, Any]] | None = None
+
+
+def served_by(result: dict[str, Any]) -> str:
+    """Who computed a unit result (an in-flight rollout of a checkpoint written before units named
+    it holds its worker's index instead)."""
+    return str(result.get("served_by", f"segment:{result.get('worker', 0)}"))
 
 
 def resolve_model(recipe: Recipe) -> str:
@@ -122,7 +128,7 @@ class Loop:
     instead), ``stop_after_rollout`` (save at that rollout and exit, as a walltime stop would; for
     tests), ``weight_sync`` (``object_store``, the default, or ``nccl``: how pushes travel, see
     :mod:`beam_hpc.backends.reference.weight_sync`), ``unit_prompts`` (prompts per unit of rollout
-    work, default 1: see :mod:`beam_hpc.elastic.units`) and ``unit_lease_s`` (how long an outside
+    work, default 4: see :mod:`beam_hpc.elastic.units`) and ``unit_lease_s`` (how long an outside
     worker may go silent before its units go back, default 30).
     """
 
@@ -255,10 +261,10 @@ class Loop:
                 if isinstance(v, list):
                     out[k].extend(v)
             out["policy_version"].extend([c["version"]] * len(c["reward"]))
-            out["served_by"].extend([c["served_by"]] * len(c["reward"]))
+            out["served_by"].extend([served_by(c)] * len(c["reward"]))
         out["version"] = min(c["version"] for c in chunks)
         out["generate_time_s"] = sum(c.get("generate_time_s", 0.0) for c in chunks)
-        out["unit_served_by"] = [c["served_by"] for c in chunks]
+        out["unit_served_by"] = [served_by(c) for c in chunks]
         return out
 
     def push(self, version: int, state: Any = None, *, ref: Any = None) -> None:

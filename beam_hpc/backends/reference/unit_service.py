@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from beam_hpc.backends.reference.policy import threads_of
 from beam_hpc.elastic import policy_store, rendezvous
 from beam_hpc.elastic.server import ElasticServer, Service
-from beam_hpc.elastic.units import Unit, UnitQueue
+from beam_hpc.elastic.units import Unit, UnitQueue, within_staleness
 from beam_hpc.errors import RuntimeFailure
 from beam_hpc.plan.ports import ELASTIC, band_port
 from beam_hpc.slurm.environment import SlurmEnvironment
@@ -81,12 +81,17 @@ class UnitService:
     def start(self) -> UnitService:
         for i in range(len(self.loop.workers)):
             self.queue.register(own_name(i), outside=False)
+        policy_store.prune(self.run_dir)  # an earlier segment's versions: this one publishes its own
         self.feeder.start()
         r = self.loop.recipe
         hello = {"recipe": r.model_dump(mode="json"), "model_path": self.loop.model_path, "unit_threads": threads_of(r),
                  "sync": not self.loop.asynchronous, "max_staleness": self.max_staleness, "lease_s": self.queue.lease_s}
         service = Service(self.queue, self.segment, hello, self._accept)
-        self.server = ElasticServer(service, self.secret, self.host, self.port).start()
+        try:
+            self.server = ElasticServer(service, self.secret, self.host, self.port).start()
+        except OSError as e:  # the band's port is taken (or beyond 65535): any free one will do
+            log.warning("rollout service: port %d on %s not available (%s); taking a free one", self.port, self.host, e)
+            self.server = ElasticServer(service, self.secret, self.host, 0).start()
         rendezvous.write(self.run_dir, rendezvous.Rendezvous(
             segment=self.segment, address=self.host, port=self.server.port, secret=self.secret, run_seed=r.seed,
             sync=not self.loop.asynchronous, max_staleness=self.max_staleness,
@@ -95,7 +100,7 @@ class UnitService:
         return self
 
     def _accept(self, unit: Unit) -> bool:
-        return unit.version in self.published and self.loop.version_now - unit.version <= self.max_staleness
+        return unit.version in self.published and within_staleness(unit.version, self.loop.version_now, self.max_staleness)
 
     def pushed(self, version: int, ref: Any) -> None:
         if ref is not None:
