@@ -84,7 +84,7 @@ def run_benchmark(rollouts: int, block: int, root: Path) -> dict:
 
     assets = build_tiny_assets()
     run = root / "run"
-    overrides = [f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *SMALL, "batch.prompts=8",
+    overrides = [f"model.path={assets.model_dir}", f"data.dir={assets.data_dir}", *SMALL, "batch.prompts=16",
                  "checkpoint.interval=1000", "training.async_training=false", "lifecycle.walltime=00:20:00"]
     sub = submit(ROOT / "recipes" / "tiny.yaml", ROOT / "env" / "local.yaml", overrides=overrides,
                  output_dir=str(run), num_rollout=rollouts, via="sbatch")

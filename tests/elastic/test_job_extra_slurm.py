@@ -132,9 +132,9 @@ def test_an_extra_job_joins_is_preempted_and_the_run_ends_bitwise_as_without_it(
     from beam_hpc.submission.submit import submit
 
     n = 16
-    # SMALL, with 8 prompts: 8 units a rollout, so that the extra worker, which needs some seconds to
+    # SMALL, with 16 prompts: 4 units a rollout, so that the extra worker, which needs some seconds to
     # start, import torch and load the policy, joins the run's 2-core rollouts and shares them
-    small = [*SMALL, "batch.prompts=8", "checkpoint.interval=8", "training.async_training=false"]
+    small = [*SMALL, "batch.prompts=16", "checkpoint.interval=8", "training.async_training=false"]
     overrides = [f"model.path={tiny_assets.model_dir}", f"data.dir={tiny_assets.data_dir}", *small,
                  "lifecycle.walltime=00:15:00"]
     run = runs / "elastic"
