@@ -5,7 +5,8 @@ a driver stuck in a deadlock); the lifecycle's answer to each is tested on a rea
 the fault can be made to happen where and when a test needs it. Each hook below does nothing
 unless its environment variable is set, and nothing in beam-hpc sets one: a test (or
 ``benchmarks/faults.py``) exports it to the job. The product calls the hooks at the one point
-where each fault would show (node/step.py, node/ray_node.py, backends/reference/driver.py).
+where each fault would show (node/step.py, node/ray_node.py, backends/reference/driver.py,
+elastic/worker.py).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ HANG_MARKER_FILE = "test-hang.json"  # in the segment directory of a driver that
 # machine is. Used by tests/lifecycle/test_controller_outage_chain.py.
 SLOW_ROLLOUT_VAR = "BEAM_TEST_SLOW_ROLLOUT_S"
 
+# "K:S": an outside rollout worker (beam_hpc.elastic.worker) waits S seconds before every token of
+# the units of rollout K and later, as a worker on a slow node does, so that a test can stop it in
+# the middle of a unit. Used by tests/elastic/test_core_join.py.
+SLOW_UNITS_VAR = "BEAM_TEST_SLOW_UNITS"
+
 
 class InjectedFault(RuntimeError):
     """A hook made this node bad; the caller turns it into its own error."""
@@ -71,6 +77,15 @@ def check_bad_node(hostname: str) -> None:
 def hangs_ray_start(node_index: int) -> bool:
     """HANG_RAY_START_VAR: this node's `ray start` is to hang instead."""
     return str(node_index) in os.environ.get(HANG_RAY_START_VAR, "").split(",")
+
+
+def unit_token_delay(rollout_id: int) -> float:
+    """SLOW_UNITS_VAR: the seconds to wait before each token of a unit of ``rollout_id`` (0: none)."""
+    want = os.environ.get(SLOW_UNITS_VAR)
+    if not want:
+        return 0.0
+    first, _, delay = want.partition(":")
+    return float(delay) if rollout_id >= int(first) else 0.0
 
 
 def hang_markers(logs_dir: str | Path) -> list[Path]:

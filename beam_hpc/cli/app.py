@@ -30,6 +30,7 @@ PLUGIN_MODULES = (
     "beam_hpc.cli.tracking",
     "beam_hpc.cli.execute",
     "beam_hpc.cli.nodes",
+    "beam_hpc.cli.rollout",
 )
 
 

@@ -1,5 +1,6 @@
 """PNG charts of a run: the seed's two curves (accuracy and mean response length on the run's
-evaluation set over rollouts) and the rollout reward, with segment boundaries marked.
+evaluation set over rollouts) and the rollout reward, with segment boundaries marked, and where
+an extra rollout job (``beam-hpc rollout add``) joined or left.
 
 The evaluation set is the run's own (beam_hpc.observe.eval_set): it names the charts' titles and
 files (``<eval_name>_accuracy.png``), and each chart says which eval file and how many rows its
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from beam_hpc.elastic.registry import capacity_changes, extra_jobs
 from beam_hpc.errors import InputError, shorten
 from beam_hpc.observe.eval_set import EvalSet, eval_set_of
 from beam_hpc.observe.run_dir import check_run_dir, load_plan
@@ -107,6 +109,7 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> PlotResul
     result = PlotResult(source=scalars.source, eval_set=ev, warnings=warnings)
     bounds, ledger_warnings = segment_boundaries_and_warnings(run_dir)
     result.warnings[:0] = ledger_warnings
+    capacity = capacity_changes(extra_jobs(run_dir))  # where an extra rollout job joined or left
     footnote = f"eval data: {ev.data.describe()}"
     for chart in charts_for(ev):
         pts: list[Point] = scalars.series.get(chart.tag, [])
@@ -135,6 +138,11 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> PlotResul
                        label="segment start" if i == 0 else None)
             ax.annotate(seg, xy=(x, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -10),
                         textcoords="offset points", fontsize=7, color="tab:red")
+        for i, (x, kind, job) in enumerate(capacity):
+            ax.axvline(x, color="tab:purple", linestyle=":", linewidth=1,
+                       label="rollout capacity changed (extra job)" if i == 0 else None)
+            ax.annotate(f"{job} {kind}", xy=(x, 0.0), xycoords=("data", "axes fraction"), xytext=(2, 4),
+                        textcoords="offset points", fontsize=7, color="tab:purple")
         ax.set_title(f"{chart.title} ({Path(run_dir).name})")
         ax.set_xlabel("rollout")
         ax.set_ylabel(chart.ylabel)

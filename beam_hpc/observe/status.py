@@ -246,6 +246,7 @@ def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None)
         "goodput": goodput,
         "gpu_hours": _gpu_hours(records, plan, now),
         "excluded_nodes": _excluded_nodes(root, records),
+        "extra_rollout": _extra_rollout(root, plan, max(generated, done), slurm=slurm, now=now),
         "stalls": _stalls(records, paths),
         "eta": _eta(rows, scalars, goodput, done, generated, total, live, now),
         "resubmission_pending": rows[-1]["resubmission_pending"] if rows else None,
@@ -324,6 +325,32 @@ def _gpu_hours(records: list[dict[str, Any]], plan: dict[str, Any] | None, now: 
     h = accounting.account(records, gpus, now=now)
     return {"gpus": gpus, "held": h.held_h, "useful": h.useful_h, "lost": dict(h.lost_h), "goodput": h.goodput,
             "partial": h.partial, "basis": "GPUs x segment wall time, from the ledger (beam_hpc.run.accounting)"}
+
+
+def _extra_rollout(root: Path, plan: dict[str, Any] | None, generated: int, *, slurm: bool,
+                   now: float) -> dict[str, Any]:
+    """The run's extra rollout jobs (beam_hpc.elastic.registry): each one's state and what it served,
+    the share of the run's rollout samples they served, and their GPU-hours (not in the run's own)."""
+    from beam_hpc.elastic import registry
+
+    jobs = registry.extra_jobs(root)
+    batch = (plan or {}).get("recipe", {}).get("batch", {})
+    try:
+        total = generated * int(batch["prompts"]) * int(batch["responses_per_prompt"])
+    except (KeyError, TypeError, ValueError):
+        total = 0
+    samples = sum(j.samples for j in jobs)
+    rows = []
+    for j in jobs:
+        live = slurm_client.job_state(j.job_id) if slurm and j.state != "left" else None
+        rows.append({"job_id": j.job_id, "nodes": j.nodes, "partition": j.partition, "state": j.state,
+                     "reason": j.reason, "slurm_state": live.value if live else None, "units": j.units_served,
+                     "samples": j.samples, "rollouts": j.rollouts, "versions": j.versions,
+                     "gpu_hours": j.gpu_hours(now=now), "node_hours": j.node_seconds(now=now) / 3600.0})
+    return {"jobs": rows, "samples": samples, "share": (samples / total) if total and jobs else None,
+            "gpu_hours": sum(r["gpu_hours"] for r in rows), "node_hours": sum(r["node_hours"] for r in rows),
+            "basis": "share = samples the extra jobs served / (rollouts generated x prompts x responses); "
+                     "their GPU-hours are their own nodes' (started to left), not in the run's"}
 
 
 def _stalls(records: list[dict[str, Any]], paths: RunPaths) -> list[dict[str, Any]]:

@@ -36,6 +36,30 @@ def _format_gpu_hours(gh: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def _span(values: list[int]) -> str:
+    if not values:
+        return "-"
+    return f"{values[0]}-{values[-1]}" if len(values) > 2 and values[-1] - values[0] == len(values) - 1 else \
+        ",".join(map(str, values))
+
+
+def _format_extra_rollout(x: dict[str, Any] | None) -> list[str]:
+    """One line per extra rollout job, then their share of the samples, then their GPU-hours."""
+    if not x or not x.get("jobs"):
+        return []
+    out = []
+    for j in x["jobs"]:
+        state = j["state"] + (f" ({j['reason']})" if j.get("reason") else "")
+        if j.get("slurm_state"):
+            state += f", Slurm {j['slurm_state']}"
+        out.append(f"extra job  {j['job_id']}: {j['nodes']} node(s), {state}; served rollouts {_span(j['rollouts'])}, "
+                   f"versions {_span(j['versions'])} ({j['units']} units, {j['samples']} samples)")
+    share = f"{x['share'] * 100:.1f}%" if x.get("share") is not None else "-"
+    out.append(f"extra      {share} of the rollout samples served by extra jobs ({x['samples']} samples)")
+    out.append(f"extra GPU-hours {x['gpu_hours']:,.2f} ({x['node_hours']:,.2f} node-hours), beside the run's own")
+    return out
+
+
 def format_status(s: dict[str, Any]) -> str:
     """The default, human view of :func:`gather`'s dict."""
     r, ev, gp, eta, sl = s["rollouts"], s["eval"], s["goodput"], s["eta"], s["slurm"]
@@ -91,6 +115,7 @@ def format_status(s: dict[str, Any]) -> str:
         eta_txt = "- (no measured rate yet)"
     lines.append(f"ETA        {eta_txt}")
     lines += _format_gpu_hours(s.get("gpu_hours"))
+    lines += _format_extra_rollout(s.get("extra_rollout"))
     for e in s.get("excluded_nodes") or []:
         lines.append(f"excluded   {e['node']} (since segment {e['segment']}: {e['why']})")
     for st in s.get("stalls") or []:

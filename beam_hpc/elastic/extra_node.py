@@ -1,0 +1,334 @@
+"""What an extra rollout job runs: on its batch host, one srun of a node program per node; on each node,
+the run's worker (or, for a Miles run, the node's SGLang engines) until Slurm or the user takes it back.
+
+The node program (``--node``) waits for the run (no rendezvous yet is fine: the job may start before
+the run's segment or outlive it), serves through :func:`beam_hpc.elastic.worker.serve` across the
+run's segments, and appends the worker's events, with its node, to ``elastic/jobs/<job>.jsonl``. A
+stop is a signal: ``USR1`` (the walltime lead, or a preemption's grace: Slurm's own job record says
+which), ``TERM`` (a preemption's or the time limit's end, a plain ``scancel``), ``USR2``/``INT``
+(``rollout remove``). The worker then deregisters and gives its units in flight back before this
+program removes its node-local directory and any process it left, and writes ``left`` with the reason.
+
+The batch side waits for every node, records each node that ended without leaving cleanly in the
+site's quarantine (:mod:`beam_hpc.lifecycle.quarantine`, as a segment does), writes the job's own
+``left`` and, after a preemption, requeues the job (which then ended by itself, so Slurm would not).
+The run's segment never sees any of this: its end reads only its own job's nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from beam_hpc import fault_hooks
+from beam_hpc.elastic import registry
+from beam_hpc.logging_setup import log_to_stream, module_logger
+from beam_hpc.plan.plan import Plan
+from beam_hpc.slurm.environment import SlurmEnvironment
+
+log = module_logger(__name__)  # also run as python -m
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+LOCAL_DIR_VAR = "BEAM_ELASTIC_LOCAL_DIR"  # the node-local directory the worker may copy into
+SWEEP_GRACE_S = 2.0
+LIMIT_SLACK_S = 30.0  # a SIGTERM this close to the time limit is the limit's
+
+
+def classify(sig: int, info: Any, *, now: float | None = None) -> str:
+    """Why this signal stops the job: ``removed``, ``preempted`` or ``walltime``. ``info``: the job's
+    :class:`beam_hpc.slurm.client.JobInfo` (None when Slurm could not say)."""
+    at = time.time() if now is None else now
+    if sig in (signal.SIGUSR2, signal.SIGINT):
+        return "removed"
+    preempted = info is not None and info.preempt_time is not None and (
+        info.submit_time is None or info.preempt_time >= info.submit_time)
+    if preempted:
+        return "preempted"
+    if sig == signal.SIGUSR1:
+        return "walltime"
+    limit = getattr(info, "limit_end", None)
+    return "walltime" if limit is not None and at >= limit - LIMIT_SLACK_S else "removed"
+
+
+def stop_reason(sig: int | None, job_id: str) -> str:
+    """:func:`classify` with the job's record asked of Slurm now."""
+    if sig is None:
+        return "failed"
+    info = None
+    if sig in (signal.SIGUSR1, signal.SIGTERM):
+        from beam_hpc.slurm import client
+
+        try:
+            info = client.show_job(job_id, timeout=10)
+        except client.SlurmError as err:
+            log.warning("could not ask Slurm why job %s was signalled (%s)", job_id, err)
+    return classify(sig, info)
+
+
+class Stopper:
+    """The node's stop: the first stop signal sets ``event`` and is kept; later ones are logged."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal: int | None = None
+
+    def handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signal is None:
+            self.signal = signum
+        self.event.set()
+
+    def install(self) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self.handle)
+
+
+def job_tag(job_id: str, restart: int) -> str:
+    return f"elastic-{job_id}-{restart}"
+
+
+def local_dir(plan: Plan, job_id: str, index: int) -> Path:
+    """This node's private directory on node-local disk (the site's scratch), removed on leaving."""
+    root = plan.site.scratch or tempfile.gettempdir()
+    return Path(root, "beam-elastic", f"{plan.run_id}-{job_id}-{index}")
+
+
+class NodeProgram:
+    """One node of an extra job: serve the run until stopped, then leave cleanly."""
+
+    def __init__(self, plan: Plan, *, job_id: str, restart: int, node: str, index: int,
+                 stopper: Stopper | None = None) -> None:
+        self.plan, self.job_id, self.restart, self.node, self.index = plan, job_id, restart, node, index
+        self.run_dir = Path(plan.output_dir)
+        self.stopper = stopper or Stopper()
+        self.reason: str | None = None
+        self.left = False  # this node's left event is recorded
+        self.worker_id = f"x{job_id}-{index}"
+
+    def record(self, event: dict[str, Any]) -> None:
+        registry.record(self.run_dir, self.job_id, {**event, "node": self.node, "restart": self.restart})
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """The worker's events into the job's record; its ``left`` carries why this node left."""
+        if event.get("event") == "left":
+            self.reason = self.reason or stop_reason(self.stopper.signal, self.job_id)
+            event = {**event, "reason": self.reason}
+            self.left = True
+        self.record(dict(event))
+
+    def run(self) -> int:
+        from beam_hpc.node.ray_node import JOB_TAG_VAR, NODE_TAG_VAR, sweep
+
+        tag = job_tag(self.job_id, self.restart)
+        os.environ[JOB_TAG_VAR], os.environ[NODE_TAG_VAR] = tag, str(self.index)  # children carry them
+        local = local_dir(self.plan, self.job_id, self.index)
+        shutil.rmtree(local, ignore_errors=True)  # left by a SIGKILLed earlier start of this job
+        local.mkdir(parents=True, exist_ok=True)
+        os.environ[LOCAL_DIR_VAR] = str(local)
+        self.record({"event": "started", "worker": self.worker_id, "pid": os.getpid()})
+        rc = 0
+        try:
+            fault_hooks.check_bad_node(self.node)  # the tests' dying node (inert unless its variable is set)
+            if self.plan.recipe.backend == "miles":
+                self.serve_engines()
+            else:
+                self.serve_worker()
+        except Exception as err:  # noqa: BLE001 - any failure of this node is recorded, then it exits 1
+            log.exception("node %s: the worker failed", self.node)
+            error = f"{type(err).__name__}: {err}"
+            if self.left:  # the worker said it left (its deregistration ran) before the error surfaced
+                self.record({"event": "error", "error": error})
+            else:
+                self.record({"event": "left", "reason": "failed", "error": error})
+            self.reason, self.left, rc = "failed", True, 1
+        finally:
+            left = sweep(tag, self.index, grace_s=SWEEP_GRACE_S)
+            if left:
+                log.info("node %s: stopped %d leftover processes by PID: %s", self.node, len(left), left)
+            shutil.rmtree(local, ignore_errors=True)
+        if not self.left:  # a worker that returned without its own left event
+            self.reason = stop_reason(self.stopper.signal, self.job_id)
+            self.record({"event": "left", "reason": self.reason})
+        return rc
+
+    def serve_worker(self) -> None:
+        from beam_hpc.elastic.worker import serve  # the run's rollout worker (reference backend)
+
+        threads = int(self.plan.recipe.backend_options.get("threads", 1) or 1)
+        report = serve(self.run_dir, worker_id=self.worker_id, stop=self.stopper.event, threads=threads,
+                       on_event=self.on_event)
+        log.info("node %s: served %d units (%d samples) of rollouts %s", self.node, report.units_served,
+                 report.samples, sorted(set(report.rollouts)))
+
+    def serve_engines(self) -> None:
+        """A Miles run: this node's SGLang engines, from the image, registered for the run's next
+        segment (which attaches them with --rollout-external); they stop and deregister on leaving."""
+        from beam_hpc.backends.miles import external_engines  # the Miles seam: engines, their ports, the registry
+        from beam_hpc.node.ray_node import node_ip
+
+        tp = external_engines.gpus_per_engine(self.plan)
+        gpus = SlurmEnvironment.current().gpus_on_node or self.plan.site.gpus_per_node
+        per_node = max(1, gpus // tp)
+        nodes = SlurmEnvironment.current().job_num_nodes
+        ports = external_engines.engine_ports(self.plan.site, int(self.job_id), per_node * nodes)
+        host = node_ip(self.plan.site.network, self.index)  # the site's way to this node's address
+        procs, engines = [], []
+        for i in range(per_node):
+            port = ports[self.index * per_node + i]
+            argv = external_engines.engine_argv(self.plan, host=host, port=port,
+                                                gpu_ids=list(range(i * tp, (i + 1) * tp)))
+            procs.append(subprocess.Popen(argv))
+            engines.append({"host": host, "port": port, "tp": tp})
+        self.record({"event": "joined", "engines": engines})
+        external_engines.register(self.run_dir, self.job_id, engines)  # this node's, beside the job's other nodes'
+        try:
+            while not self.stopper.event.wait(1.0):
+                dead = [p.args for p in procs if p.poll() is not None]
+                if dead:
+                    raise RuntimeError(f"an SGLang engine exited: {dead[0]}")
+        finally:
+            external_engines.deregister(self.run_dir, self.job_id)
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(timeout=SWEEP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+# -- the batch side ---------------------------------------------------------------------------------
+def node_argv(plan: Plan, job_id: str) -> list[str]:
+    """srun's command for the node programs: inside the site's image (pyxis through srun's own
+    options, Apptainer around the command), with the run directory bound."""
+    from beam_hpc.node import container
+
+    site = plan.site
+    argv = [site.node_python, "-m", "beam_hpc.elastic.extra_node", "--run-dir", plan.output_dir, "--node"]
+    if site.container.runtime == "pyxis":
+        return [*container.srun_options(site, job_id=job_id, binds=[plan.output_dir], workdir=plan.output_dir), *argv]
+    return container.container_command(site, argv, {}, [plan.output_dir]).argv
+
+
+def node_outcomes(events: list[dict[str, Any]], restart: int) -> dict[str, str | None]:
+    """Each node that started in this (re)start of the job -> the reason it left (None: it did not)."""
+    out: dict[str, str | None] = {}
+    for e in events:
+        if e.get("restart") != restart or "node" not in e:
+            continue
+        if e["event"] == "started":
+            out[str(e["node"])] = None
+        elif e["event"] == "left" and "reason" in e:
+            out[str(e["node"])] = str(e["reason"])
+    return out
+
+
+def job_reason(outcomes: dict[str, str | None]) -> str:
+    """The job's one reason: failed when any node failed or vanished, else the nodes' own."""
+    reasons = list(outcomes.values())
+    if not reasons or any(r in (None, "failed") for r in reasons):
+        return "failed"
+    for r in ("preempted", "walltime", "removed"):
+        if r in reasons:
+            return r
+    return reasons[0] or "failed"
+
+
+def finish(plan: Plan, job_id: str, restart: int, *, srun_rc: int,
+           quarantine: Callable[..., None] | None = None) -> str:
+    """After the node programs ended: quarantine the nodes that failed, record the job's ``left``."""
+    from beam_hpc.lifecycle.quarantine import record_failures
+
+    run_dir = plan.output_dir
+    outcomes = node_outcomes(registry.read_events(registry.events_path(run_dir, job_id)), restart)
+    failed = [{"node": n, "why": "the extra rollout job's node program "
+                                 + ("failed" if r == "failed" else f"ended without leaving (srun exit {srun_rc})")}
+              for n, r in outcomes.items() if r in (None, "failed")]
+    for f in failed:
+        if outcomes[f["node"]] is None:
+            registry.record(run_dir, job_id, {"event": "left", "node": f["node"], "restart": restart,
+                                              "reason": "failed", "error": f["why"]})
+    if failed:
+        (quarantine or record_failures)(plan.site, failed, run=plan.run_id, run_dir=run_dir,
+                                        segment=f"{job_id}-{restart}")
+    reason = job_reason(outcomes)
+    registry.record(run_dir, job_id, {"event": "left", "reason": reason, "restart": restart,
+                                      "failed_nodes": [f["node"] for f in failed]})
+    return reason
+
+
+def _noted(signum: int, _frame: FrameType | None) -> None:
+    log.info("the batch side got signal %d; waiting for the nodes to leave", signum)
+
+
+def supervise(run_dir: Path) -> int:
+    """The batch shell's program: one node program per node, then :func:`finish`."""
+    from beam_hpc.slurm import client
+
+    env = SlurmEnvironment.current()
+    job_id, restart = env.job_id, env.restart_count
+    if job_id is None:
+        log.error("not inside a Slurm job: submit this with `beam-hpc rollout add` or sbatch")
+        return 2
+    plan = Plan.load(run_dir)
+    nodelist = env.nodelist(0)
+    nodes = client.expand_hostnames(nodelist) if nodelist else []
+    registry.record(run_dir, job_id, {"event": "start", "restart": restart, "nodes": nodes,
+                                      "gpus_per_node": env.gpus_on_node or 0})
+    logs = registry.logs_dir(run_dir)
+    logs.mkdir(parents=True, exist_ok=True)
+    n = len(nodes) or env.job_num_nodes
+    cmd = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--mpi=none",
+           f"--job-name={plan.job_name}-rollout-node", f"--output={logs / f'node-{job_id}-{restart}-%t.log'}",
+           *node_argv(plan, job_id)]
+    # Slurm signals the nodes' tasks itself (the job's --signal, scancel, preemption); this process
+    # only waits for them and then records how they left, so a signal to it changes nothing (caught,
+    # not ignored: srun starts with the default actions).
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _noted)
+    log.info("job %s: %s", job_id, " ".join(cmd))
+    rc = subprocess.call(cmd, stdin=subprocess.DEVNULL)
+    reason = finish(plan, job_id, restart, srun_rc=rc)
+    log.info("job %s left the run: %s", job_id, reason)
+    if reason == "preempted":  # ended by itself within the grace time: Slurm would count it completed
+        try:
+            client.requeue(job_id)
+        except client.SlurmError as err:
+            log.warning("could not requeue job %s after its preemption: %s", job_id, err)
+    return 1 if reason == "failed" else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m beam_hpc.elastic.extra_node", description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--node", action="store_true", help="run as one node's program (srun starts these)")
+    args = parser.parse_args(argv)
+    log_to_stream()
+    if not args.node:
+        return supervise(args.run_dir)
+    env = SlurmEnvironment.current()
+    stopper = Stopper()
+    stopper.install()
+    if env.job_id is None:
+        log.error("not inside a Slurm job step: the batch side starts this through srun")
+        return 2
+    plan = Plan.load(args.run_dir)
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    program = NodeProgram(plan, job_id=env.job_id, restart=env.restart_count, node=node,
+                          index=env.node_id or 0, stopper=stopper)
+    return program.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

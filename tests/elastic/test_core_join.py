@@ -1,0 +1,183 @@
+"""An outside worker joins a running reference run, serves part of its rollouts and leaves in the
+middle of a unit, and the run ends bitwise equal to the same run without it.
+
+Real processes throughout: the backend as the runtime starts it (on the session's real Ray head),
+and ``python -m beam_hpc.elastic.worker`` as its own process, found through the run's rendezvous
+file, stopped with SIGTERM. The only hook is ``BEAM_TEST_SLOW_UNITS`` (beam_hpc.fault_hooks): the
+outside worker's units from rollout 8 on take seconds, so the signal lands inside one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from job_plans import HOST_SITE, make_test_plan
+from polling import poll_until
+from reference_harness import SMALL, assert_bitwise_equal, load_checkpoint, metrics, run_backend
+
+from beam_hpc.backends.reference import unit_service
+from beam_hpc.elastic import policy_store
+from beam_hpc.fault_hooks import SLOW_UNITS_VAR
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.e2e]
+
+N = 12
+LEAVE_AT = 8
+BASE = [*SMALL, f"num_rollout={N}", f"checkpoint.interval={N}", "training.async_training=false",
+        "backend_options.unit_prompts=1"]
+WORKER = "outside-1"
+
+
+def _plan(run_dir: Path, assets, overrides: list[str]) -> Path:
+    return Path(make_test_plan(run_dir, assets=assets, overrides=overrides, site=HOST_SITE).paths.plan)
+
+
+def _rollouts_done(run_dir: Path) -> int:
+    f = run_dir / "dumps" / "metrics.jsonl"
+    if not f.is_file():
+        return 0
+    return sum(1 for line in f.read_text().splitlines() if json.loads(line)["kind"] == "rollout")
+
+
+def _samples(run_dir: Path, k: int) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "dumps" / "rollout" / f"rollout_{k:07d}.jsonl").read_text().splitlines()]
+
+
+def _checkpoint(run_dir: Path) -> dict:
+    return load_checkpoint(run_dir / "checkpoints" / f"iter_{N - 1:07d}")
+
+
+def test_one_worker_and_two_workers_compute_the_same_run(tmp_path, tiny_assets, reference_ray) -> None:
+    """Units are cut by size, never by worker count: two rollout workers give the bits of one (an
+    async run, with the default unit of 4 prompts: 2 units a rollout)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    base = [*SMALL, "batch.prompts=8", "num_rollout=3", "checkpoint.interval=3"]
+    run_backend(_plan(one, tiny_assets, base), reference_ray)
+    run_backend(_plan(two, tiny_assets, [*base, "backend_options.rollout_workers=2"]), reference_ray)
+    n = assert_bitwise_equal(load_checkpoint(one / "checkpoints" / "iter_0000002"),
+                             load_checkpoint(two / "checkpoints" / "iter_0000002"), "iter 2")
+    assert n > 50
+    assert all(len(_samples(two, k)) == 32 for k in range(3))
+    served = {s["served_by"] for k in range(3) for s in _samples(two, k)}
+    assert served == {"segment:0", "segment:1"}  # both took a share, and the result did not move
+
+
+@dataclass
+class Joined:
+    run_dir: Path
+    backend_log: str
+    worker_log: str
+    given_back: str  # the unit the worker was serving when it was signalled
+
+
+def _run_with_outside_worker(tmp_path: Path, assets, address: str, overrides: list[str], leave_at: int) -> Joined:
+    """The backend in its own process; once it has done a rollout, an outside worker process starts (it
+    serves a few rollouts later, once it has loaded the model), slowed from rollout ``leave_at`` on,
+    and gets SIGTERM as it starts its first unit there."""
+    joined = tmp_path / "joined"
+    plan = _plan(joined, assets, overrides)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    backend = subprocess.Popen([sys.executable, "-m", "beam_hpc.backends.reference", "--plan", str(plan),
+                                "--ray-address", address], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=env)
+    backend_out: list[str] = []
+    threading.Thread(target=lambda: backend_out.extend(backend.stdout), daemon=True).start()
+    worker: subprocess.Popen[str] | None = None
+    lines: list[str] = []
+    signalled: list[str] = []
+    try:
+        assert poll_until(lambda: _rollouts_done(joined) >= 1 or backend.poll() is not None, 600, 0.2)
+        assert backend.poll() is None, "".join(backend_out)[-4000:]
+        assert oct((joined / "elastic" / "rendezvous.json").stat().st_mode & 0o777) == "0o600"
+        worker = subprocess.Popen([sys.executable, "-m", "beam_hpc.elastic.worker", "--run-dir", str(joined),
+                                   "--worker-id", WORKER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env={**env, SLOW_UNITS_VAR: f"{leave_at}:0.25"})
+        for line in worker.stdout:
+            lines.append(line)
+            if f"serving unit train:{leave_at}:" in line and not signalled:
+                signalled.append(line.split("serving unit ")[1].split()[0])
+                worker.send_signal(signal.SIGTERM)  # slowed: the unit has seconds to go
+        out = "".join(lines)
+        assert worker.wait(60) == 0, out[-4000:]
+        assert signalled, f"the worker never reached rollout {leave_at}:\n{out[-4000:]}"
+        assert f"gave back ['{signalled[0]}']" in out, out[-4000:]
+        assert backend.wait(900) == 0, "".join(backend_out)[-4000:]
+    finally:
+        for p in (worker, backend):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    log = "".join(backend_out)
+    assert f"outside worker {WORKER} registered" in log and f"outside worker {WORKER} left, giving back {signalled[0]}" in log
+    assert f"worker {WORKER}: " in "".join(lines)  # its report line, printed after it deregistered
+    assert not (joined / "elastic" / "rendezvous.json").exists()  # the segment's driver removed it
+    return Joined(joined, log, "".join(lines), signalled[0])
+
+
+def _outside_units(run_dir: Path, k: int) -> int:
+    """How many of rollout k's units the outside worker served (1 prompt x 4 responses a unit), after
+    checking that each unit was served by one worker whole."""
+    by = [s["served_by"] for s in _samples(run_dir, k)]
+    units = [by[i:i + 4] for i in range(0, len(by), 4)]
+    assert len(by) == 16 and all(len(set(u)) == 1 for u in units), by
+    return sum(1 for u in units if u[0] == WORKER)
+
+
+def test_an_outside_worker_joins_leaves_mid_unit_and_changes_no_bit(tmp_path, tiny_assets, reference_ray) -> None:
+    alone = tmp_path / "alone"
+    run_backend(_plan(alone, tiny_assets, BASE), reference_ray)
+    j = _run_with_outside_worker(tmp_path, tiny_assets, reference_ray, BASE, LEAVE_AT)
+    joined, signalled = j.run_dir, [j.given_back]
+
+    # 1. Who served a unit changed no bit of the run.
+    assert assert_bitwise_equal(_checkpoint(alone), _checkpoint(joined), "final") > 50
+    # 2. Every unit of every rollout counted once, at the exact current version (a sync run).
+    first_served = None
+    outside = 0
+    for k in range(N):
+        samples = _samples(joined, k)
+        assert all(s["policy_version"] == k for s in samples)  # a sync run: the exact current version
+        assert [s["response"] for s in samples] == [s["response"] for s in _samples(alone, k)]
+        n_out = _outside_units(joined, k)
+        outside += n_out
+        if n_out and first_served is None:
+            first_served = k
+        if k >= LEAVE_AT:
+            assert n_out == 0, k  # it left in the middle of its first unit of rollout LEAVE_AT
+    assert outside > 0 and first_served is not None and 1 <= first_served < LEAVE_AT  # it joined mid-run
+    given_back = int(signalled[0].rsplit(":", 1)[1])
+    assert _samples(joined, LEAVE_AT)[4 * given_back]["served_by"] == "segment:0"  # served again, once
+    rollouts = metrics(joined, "rollout")
+    assert [m[unit_service.UNITS] for m in rollouts] == [4.0] * N
+    assert sum(m[unit_service.UNITS_OUTSIDE] for m in rollouts) == outside
+    assert rollouts[-1][unit_service.OUTSIDE_WORKERS] == 0
+    assert len(policy_store.versions(joined)) == 1  # published while it served, pruned to the current one
+
+
+def test_an_outside_worker_in_an_async_run_serves_one_version_behind_and_changes_no_bit(
+        tmp_path, tiny_assets, reference_ray) -> None:
+    """Async (one-step-off): rollout k is generated with W_(k-1), by whoever serves it; the outside
+    worker gets the versions it needs from the published files, and the run ends bitwise equal."""
+    n, leave_at = 10, 8
+    base = [*SMALL, f"num_rollout={n}", f"checkpoint.interval={n}", "backend_options.unit_prompts=1"]
+    alone = tmp_path / "alone"
+    run_backend(_plan(alone, tiny_assets, base), reference_ray)
+    j = _run_with_outside_worker(tmp_path, tiny_assets, reference_ray, base, leave_at)
+    last = f"iter_{n - 1:07d}"
+    assert assert_bitwise_equal(load_checkpoint(alone / "checkpoints" / last),
+                                load_checkpoint(j.run_dir / "checkpoints" / last), "final") > 50
+    outside = 0
+    for k in range(n):
+        assert {s["policy_version"] for s in _samples(j.run_dir, k)} == {max(k - 1, 0)}
+        outside += _outside_units(j.run_dir, k)
+    assert outside > 0
+    assert "published for outside workers" in j.backend_log
+    assert 1 <= len(policy_store.versions(j.run_dir)) <= 2  # pruned to what one step of staleness needs

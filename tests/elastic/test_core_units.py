@@ -1,0 +1,270 @@
+"""The unit queue, the rendezvous file, the policy store and the service's secret: fast, real files,
+a real socket (the end-to-end join is in test_core_join.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from beam_hpc.elastic import policy_store, rendezvous
+from beam_hpc.elastic.server import AUTH_HEADER, Client, ElasticServer, Service, ServiceError, sign, verify
+from beam_hpc.elastic.units import Unit, UnitQueue, cut, seed_parts, within_staleness
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _units(rollout: int = 0, n_prompts: int = 4, unit_prompts: int = 1, version: int = 0) -> list[Unit]:
+    prompts = [[i, i + 1] for i in range(n_prompts)]
+    return cut("train", rollout, prompts, [str(i) for i in range(n_prompts)], samples_per_prompt=2, train=True,
+               version=version, unit_prompts=unit_prompts)
+
+
+def _result(tag: str) -> dict[str, object]:
+    return {"reward": [1.0, 0.0], "tag": tag}
+
+
+def test_units_are_cut_by_size_never_by_worker_count_and_seeded_by_prompt_index() -> None:
+    units = _units(n_prompts=5, unit_prompts=2)
+    assert [(u.index, u.first_prompt, len(u.prompts)) for u in units] == [(0, 0, 2), (1, 2, 2), (2, 4, 1)]
+    assert [u.key for u in units] == ["train:0:0", "train:0:1", "train:0:2"]
+    assert seed_parts(7, units[1]) == (7, "train", 0, "prompt", 2)
+    assert Unit.from_json(json.loads(json.dumps(units[2].to_json()))) == units[2]
+    with pytest.raises(ValueError, match="unit_prompts"):
+        _units(unit_prompts=0)
+
+
+def test_lease_complete_collect_and_a_late_duplicate_is_dropped_and_counted() -> None:
+    q = UnitQueue()
+    q.register("segment:0", outside=False)
+    q.register("w1", outside=True)
+    keys = q.add(_units())
+    got = [q.lease("w1"), q.lease("segment:0")]
+    assert [u.key for u in got if u] == keys[:2]
+    assert q.complete("w1", keys[0], _result("w1")) == "accepted"
+    assert q.complete("segment:0", keys[0], _result("again")) == "duplicate"
+    for k in keys[1:]:
+        if k != keys[1]:
+            assert q.lease("segment:0") is not None
+        assert q.complete("segment:0", k, _result("own")) == "accepted"
+    assert q.done(keys) and q.wait(keys, 0.1)
+    out = q.collect(keys)
+    assert [r["served_by"] for r in out] == ["w1", "segment:0", "segment:0", "segment:0"]
+    assert out[0]["tag"] == "w1"  # the first result stays, the duplicate never replaced it
+    assert q.complete("w1", keys[0], _result("late")) == "duplicate"  # after the rollout was collected too
+    assert q.stats()["duplicates"] == 2 and q.stats()["served"] == {"segment:0": 3, "w1": 1}
+
+
+def test_a_silent_outside_worker_loses_its_lease_and_the_unit_is_served_once_by_another() -> None:
+    clock = Clock()
+    q = UnitQueue(lease_s=10, clock=clock)
+    q.register("segment:0", outside=False)
+    q.register("w1", outside=True)
+    keys = q.add(_units(n_prompts=2))
+    assert q.lease("w1").key == keys[0]
+    clock.now = 5
+    assert q.heartbeat("w1") and q.expire() == []
+    clock.now = 16  # 11 s without a word
+    assert q.expire() == ["w1"] and q.outside_workers() == []
+    assert q.heartbeat("w1") is False  # it must register again
+    assert q.lease("segment:0").key == keys[0]  # first in line again
+    assert q.stats()["reissued"] == 1
+    assert q.complete("segment:0", keys[0], _result("own")) == "accepted"
+    assert q.complete("w1", keys[0], _result("w1-late")) == "duplicate"
+    assert q.lease("segment:0").key == keys[1]
+    assert q.complete("segment:0", keys[1], _result("own")) == "accepted"
+    assert [r["served_by"] for r in q.collect(keys)] == ["segment:0", "segment:0"]
+    clock.now = 1000
+    assert q.expire() == []  # the segment's own workers never expire
+
+
+def test_give_back_and_deregister_put_units_back_first_in_line() -> None:
+    q = UnitQueue()
+    for w in ("w1", "w2"):
+        q.register(w, outside=True)
+    keys = q.add(_units(n_prompts=3))
+    a, b = q.lease("w1"), q.lease("w1")
+    assert (a.key, b.key) == (keys[0], keys[1])
+    assert q.give_back("w1", [keys[1]]) == [keys[1]]
+    assert q.lease("w2").key == keys[1]
+    assert q.deregister("w1") == [keys[0]]
+    assert q.lease("w2").key == keys[0]
+    assert q.lease("w1") is None  # gone: it gets nothing until it registers again
+    assert q.stats()["reissued"] == 2
+
+
+def test_own_workers_take_a_unit_an_outside_worker_holds_only_when_nothing_waits() -> None:
+    q = UnitQueue()
+    q.register("segment:0", outside=False)
+    q.register("w1", outside=True)
+    keys = q.add(_units(n_prompts=2))
+    assert q.lease("w1").key == keys[0]
+    assert q.lease("segment:0", steal=True).key == keys[1]  # a waiting unit first
+    assert q.lease("segment:0", steal=True).key == keys[0]  # then the outside worker's
+    assert q.lease("segment:0", steal=True) is None  # never its own twice
+    assert q.complete("segment:0", keys[0], _result("own")) == "accepted"
+    assert q.complete("w1", keys[0], _result("w1")) == "duplicate"
+
+
+def test_accept_filters_what_an_outside_worker_may_take() -> None:
+    q = UnitQueue()
+    q.register("w1", outside=True)
+    q.add(_units(rollout=0, n_prompts=1, version=0) + _units(rollout=1, n_prompts=1, version=1))
+    assert q.lease("w1", lambda u: u.version == 1).key == "train:1:0"
+    assert q.lease("w1", lambda u: u.version == 1) is None
+    assert q.versions_wanted() == {0, 1}
+
+
+def test_staleness_sync_serves_only_the_current_version_async_at_most_the_allowed_lag() -> None:
+    assert within_staleness(5, 5, 0) and not within_staleness(4, 5, 0)
+    assert within_staleness(4, 5, 1) and within_staleness(5, 5, 1) and not within_staleness(3, 5, 1)
+    assert not within_staleness(6, 5, 1)  # a version the trainer has not reached is never valid
+
+
+def test_rendezvous_is_private_atomic_and_removed_only_by_its_segment(tmp_path) -> None:
+    assert rendezvous.read(tmp_path) is None
+    rv = rendezvous.Rendezvous("12-0", "127.0.0.1", 4242, rendezvous.new_secret(), 5, True, 0,
+                               str(policy_store.policy_dir(tmp_path)))
+    p = rendezvous.write(tmp_path, rv)
+    assert p == tmp_path / "elastic" / "rendezvous.json"
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
+    assert set(json.loads(p.read_text())) == {"segment", "address", "port", "secret", "run_seed", "sync",
+                                              "max_staleness", "policy_dir"}
+    assert rendezvous.read(tmp_path) == rv and len(rv.secret) == 64
+    rendezvous.remove(tmp_path, "13-0")  # another segment's driver leaves it alone
+    assert rendezvous.read(tmp_path) == rv
+    rendezvous.remove(tmp_path, "12-0")
+    assert rendezvous.read(tmp_path) is None
+    p.write_text("{not json")
+    assert rendezvous.read(tmp_path) is None
+
+
+def test_policy_versions_are_immutable_checksummed_and_pruned(tmp_path) -> None:
+    import torch
+
+    state = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(3)}
+    assert policy_store.latest(tmp_path) is None
+    assert policy_store.publish(tmp_path, 3, state)
+    assert not policy_store.publish(tmp_path, 3, {"w": torch.zeros(1)})  # immutable: the first stays
+    assert policy_store.publish(tmp_path, 4, {k: v + 1 for k, v in state.items()})
+    assert policy_store.versions(tmp_path) == [3, 4] and policy_store.latest(tmp_path) == 4
+    got = policy_store.load_verified(tmp_path, 3)
+    assert got.keys() == state.keys() and all(torch.equal(got[k], state[k]) for k in state)
+    manifest = json.loads((policy_store.version_dir(tmp_path, 3) / policy_store.MANIFEST).read_text())
+    assert manifest["version"] == 3 and set(manifest["files"]) == {policy_store.WEIGHTS}
+    weights = policy_store.version_dir(tmp_path, 4) / policy_store.WEIGHTS
+    data = bytearray(weights.read_bytes())
+    data[-9] ^= 0xFF  # one flipped bit of payload
+    weights.write_bytes(bytes(data))
+    with pytest.raises(policy_store.PolicyVersionError, match="policy version 4: weights.pt has sha256"):
+        policy_store.load_verified(tmp_path, 4)
+    with pytest.raises(policy_store.PolicyVersionError, match="no readable manifest"):
+        policy_store.load_verified(tmp_path, 9)
+    assert policy_store.prune(tmp_path, 4) == [3] and policy_store.versions(tmp_path) == [4]
+
+
+def test_signatures_bind_secret_path_body_and_time() -> None:
+    h = sign("s3cret", "/lease", b"{}", now=1000)
+    assert verify("s3cret", "/lease", b"{}", h, now=1000)
+    assert not verify("other", "/lease", b"{}", h, now=1000)
+    assert not verify("s3cret", "/result", b"{}", h, now=1000)
+    assert not verify("s3cret", "/lease", b'{"x":1}', h, now=1000)
+    assert not verify("s3cret", "/lease", b"{}", h, now=1000 + 301)  # replayed too late
+    assert not verify("s3cret", "/lease", b"{}", None) and not verify("s3cret", "/lease", b"{}", "garbage")
+
+
+@pytest.fixture
+def service():
+    q = UnitQueue()
+    q.register("segment:0", outside=False)
+    registered: list[str] = []
+    svc = Service(q, "7-0", {"model_path": "/m"}, accept=lambda u: u.version == 0, on_register=registered.append)
+    server = ElasticServer(svc, "the-secret", "127.0.0.1").start()
+    yield q, server, registered
+    server.close()
+
+
+def test_the_service_refuses_a_client_without_the_secret_on_a_real_socket(service) -> None:
+    q, server, _ = service
+    url = f"http://127.0.0.1:{server.port}"
+    with pytest.raises(ServiceError) as err:
+        Client(url, "wrong-secret").call("/register", worker="intruder")
+    assert err.value.code == 401
+    body = json.dumps({"worker": "intruder"}).encode()
+    for headers in ({}, {AUTH_HEADER: "1:deadbeef"}):  # no proof, a forged one
+        req = urllib.request.Request(url + "/register", data=body, method="POST", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as http:
+            urllib.request.urlopen(req, timeout=10)
+        assert http.value.code == 401
+    assert q.outside_workers() == []  # nobody got in
+
+
+def test_the_service_registers_leases_takes_results_and_gives_back(service) -> None:
+    q, server, registered = service
+    c = Client(f"http://127.0.0.1:{server.port}", "the-secret")
+    keys = q.add(_units(n_prompts=3) + _units(rollout=1, n_prompts=1, version=1))
+    with pytest.raises(ServiceError) as err:
+        c.call("/lease", worker="w1", segment="7-0")
+    assert err.value.code == 409  # not registered with this segment
+    hello = c.call("/register", worker="w1")
+    assert hello == {"segment": "7-0", "model_path": "/m"} and registered == ["w1"]
+    with pytest.raises(ServiceError) as err:
+        c.call("/lease", worker="w1", segment="6-0")  # an earlier segment's registration
+    assert err.value.code == 409
+    unit = Unit.from_json(c.call("/lease", worker="w1", segment="7-0")["unit"])
+    assert unit.key == keys[0]
+    assert c.call("/result", worker="w1", segment="7-0", key=unit.key, result=_result("w1")) == {"verdict": "accepted"}
+    assert c.call("/result", worker="w1", segment="7-0", key=unit.key, result=_result("w1")) == {"verdict": "duplicate"}
+    held = [Unit.from_json(c.call("/lease", worker="w1", segment="7-0")["unit"]).key for _ in range(2)]
+    assert held == keys[1:3]
+    assert c.call("/lease", worker="w1", segment="7-0") == {"wait_s": 0.2}  # version 1 is not for it
+    assert c.call("/heartbeat", worker="w1", segment="7-0") == {}
+    out = c.call("/deregister", worker="w1", segment="7-0", give_back=[keys[1]])
+    assert sorted(out["given_back"]) == sorted(keys[1:3])
+    assert [q.lease("segment:0").key for _ in range(3)] == [keys[2], keys[1], keys[3]]  # given back: first in line
+
+
+def test_many_clients_at_once_never_get_the_same_unit(service) -> None:
+    q, server, _ = service
+    keys = q.add(_units(n_prompts=40))
+    got: list[str] = []
+    lock = threading.Lock()
+
+    def work(name: str) -> None:
+        c = Client(f"http://127.0.0.1:{server.port}", "the-secret")
+        c.call("/register", worker=name)
+        while True:
+            out = c.call("/lease", worker=name, segment="7-0")
+            if "unit" not in out:
+                return
+            with lock:
+                got.append(out["unit"]["index"])
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(got) == list(range(40)) and len(keys) == 40
+
+
+def test_the_worker_program_refuses_a_directory_that_is_no_run_with_exit_2(tmp_path, capsys) -> None:
+    from beam_hpc.elastic.worker import main
+
+    assert main(["--run-dir", str(tmp_path / "nothing"), "--worker-id", "w"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("--run-dir: ") and "no plan.json" in err[0]
+    (tmp_path / "plan.json").write_text("{}")
+    assert main(["--run-dir", str(tmp_path), "--worker-id", "w", "--threads", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "--threads: 0; give 1 or more"
