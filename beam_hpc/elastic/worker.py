@@ -28,7 +28,7 @@ from beam_hpc import fault_hooks
 from beam_hpc.elastic import policy_store, rendezvous
 from beam_hpc.elastic.server import Client, ServiceError
 from beam_hpc.elastic.units import Unit
-from beam_hpc.errors import EXIT_INPUT, RuntimeFailure
+from beam_hpc.errors import EXIT_INPUT, BeamError, RuntimeFailure
 from beam_hpc.plan.paths import PLAN_FILE
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,9 @@ class UnitRunner:
         from beam_hpc.config.recipe import Recipe
 
         recipe = Recipe.model_validate(hello["recipe"])
-        key = (hello["model_path"], recipe.model_dump_json())
+        # what the model depends on: all but the fields a segment may change (num_rollout, output_dir)
+        key = (hello["model_path"], recipe.model_dump_json(exclude={"num_rollout", "output_dir"}))
+        self.recipe = recipe
         if key == self.key:
             return
         try:
@@ -94,6 +96,21 @@ class UnitRunner:
         self.tok = load_tokenizer(hello["model_path"])
         self.model = load_policy(recipe, hello["model_path"])
         self.model.eval()
+
+    def prewarm(self) -> None:
+        """Load the model the run's plan names before registering, so that a worker is ready the
+        moment it joins (the segment's hello still decides: another model there is loaded then)."""
+        import os
+
+        from beam_hpc.backends.reference.policy import threads_of
+        from beam_hpc.plan.plan import Plan
+
+        try:
+            recipe = Plan.load(self.run_dir / PLAN_FILE).recipe
+        except (OSError, ValueError, BeamError) as e:
+            raise WorkerError(f"{self.run_dir / PLAN_FILE}: not readable ({e})") from e
+        self.prepare({"recipe": recipe.model_dump(mode="json"), "model_path": os.path.abspath(recipe.model.path),
+                      "unit_threads": threads_of(recipe)})
 
     def compute(self, unit: Unit, interrupt: Callable[[], None]) -> dict[str, Any]:
         from beam_hpc.backends.reference.policy import load_trainable_state
@@ -168,6 +185,7 @@ def serve(run_dir: Path, *, worker_id: str, stop: threading.Event, threads: int 
             on_event({"event": event, "time": time.time(), "worker": worker_id, **extra})
 
     delay = 0.0
+    prewarmed = False
 
     def interrupt() -> None:
         if delay:
@@ -181,6 +199,15 @@ def serve(run_dir: Path, *, worker_id: str, stop: threading.Event, threads: int 
             if rv is None:
                 stop.wait(POLL_S)
                 continue
+            if not prewarmed:  # the run's model exists once a segment has announced itself
+                prewarmed = True
+                try:
+                    runner.prewarm()
+                    log.info("ready to serve %s", run_dir)
+                except WorkerError as e:
+                    log.info("%s; loading the segment's model when registering instead", e)
+                if stop.is_set():
+                    break
             if session is None or session.rv != rv or session.lost:
                 if session is not None:
                     session.end([])
