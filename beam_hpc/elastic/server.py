@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 AUTH_HEADER = "X-Beam-Auth"
 MAX_SKEW_S = 300.0
 WAIT_S = 0.2  # what a worker is told to wait when no unit suits it now
+MAX_BODY_BYTES = 64 << 20  # a unit's result is far smaller; a client must not make the driver read more
 
 
 def sign(secret: str, path: str, body: bytes, now: float | None = None) -> str:
@@ -117,7 +118,14 @@ def _handler_for(server: ElasticServer) -> type[BaseHTTPRequestHandler]:
             log.debug("elastic: " + format, *args)
 
         def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if not 0 <= length <= MAX_BODY_BYTES:
+                self._reply(413, {"error": f"Content-Length: {length}; at most {MAX_BODY_BYTES} bytes"})
+                return
+            body = self.rfile.read(length)
             if not verify(server.secret, self.path, body, self.headers.get(AUTH_HEADER)):
                 log.warning("elastic: refused %s from %s: no valid proof of the run's secret", self.path, self.client_address[0])
                 self._reply(401, {"error": "no valid proof of the run's secret"})

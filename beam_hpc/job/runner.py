@@ -54,6 +54,7 @@ from beam_hpc.node.ray_node import (
     LOOPBACK_MAX_NODES,
     ClusterRuntime,
     clean_env,
+    driver_job_env,
     loopback_ip,
     node_ip,
     ray_env,
@@ -157,6 +158,7 @@ class JobRunner:
         # driver_env holds plan placeholders ({ray_address}, ...) like the driver's argv: fill them.
         env.update({k: fill(v, **self._placeholder_values()) for k, v in self.plan.driver_env.items()})
         env.update(BEAM_RAY_ADDRESS=self.rt.address, BEAM_JOB_ID=self.ctx.job_id, BEAM_RUN_DIR=self.plan.output_dir)
+        env.update(driver_job_env(self.ctx.segment, self.ctx.job_num))  # its segment id and port slot
         env[stacks.SEGMENT_DIR_VAR] = str(self.segment_dir)  # also where its stacks go (beam_hpc.node.stacks)
         binds = [self.plan.output_dir]
         if self.rt.existing:  # the site's token file lives outside the run directory

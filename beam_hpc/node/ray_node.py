@@ -315,6 +315,33 @@ def ray_env(*, token_path: str, job_tag: str, node_index: int | None = None) -> 
     return env
 
 
+# What the segment tells its driver about the job it runs for (the driver's environment has no
+# SLURM_* variables: clean_env takes them out, as Ray's processes must not see them).
+SEGMENT_VAR = "BEAM_SEGMENT"  # "<job>-<restart>", the ledger's segment id
+JOB_NUM_VAR = "BEAM_JOB_NUM"  # the integer that picks the job's slot in every port band
+
+
+@dataclass(frozen=True)
+class DriverJob:
+    """The segment a driver runs for, and its job's port slot."""
+
+    segment: str
+    job_num: int
+
+
+def driver_job_env(segment: str, job_num: int) -> dict[str, str]:
+    """The variables a segment gives its driver (read back by :func:`driver_job`)."""
+    return {SEGMENT_VAR: segment, JOB_NUM_VAR: str(job_num)}
+
+
+def driver_job(env: Mapping[str, str] | None = None) -> DriverJob | None:
+    """The driver's job, from its environment; None for a driver no segment started (a test, a
+    developer's own run against a Ray address)."""
+    env = os.environ if env is None else env
+    segment, num = env.get(SEGMENT_VAR), env.get(JOB_NUM_VAR, "")
+    return DriverJob(segment, int(num)) if segment and num.isdigit() else None
+
+
 def make_private_dir(path: str | Path) -> None:
     """``path`` as a directory only its owner can enter (0700), whatever the umask."""
     Path(path).mkdir(mode=0o700, exist_ok=True)

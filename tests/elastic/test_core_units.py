@@ -208,6 +208,12 @@ def test_the_service_refuses_a_client_without_the_secret_on_a_real_socket(servic
             urllib.request.urlopen(req, timeout=10)
         assert http.value.code == 401
     assert q.outside_workers() == []  # nobody got in
+    # nor does a client make the driver read a body of any size it claims before the proof is checked
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /register HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999999\r\n\r\n")
+        assert sock.recv(200).split(b"\r\n")[0].endswith(b"413 Request Entity Too Large")
 
 
 def test_the_service_registers_leases_takes_results_and_gives_back(service) -> None:

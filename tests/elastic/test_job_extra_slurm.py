@@ -25,6 +25,8 @@ from run_watch import chain_finished, diagnostics
 from beam_hpc.cli.app import main
 from beam_hpc.elastic import extra_job, registry
 from beam_hpc.lifecycle import quarantine
+from beam_hpc.plan.plan import Plan
+from beam_hpc.plan.ports import ELASTIC, band_port
 from beam_hpc.run import metric_names
 from beam_hpc.run.scalars import read_scalars
 
@@ -181,6 +183,13 @@ def test_an_extra_job_joins_is_preempted_and_the_run_ends_bitwise_as_without_it(
     assert sorted(last) == list(range(n)) and len({r[unit_service.UNITS] for r in last.values()}) == 1, last
     outside = sum(r[unit_service.UNITS_OUTSIDE] for r in last.values())
     assert outside == len([e for e in served if e.get("purpose") == "train"]) > 0, (outside, served)
+    # the service the extra job joined is the segment's own: its ledger id, its job's slot of the band
+    segs = run_watch.segments(run)
+    joined = [e for e in _events(run, job) if e["event"] == "joined"]
+    assert joined and {e["segment"] for e in joined} <= {s["segment"] for s in segs}, joined
+    first = segs[0]["segment"]
+    port = band_port(Plan.load(run / "plan.json").site.ray, ELASTIC, int(segs[0]["start"]["job_id"]))
+    assert f":{port} (segment {first})" in (run / "logs" / first / "driver.log").read_text(errors="replace")
     print(f"\nextra job {job} (urgent {urgent}): served {len(served)} units of rollouts "
           f"{sorted({e['rollout'] for e in served})}; events:\n"
           + "\n".join(json.dumps(e) for e in _events(run, job) if e["event"] != "unit"))

@@ -33,6 +33,7 @@ from beam_hpc.backends.reference.weight_sync import TRANSPORTS
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.elastic.units import DEFAULT_UNIT_PROMPTS, cut
 from beam_hpc.errors import RuntimeFailure
+from beam_hpc.node.ray_node import driver_job
 from beam_hpc.node.stacks import SEGMENT_DIR_VAR
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
@@ -40,7 +41,6 @@ from beam_hpc.reward.miles_check import miles_verdict, verdict_fractions
 from beam_hpc.run import checkpoint_layout, tracking
 from beam_hpc.run import metric_names as names
 from beam_hpc.run.files import write_json_atomic
-from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -218,11 +218,11 @@ class Loop:
 
         rv = None
         if self.weight_sync == "nccl":
-            job_id = SlurmEnvironment.current().job_id
-            if ray_address == LOCAL or not job_id:
+            job = driver_job()
+            if ray_address == LOCAL or job is None:
                 port = ray.get(self.trainer.free_port.remote(trainer_ip))
             else:
-                port = weight_sync_port(self.plan.site.ray, int(job_id))
+                port = weight_sync_port(self.plan.site.ray, job.job_num)
             rv = Rendezvous(trainer_ip, port, 1 + len(self.workers), backend_for(device_of(self.recipe)))
             log.info("weight sync: %s group of %d at %s:%d", rv.backend, rv.world_size, rv.host, rv.port)
         ray.get([self.trainer.connect_weights.remote(self.weight_sync, rv)]

@@ -23,8 +23,8 @@ from beam_hpc.elastic import policy_store, rendezvous
 from beam_hpc.elastic.server import ElasticServer, Service
 from beam_hpc.elastic.units import Unit, UnitQueue, within_staleness
 from beam_hpc.errors import RuntimeFailure
+from beam_hpc.node.ray_node import driver_job
 from beam_hpc.plan.ports import ELASTIC, band_port
-from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,9 @@ class UnitService:
         self.published: set[int] = set()
         self.errors: list[BaseException] = []
         self.stopping = threading.Event()
-        env = SlurmEnvironment.current()
-        self.segment = f"{env.job_id}-{env.restart_count}" if env.job_id else f"local-{os.getpid()}"
-        self.port = band_port(loop.plan.site.ray, ELASTIC, int(env.job_id)) if env.job_id and ray_address != "local" else 0
+        job = driver_job()  # the segment that started this driver (None: a test's or a developer's own run)
+        self.segment = job.segment if job else f"local-{os.getpid()}"
+        self.port = band_port(loop.plan.site.ray, ELASTIC, job.job_num) if job and ray_address != "local" else 0
         self.host = ray.util.get_node_ip_address()  # the driver's node: the trainer group's head
         self.secret = rendezvous.new_secret()
         self.server: ElasticServer | None = None
@@ -89,7 +89,7 @@ class UnitService:
         service = Service(self.queue, self.segment, hello, self._accept)
         try:
             self.server = ElasticServer(service, self.secret, self.host, self.port).start()
-        except OSError as e:  # the band's port is taken (or beyond 65535): any free one will do
+        except (OSError, OverflowError) as e:  # the band's port is taken (or beyond 65535): any free one will do
             log.warning("rollout service: port %d on %s not available (%s); taking a free one", self.port, self.host, e)
             self.server = ElasticServer(service, self.secret, self.host, 0).start()
         rendezvous.write(self.run_dir, rendezvous.Rendezvous(
