@@ -195,10 +195,11 @@ def sync_device(device: str) -> None:
         torch.cuda.current_stream().synchronize()
 
 
-def device_noise_processor(generator: Any, temperature: float, top_p: float) -> Any:
+def device_noise_processor(generator: Any, temperature: float, top_p: float, interrupt: Any = None) -> Any:
     """The reference sampler's Gumbel-max with its noise drawn on the logits' device, from a
     device generator seeded with the CPU generator's seed (still a pure function of the
-    rollout), so the host RNG does not set the pace of generation."""
+    rollout), so the host RNG does not set the pace of generation. ``interrupt``: called before
+    each token, as the reference sampler's own processor does (an outside worker's stop)."""
     import torch
     from transformers import LogitsProcessor
 
@@ -208,6 +209,8 @@ def device_noise_processor(generator: Any, temperature: float, top_p: float) -> 
         device_gen: Any = None
 
         def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if interrupt is not None:
+                interrupt()
             scores = scores.float() / temperature
             if top_p < 1.0:
                 scores = _top_p_mask(scores, top_p)
