@@ -20,13 +20,16 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "beam_hpc"
 # Stages, top to bottom; an import of a stage listed earlier is an upward import. Backends sit above
 # node, because a backend runs on the nodes and uses the node's own seams (the container command for
 # Miles's conversion job, the Ray node's address helpers), while nothing in node knows a backend.
-LAYERS = ("cli", "observe", "submission", "job", "lifecycle", "backends", "node", "reward", "data",
+# Elastic (an extra rollout job's node program and the run's record of its extra jobs) runs in an
+# allocation of its own and uses the backends' outside workers and engines; the request and script
+# of that job are the submission's (submission/rollout_job.py).
+LAYERS = ("cli", "observe", "submission", "job", "elastic", "lifecycle", "backends", "node", "reward", "data",
           "run", "slurm", "plan", "config")
 # Leaf modules every stage may use: they import nothing of beam_hpc (errors, the progress bar, and
 # run/files.py's atomic write and file lock, which plan.json's writer needs as much as the ledger).
 LEAVES = ("beam_hpc.errors", "beam_hpc.progress", "beam_hpc", "beam_hpc.run.files")
 HEAVY = ("ray", "submitit", "torch")
-ALLOCATION_STAGES = ("job", "node", "lifecycle")
+ALLOCATION_STAGES = ("job", "elastic", "node", "lifecycle")
 
 
 @dataclass(frozen=True)

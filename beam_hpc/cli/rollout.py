@@ -1,5 +1,5 @@
 """``beam-hpc rollout add RUN --nodes N | list RUN | remove RUN [JOBID]``: rollout capacity that comes and
-goes, as Slurm jobs of their own that join a running run (beam_hpc.elastic.extra_job, extra_node).
+goes, as Slurm jobs of their own that join a running run (beam_hpc.submission.rollout_job, extra_node).
 
 Registered by beam_hpc/cli/app.py (PLUGIN_MODULES). ``add`` checks everything (the run, the node
 count, the time, the partition's shape asked of Slurm, the model's reach) before it writes the script
@@ -64,28 +64,28 @@ def _excluded(plan, site) -> tuple[str, ...]:  # type: ignore[no-untyped-def]
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    from beam_hpc.elastic import extra_job
+    from beam_hpc.submission import rollout_job
     from beam_hpc.submission.submit import build_site
 
     plan = _run(args.run_dir)
     site = build_site(args.site) if args.site else plan.site
-    req, problems = extra_job.make_request(plan, site, nodes=args.nodes, partition=args.partition, time=args.time,
+    req, problems = rollout_job.make_request(plan, site, nodes=args.nodes, partition=args.partition, time=args.time,
                                            exclude=_excluded(plan, site))
     if req is None:
         raise InputError("\n".join(problems))
-    problems = extra_job.problems(req)
+    problems = rollout_job.problems(req)
     if problems:
         raise InputError("\n".join(problems))
     if args.dry_run:
-        print(extra_job.render(req), end="")
-        script = extra_job.registry.script_path(req.run_dir, "<time>")
-        print(f"would run: {shlex.join(['sbatch', *extra_job.sbatch_args(req, script)])}")
+        print(rollout_job.render(req), end="")
+        script = rollout_job.registry.script_path(req.run_dir, "<time>")
+        print(f"would run: {shlex.join(['sbatch', *rollout_job.sbatch_args(req, script)])}")
         print("dry run: nothing written, nothing submitted")
         return 0
     from beam_hpc.slurm import client
 
     try:
-        job_id, script = extra_job.submit(req)
+        job_id, script = rollout_job.submit(req)
     except client.SlurmUnavailable:
         raise
     except client.SlurmError as err:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from beam_hpc.elastic.rendezvous import elastic_dir  # RUN/elastic/, spelled once there
+from beam_hpc.backends.reference.rendezvous import elastic_dir  # RUN/elastic/, spelled once there
 from beam_hpc.run.ledger import append
 
 JOBS_DIR = "jobs"  # under elastic/

@@ -2,7 +2,7 @@
 middle of a unit, and the run ends bitwise equal to the same run without it.
 
 Real processes throughout: the backend as the runtime starts it (on the session's real Ray head),
-and ``python -m beam_hpc.elastic.worker`` as its own process, found through the run's rendezvous
+and ``python -m beam_hpc.backends.reference.outside_worker`` as its own process, found through the run's rendezvous
 file, stopped with SIGTERM. The only hook is ``BEAM_TEST_SLOW_UNITS`` (beam_hpc.fault_hooks): the
 outside worker's units from rollout 8 on take seconds, so the signal lands inside one.
 """
@@ -23,8 +23,7 @@ from job_plans import HOST_SITE, make_test_plan
 from polling import poll_until
 from reference_harness import SMALL, assert_bitwise_equal, load_checkpoint, metrics, run_backend
 
-from beam_hpc.backends.reference import unit_service
-from beam_hpc.elastic import policy_store
+from beam_hpc.backends.reference import policy_store, unit_service
 from beam_hpc.fault_hooks import SLOW_UNITS_VAR
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.e2e]
@@ -101,7 +100,7 @@ def _run_with_outside_worker(tmp_path: Path, assets, address: str, overrides: li
         assert oct((joined / "elastic" / "rendezvous.json").stat().st_mode & 0o777) == "0o600"
         backend.send_signal(signal.SIGSTOP)
         paused = True
-        worker = subprocess.Popen([sys.executable, "-m", "beam_hpc.elastic.worker", "--run-dir", str(joined),
+        worker = subprocess.Popen([sys.executable, "-m", "beam_hpc.backends.reference.outside_worker", "--run-dir", str(joined),
                                    "--worker-id", WORKER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                   env={**env, SLOW_UNITS_VAR: f"{leave_at}:0.25"})
         for line in worker.stdout:

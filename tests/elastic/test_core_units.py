@@ -12,9 +12,17 @@ import urllib.request
 
 import pytest
 
-from beam_hpc.elastic import policy_store, rendezvous
-from beam_hpc.elastic.server import AUTH_HEADER, Client, ElasticServer, Service, ServiceError, sign, verify
-from beam_hpc.elastic.units import Unit, UnitQueue, cut, seed_parts, within_staleness
+from beam_hpc.backends.reference import policy_store, rendezvous
+from beam_hpc.backends.reference.unit_server import (
+    AUTH_HEADER,
+    Client,
+    ElasticServer,
+    Service,
+    ServiceError,
+    sign,
+    verify,
+)
+from beam_hpc.backends.reference.units import Unit, UnitQueue, cut, seed_parts, within_staleness
 
 
 class Clock:
@@ -266,7 +274,7 @@ def test_many_clients_at_once_never_get_the_same_unit(service) -> None:
 
 
 def test_the_worker_program_refuses_a_directory_that_is_no_run_with_exit_2(tmp_path, capsys) -> None:
-    from beam_hpc.elastic.worker import main
+    from beam_hpc.backends.reference.outside_worker import main
 
     assert main(["--run-dir", str(tmp_path / "nothing"), "--worker-id", "w"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

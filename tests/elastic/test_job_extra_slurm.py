@@ -2,7 +2,7 @@
 an ``urgent`` job preempts it, and the run ends bitwise as it would have without it.
 
 Everything is real: the run is submitted as a user submits it (sbatch), the extra job through the
-CLI, its nodes run the run's worker (beam_hpc.elastic.worker.serve), the preemption is Slurm's
+CLI, its nodes run the run's worker (beam_hpc.backends.reference.outside_worker.serve), the preemption is Slurm's
 (``urgent`` outranks ``spot``, PreemptMode=REQUEUE with a grace time), the removal is the CLI's.
 The baseline is the same recipe and seed through the backend alone, while the chain waits on Slurm.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,12 +22,13 @@ from reference_harness import SMALL, TinyAssets, assert_bitwise_equal, load_chec
 from run_watch import chain_finished, diagnostics
 
 from beam_hpc.cli.app import main
-from beam_hpc.elastic import extra_job, registry
+from beam_hpc.elastic import registry
 from beam_hpc.lifecycle import quarantine
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.ports import ELASTIC, band_port
 from beam_hpc.run import metric_names
 from beam_hpc.run.scalars import read_scalars
+from beam_hpc.submission import rollout_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.slow]
 
@@ -41,11 +41,8 @@ TIMEOUT_S = 300
 @pytest.fixture
 def runs(slurm_cluster) -> Iterator[Path]:
     """Run directories outside pytest's pruned temp dirs; every job under them is cancelled after."""
-    with tempfile.TemporaryDirectory(prefix="beam-ej-", dir="/tmp", ignore_cleanup_errors=True) as root:
-        try:
-            yield Path(root)
-        finally:
-            slurm_cluster.cancel_jobs_under(Path(root))
+    with slurm_cluster.scratch_runs("beam-ej-") as root:
+        yield root
 
 
 def wait_for(what: str, predicate, run_dir: Path, timeout: float = TIMEOUT_S, poll_s: float = 0.5):  # type: ignore[no-untyped-def]
@@ -106,9 +103,9 @@ def test_a_hand_sbatch_runs_a_dying_node_is_quarantined_and_remove_drains_the_ot
     plan = make_test_plan(runs / "run", trainer_nodes=1, rollout_nodes=1, gpus=0,
                           site={"quarantine": str(qfile), "partitions": {"trainer": "spot", "rollout": "spot"}})
     run = Path(plan.output_dir)
-    req, problems = extra_job.make_request(plan, plan.site, nodes=2, partition=None, time="00:10:00")
-    assert req is not None and not problems and not extra_job.problems(req)
-    script = extra_job.write_script(req)
+    req, problems = rollout_job.make_request(plan, plan.site, nodes=2, partition=None, time="00:10:00")
+    assert req is not None and not problems and not rollout_job.problems(req)
+    script = rollout_job.write_script(req)
     env = {**__import__("os").environ, "BEAM_TEST_BAD_NODE_FILE": str(runs / "bad-node")}
     job = subprocess.run(["sbatch", "--parsable", str(script)], cwd=runs, env=env, capture_output=True, text=True,
                          check=True).stdout.strip().split(";")[0]

@@ -9,8 +9,6 @@ records its nodes' leave. The chain that attaches such an engine: tests/backends
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,10 +31,8 @@ SGLANG_STANDIN = ROOT / "tests" / "support" / "standins" / "sglang_standin"
 
 @pytest.fixture
 def base(slurm_cluster) -> Iterator[Path]:  # type: ignore[no-untyped-def]
-    root = Path(tempfile.mkdtemp(prefix="beam-em-", dir="/tmp"))
-    yield root
-    slurm_cluster.cancel_jobs_under(root)
-    shutil.rmtree(root, ignore_errors=True)
+    with slurm_cluster.scratch_runs("beam-em-") as root:
+        yield root
 
 
 def test_rollout_add_on_a_miles_run_registers_engines_a_segment_attaches_and_remove_takes_back(base: Path) -> None:

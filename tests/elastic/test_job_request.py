@@ -15,10 +15,11 @@ import pytest
 from job_plans import make_test_plan
 
 from beam_hpc.cli.app import main
-from beam_hpc.elastic import extra_job, extra_node, registry
+from beam_hpc.elastic import extra_node, registry
 from beam_hpc.lifecycle import quarantine
 from beam_hpc.run import ledger
 from beam_hpc.slurm.client import JobInfo, JobState
+from beam_hpc.submission import rollout_job
 
 SITE_LINES = {"env": {"NCCL_DEBUG": "WARN"}, "setup": ["source /etc/profile.d/modules.sh"],
               "module_loads": ["cuda/12.4"], "partitions": {"trainer": "debug", "rollout": "spot"}}
@@ -36,10 +37,10 @@ def test_the_script_has_the_rollout_groups_shape_requeue_lead_site_lines_and_exc
                                       "failed_nodes": [{"node": "n4", "why": "ray died"}]})
     from beam_hpc.cli.rollout import _excluded
 
-    req, problems = extra_job.make_request(plan, plan.site, nodes=3, partition=None, time="01:00:00",
+    req, problems = rollout_job.make_request(plan, plan.site, nodes=3, partition=None, time="01:00:00",
                                            exclude=_excluded(plan, plan.site))
     assert problems == [] and req is not None
-    text = extra_job.render(req)
+    text = rollout_job.render(req)
     sbatch = [line.removeprefix("#SBATCH ") for line in text.splitlines() if line.startswith("#SBATCH ")]
     assert "hetjob" not in sbatch  # one component
     assert {"--nodes=3", "--ntasks-per-node=1", "--partition=spot", "--gres=gpu:4", "--requeue", "--time=01:00:00",
@@ -97,15 +98,15 @@ def test_a_model_the_extra_nodes_cannot_reach(tmp_path: Path) -> None:
     plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, gpus=0,
                           site={"shared_paths": [str(tmp_path / "shared")]},
                           overrides=[f"model.path={tmp_path / 'home' / 'model'}"])
-    req, _ = extra_job.make_request(plan, plan.site, nodes=1, partition=None, time=None)
+    req, _ = rollout_job.make_request(plan, plan.site, nodes=1, partition=None, time=None)
     assert req is not None
-    (problem,) = extra_job.model_problems(req)
+    (problem,) = rollout_job.model_problems(req)
     assert problem.startswith(f"model.path: {plan.recipe.model.path!r} is not under the site's shared_paths")
     on_shared = make_test_plan(tmp_path / "run2", trainer_nodes=1, rollout_nodes=1, gpus=0,
                                site={"shared_paths": [str(tmp_path)]},
                                overrides=[f"model.path={tmp_path / 'home' / 'model'}"])
-    req2, _ = extra_job.make_request(on_shared, on_shared.site, nodes=1, partition=None, time=None)
-    assert req2 is not None and extra_job.model_problems(req2) == []  # the tiny model is built by the backend
+    req2, _ = rollout_job.make_request(on_shared, on_shared.site, nodes=1, partition=None, time=None)
+    assert req2 is not None and rollout_job.model_problems(req2) == []  # the tiny model is built by the backend
 
 
 def _info(*, preempt: float | None = None, submit: float = 100.0, limit: float | None = 10_000.0) -> JobInfo:

@@ -12,8 +12,6 @@ limit long enough for a slow bring-up.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -45,10 +43,8 @@ def outage(slurm_cluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalSlur
 
 @pytest.fixture
 def runs(outage) -> Iterator[Path]:  # type: ignore[no-untyped-def]
-    root = Path(tempfile.mkdtemp(prefix="beam-out-", dir="/tmp"))
-    yield root
-    outage.cancel_jobs_under(root)
-    shutil.rmtree(root, ignore_errors=True)
+    with outage.scratch_runs("beam-out-") as root:
+        yield root
 
 
 def _chain(runs: Path, assets, *, num_rollout: int, lead_s: int, recipe: list[str],  # type: ignore[no-untyped-def]

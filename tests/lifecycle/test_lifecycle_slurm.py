@@ -21,10 +21,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -66,10 +64,8 @@ def runs(slurm_cluster) -> Iterator[Path]:
     sessions on the same machine, and a run directory must outlive every segment of its chain.
     One per test (not per module): the chains are independent, so xdist may run them side by side.
     A chain the test left behind (it failed, say) is cancelled before its directory goes."""
-    root = Path(tempfile.mkdtemp(prefix="beam-lc-", dir="/tmp"))
-    yield root
-    slurm_cluster.cancel_jobs_under(root)
-    shutil.rmtree(root, ignore_errors=True)
+    with slurm_cluster.scratch_runs("beam-lc-") as root:
+        yield root
 
 
 # -- helpers --------------------------------------------------------------------------------------------

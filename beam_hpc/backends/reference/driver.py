@@ -7,7 +7,7 @@ false``, which colocated runs need): generate k with W_k, train, push, eval/save
 weights after j rollouts, so in async mode rollout r >= 1 is generated with W_{r-1} (policy lag 1,
 Miles's one-step-off policy); in turn the lag is 0. A rollout is queued as fixed units, each naming
 the version it is generated with, that the segment's workers and outside workers serve alike
-(``beam_hpc.elastic.units``, ``unit_service.py``). Resume is bitwise: sampling noise is a pure
+(``beam_hpc.backends.reference.units``, ``unit_service.py``). Resume is bitwise: sampling noise is a pure
 function of (seed, purpose, rollout id, prompt index), prompts of (seed, cursor), every process
 fixes its thread count, and an async checkpoint holds the in-flight rollout and the behaviour
 weights W_k, so that the resumed segment trains on exactly the samples the uninterrupted run would
@@ -29,9 +29,9 @@ from beam_hpc.backends.reference import metrics_log as mlog
 from beam_hpc.backends.reference.policy import device_of, load_tokenizer, setup_process, threads_of
 from beam_hpc.backends.reference.prompt_source import DataError, Prompt, PromptOrder, encode_prompts, read_rows
 from beam_hpc.backends.reference.unit_service import UnitService
+from beam_hpc.backends.reference.units import DEFAULT_UNIT_PROMPTS, cut
 from beam_hpc.backends.reference.weight_sync import TRANSPORTS
 from beam_hpc.config.recipe import Recipe
-from beam_hpc.elastic.units import DEFAULT_UNIT_PROMPTS, cut
 from beam_hpc.errors import RuntimeFailure
 from beam_hpc.node.ray_node import driver_job
 from beam_hpc.node.stacks import SEGMENT_DIR_VAR
@@ -128,7 +128,7 @@ class Loop:
     instead), ``stop_after_rollout`` (save at that rollout and exit, as a walltime stop would; for
     tests), ``weight_sync`` (``object_store``, the default, or ``nccl``: how pushes travel, see
     :mod:`beam_hpc.backends.reference.weight_sync`), ``unit_prompts`` (prompts per unit of rollout
-    work, default 4: see :mod:`beam_hpc.elastic.units`) and ``unit_lease_s`` (how long an outside
+    work, default 4: see :mod:`beam_hpc.backends.reference.units`) and ``unit_lease_s`` (how long an outside
     worker may go silent before its units go back, default 30).
     """
 

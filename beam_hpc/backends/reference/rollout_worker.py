@@ -27,8 +27,8 @@ from beam_hpc.backends.reference.policy import (
     threads_of,
     token_logprobs,
 )
+from beam_hpc.backends.reference.units import Unit, seed_parts
 from beam_hpc.config.recipe import Recipe
-from beam_hpc.elastic.units import Unit, seed_parts
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 
 
@@ -58,7 +58,7 @@ def compute_unit(model: Any, tok: Any, recipe: Recipe, device: str, unit: Unit, 
                  interrupt: Callable[[], None] | None = None) -> dict[str, Any]:
     """One unit's samples: ``samples_per_prompt`` responses to each prompt (a group's responses
     adjacent), with the model already at ``version``. The same function serves the segment's own
-    workers and outside ones (beam_hpc.elastic.worker), so a unit comes out bit for bit alike.
+    workers and outside ones (beam_hpc.backends.reference.outside_worker), so a unit comes out bit for bit alike.
 
     ``train`` selects the training budget, temperature and penalised reward, and computes the
     behaviour log-probs; otherwise it is an evaluation (no penalty, no log-probs). ``interrupt`` is

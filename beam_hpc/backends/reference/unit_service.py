@@ -4,7 +4,7 @@ service outside workers join through, and the policy versions they need.
 A feeder thread leases units to the segment's workers (one at a time each, so an outside worker
 always finds work) and hands their results back; when nothing waits, an idle own worker takes a
 unit an outside worker still holds, so the driver never waits on one. While an outside worker is
-registered, the feeder publishes every version a queued unit names (``beam_hpc.elastic.policy_store``);
+registered, the feeder publishes every version a queued unit names (``beam_hpc.backends.reference.policy_store``);
 an outside worker is offered a unit only once its version is published and within the staleness the
 run allows (0 in a ``--no-async-training`` run, 1 otherwise: rollout k+1 is generated with W_k).
 """
@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from beam_hpc.backends.reference import policy_store, rendezvous
 from beam_hpc.backends.reference.policy import threads_of
-from beam_hpc.elastic import policy_store, rendezvous
-from beam_hpc.elastic.server import ElasticServer, Service
-from beam_hpc.elastic.units import Unit, UnitQueue, within_staleness
+from beam_hpc.backends.reference.unit_server import ElasticServer, Service
+from beam_hpc.backends.reference.units import Unit, UnitQueue, within_staleness
 from beam_hpc.errors import RuntimeFailure
 from beam_hpc.node.ray_node import driver_job
 from beam_hpc.plan.ports import ELASTIC, band_port

@@ -28,6 +28,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -219,6 +220,18 @@ class LocalSlurmCluster:
         if ids:
             self.run("scancel", *ids, check=False)
         return ids
+
+    @contextlib.contextmanager
+    def scratch_runs(self, prefix: str) -> Iterator[Path]:
+        """A directory for a test's run directories, outside pytest's numbered temp dirs (other
+        pytest sessions prune those, and a run directory must outlive every segment of its chain);
+        the jobs under it are cancelled and it is removed afterwards, passed or failed."""
+        root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        try:
+            yield root
+        finally:
+            self.cancel_jobs_under(root)
+            shutil.rmtree(root, ignore_errors=True)
 
     def _queue_empty(self) -> bool:
         return not self.run("squeue", "--noheader", check=False).stdout.strip()

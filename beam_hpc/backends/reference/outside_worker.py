@@ -7,7 +7,7 @@ the run's thread count (so bit for bit as the run's own workers would), and post
 no rendezvous it waits; when the segment changes it registers again. When ``stop`` is set it
 abandons the unit in progress (checked before every token), deregisters giving that unit back,
 and returns a :class:`ServeReport`; a version that fails its checksum is given back the same way
-and raised. ``python -m beam_hpc.elastic.worker`` does the same until SIGTERM, SIGINT or SIGUSR1 and
+and raised. ``python -m beam_hpc.backends.reference.outside_worker`` does the same until SIGTERM, SIGINT or SIGUSR1 and
 then exits 0 (1, with one line, on such a failure).
 """
 
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc import fault_hooks
-from beam_hpc.elastic import policy_store, rendezvous
-from beam_hpc.elastic.server import Client, ServiceError
-from beam_hpc.elastic.units import Unit
+from beam_hpc.backends.reference import policy_store, rendezvous
+from beam_hpc.backends.reference.unit_server import Client, ServiceError
+from beam_hpc.backends.reference.units import Unit
 from beam_hpc.errors import EXIT_INPUT, BeamError, RuntimeFailure
 from beam_hpc.plan.paths import PLAN_FILE
 
@@ -278,7 +278,7 @@ def serve(run_dir: Path, *, worker_id: str, stop: threading.Event, threads: int 
 def main(argv: list[str] | None = None) -> int:
     from beam_hpc.logging_setup import log_to_stream
 
-    parser = argparse.ArgumentParser(prog="python -m beam_hpc.elastic.worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m beam_hpc.backends.reference.outside_worker", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path, help="the run directory to serve")
     parser.add_argument("--worker-id", required=True, help="a name for this worker, unique in the run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the run's own count wins)")

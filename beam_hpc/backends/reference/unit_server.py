@@ -6,7 +6,7 @@ more than ``MAX_SKEW_S`` old is refused with 401 before its body is looked at. E
 ``/register`` -> the segment, the run's recipe and model; ``/lease`` -> a unit (or how long to
 wait); ``/result``; ``/heartbeat``; ``/deregister`` (with the keys it gives back). A worker the
 segment does not know (it registered with an earlier segment) gets 409 and registers again.
-The :class:`Client` here is what :mod:`beam_hpc.elastic.worker` speaks.
+The :class:`Client` here is what :mod:`beam_hpc.backends.reference.outside_worker` speaks.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from beam_hpc.elastic.units import Unit, UnitQueue
+from beam_hpc.backends.reference.units import Unit, UnitQueue
 
 log = logging.getLogger(__name__)
 
