@@ -581,8 +581,12 @@ def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(s
     assert (entry.node, entry.run, entry.run_dir, entry.segment) == (bad, plan.run_id, str(run), f"{first}-0")
     assert "bad node" in entry.why and entry.time == pytest.approx(end["time"], abs=60)
     assert entry.expires == pytest.approx(entry.time + 86400)
+    # B waits on a held job, so it pends without an allocation. (Not on the failed job: Slurm forgets a
+    # job MinJobAge (30 s) after it ends, and then counts a dependency on it as met: seen in CI)
+    blocker = subprocess.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "true"],
+                             capture_output=True, text=True, check=True).stdout.strip()
     other, b_job = submit_run(runs / "bad-node-b", tiny_assets, num_rollout=2, interval=1, site=site,
-                              dependency=f"afterok:{first}")  # the failed job: never satisfied
+                              dependency=f"afterok:{blocker}")
     try:
         shown = subprocess.run(["scontrol", "--oneliner", "show", "job", b_job], capture_output=True, text=True,
                                check=True).stdout
@@ -590,7 +594,7 @@ def test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes(s
         assert len(components) == 2, shown  # the het job's trainer and rollout components
         assert all(c.get("ExcNodeList") == bad and c.get("JobState") == "PENDING" for c in components), shown
     finally:
-        subprocess.run(["scancel", b_job], check=False)
+        subprocess.run(["scancel", b_job, blocker], check=False)
     assert cli(["nodes", "--site", str(site), "release", bad]) == 0 and quarantined(bad_nodes) == []
     # a quarantine that leaves too few nodes for the groups refuses the submission (no job pends forever)
     from beam_hpc.errors import RuntimeFailure
