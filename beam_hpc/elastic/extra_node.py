@@ -25,7 +25,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,12 +34,12 @@ from typing import Any
 from beam_hpc import fault_hooks
 from beam_hpc.elastic import registry
 from beam_hpc.logging_setup import log_to_stream, module_logger
+from beam_hpc.node.signals import STOP_SIGNALS, Stopper
 from beam_hpc.plan.plan import Plan
 from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = module_logger(__name__)  # also run as python -m
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 LOCAL_DIR_VAR = "BEAM_ELASTIC_LOCAL_DIR"  # the node-local directory the worker may copy into
 SWEEP_GRACE_S = 2.0
 LIMIT_SLACK_S = 30.0  # a SIGTERM this close to the time limit is the limit's
@@ -75,23 +74,6 @@ def stop_reason(sig: int | None, job_id: str) -> str:
         except client.SlurmError as err:
             log.warning("could not ask Slurm why job %s was signalled (%s)", job_id, err)
     return classify(sig, info)
-
-
-class Stopper:
-    """The node's stop: the first stop signal sets ``event`` and is kept; later ones are logged."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.signal: int | None = None
-
-    def handle(self, signum: int, _frame: FrameType | None) -> None:
-        if self.signal is None:
-            self.signal = signum
-        self.event.set()
-
-    def install(self) -> None:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self.handle)
 
 
 def job_tag(job_id: str, restart: int) -> str:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from pathlib import Path
 
 from beam_hpc.errors import InputError
 from beam_hpc.job.context import allocation_problems
+from beam_hpc.node import procs
 from beam_hpc.plan.plan import Plan, load_plan
 from beam_hpc.plan.segment_args import SegmentArgs
 from beam_hpc.run.files import write_atomic
@@ -65,10 +65,11 @@ def materialize(plan: Plan, *, script: str | None, job_id: str | None) -> None:
             write_atomic(target, text)
             target.chmod(0o755)
     if job_id is not None:
+        stderr_target = procs.open_files("self").get(2)  # the batch log Slurm opened for us
         with contextlib.suppress(OSError):
-            out = Path(os.readlink("/proc/self/fd/2"))
+            out = Path(stderr_target or "")
             link = Path(paths.batch_log(job_id))
-            if out.is_absolute() and out.exists() and out != link and not link.exists():
+            if stderr_target and out.is_absolute() and out.exists() and out != link and not link.exists():
                 link.symlink_to(out)
 
 

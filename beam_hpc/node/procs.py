@@ -1,5 +1,5 @@
 """What the kernel says of a process, read from ``/proc``: the one reader of ``/proc/<pid>/stat``
-and its neighbours (cmdline, exe, status, environ) for the job, the node steps and the tests.
+and its neighbours (cmdline, exe, status, environ, fd) for the job, the node steps and the tests.
 
 Why one: ``stat`` is easy to parse wrongly (the command name in field 2 may hold spaces and
 parentheses, so the fields are counted from its last ``)``), and "is it still running" must mean
@@ -111,6 +111,22 @@ def environ(pid: int | str, proc: str = PROC) -> list[bytes] | None:
         return Path(f"{proc}/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return None
+
+
+def open_files(pid: int | str, proc: str = PROC) -> dict[int, str]:
+    """What each of the process's file descriptors points at (a path, or ``pipe:[..]``/``socket:[..]``),
+    by descriptor number; {} when it is gone or another user's."""
+    found: dict[int, str] = {}
+    try:
+        fds = os.listdir(f"{proc}/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            found[int(fd)] = os.readlink(f"{proc}/{pid}/fd/{fd}")
+        except (OSError, ValueError):
+            continue  # closed between the listing and the read
+    return found
 
 
 def catches(pid: int | str, sig: int) -> bool:

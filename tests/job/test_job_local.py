@@ -53,11 +53,7 @@ def holding_files_under(prefix: str) -> list[tuple[int, list[str]]]:
     """Processes with a file open whose path starts with ``prefix``, and their command lines."""
     found = []
     for pid in procs.pids():
-        try:
-            targets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-        except OSError:
-            continue
-        if any(t.startswith(prefix) for t in targets):
+        if any(t.startswith(prefix) for t in procs.open_files(pid).values()):
             found.append((pid, procs.cmdline(pid)))
     return found
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from beam_hpc.backends.reference import policy_store, rendezvous
 from beam_hpc.backends.reference.unit_server import Client, ServiceError
 from beam_hpc.backends.reference.units import Unit
 from beam_hpc.errors import EXIT_INPUT, BeamError, RuntimeFailure
+from beam_hpc.node.signals import Stopper
 from beam_hpc.plan.paths import PLAN_FILE
 
 log = logging.getLogger(__name__)
@@ -291,16 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--threads: {args.threads}; give 1 or more", file=sys.stderr, flush=True)
         return EXIT_INPUT
     log_to_stream("stdout")
-    stop = threading.Event()
-
-    def leave(signum: int, _frame: object) -> None:
-        log.info("signal %d: leaving", signum)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-        signal.signal(sig, leave)
+    stopper = Stopper()
+    stopper.install()
     try:
-        report = serve(args.run_dir, worker_id=args.worker_id, stop=stop, threads=args.threads)
+        report = serve(args.run_dir, worker_id=args.worker_id, stop=stopper.event, threads=args.threads)
     except RuntimeFailure as e:  # a policy version that fails its checksum, a model that will not load
         print(f"worker {args.worker_id}: {e}", file=sys.stderr, flush=True)
         return 1
