@@ -17,20 +17,34 @@ PROC = "/proc"
 GONE = "gone"  # state() of a process that no longer exists (or cannot be read)
 ENDED_STATES = frozenset({"Z", "X"})  # zombie, dead: ended, whatever its parent does
 # Field numbers of proc(5)'s /proc/<pid>/stat, counted as the manual does (1 = pid, 2 = comm).
-_STATE, _PPID, _STARTTIME = 3, 4, 22
+_STATE, _PPID, _UTIME, _STIME, _STARTTIME = 3, 4, 14, 15, 22
 
 
-def _stat_field(pid: int | str, number: int, proc: str = PROC) -> str | None:
-    """Field ``number`` (>= 3) of ``/proc/<pid>/stat``, or None when the process is gone."""
+def _stat_fields(pid: int | str, proc: str = PROC) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` from field 3 on (counted from the name's last ``)``), or
+    None when the process is gone."""
     try:
         text = Path(f"{proc}/{pid}/stat").read_bytes()
     except OSError:
         return None
     _, paren, rest = text.rpartition(b")")
-    fields = rest.split()
-    if not paren or len(fields) <= number - 3:
+    return [f.decode() for f in rest.split()] if paren else None
+
+
+def _stat_field(pid: int | str, number: int, proc: str = PROC) -> str | None:
+    """Field ``number`` (>= 3) of ``/proc/<pid>/stat``, or None when the process is gone."""
+    fields = _stat_fields(pid, proc)
+    if fields is None or len(fields) <= number - 3:
         return None
-    return fields[number - 3].decode()
+    return fields[number - 3]
+
+
+def cpu_seconds(pid: int | str, proc: str = PROC) -> float | None:
+    """User + system CPU the process has used so far (fields 14 and 15), or None when it is gone."""
+    fields = _stat_fields(pid, proc)
+    if fields is None or len(fields) <= _STIME - 3:
+        return None
+    return (int(fields[_UTIME - 3]) + int(fields[_STIME - 3])) / os.sysconf("SC_CLK_TCK")
 
 
 def state(pid: int | str) -> str:
@@ -56,6 +70,13 @@ def boot_time() -> float | None:
     except OSError:
         return None
     return next((float(line.split()[1]) for line in lines if line.startswith("btime ")), None)
+
+
+def start_ticks(pid: int | str, proc: str = PROC) -> int | None:
+    """When the process started, in clock ticks after boot (field 22): with the pid, names one process
+    even where pids are reused. None when it is gone."""
+    value = _stat_field(pid, _STARTTIME, proc)
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def start_time(pid: int | str = "self") -> float | None:

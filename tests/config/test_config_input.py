@@ -388,3 +388,15 @@ def test_shipped_recipes_load(path: Path) -> None:
 def test_shipped_sites_load(path: Path) -> None:
     assert load_site(path).name
     assert find_site(path.stem, ROOT / "env") == ROOT / "env" / path.name
+
+
+def test_the_seed_recipes_evaluate_on_aime2025_by_name() -> None:
+    """The seed's recipes leave data.eval_name at its default, which names the metrics as Miles's
+    AIME2025 eval does (eval/aime25); the tiny recipe names its own set. (A run's metric rows under
+    either name: tests/backends/reference/test_reference_backend.py and tests/observe/.)"""
+    from beam_hpc.run import metric_names as names
+
+    for seed in ("dedicated", "colocated", "lora"):
+        recipe = load_recipe(ROOT / "recipes" / f"{seed}.yaml")
+        assert names.eval_accuracy_tag(recipe.data.eval_name) == names.EVAL_ACCURACY == "eval/aime25"
+    assert load_recipe(ROOT / "recipes" / "tiny.yaml").data.eval_name == "tiny-add"

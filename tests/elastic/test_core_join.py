@@ -54,18 +54,30 @@ def _checkpoint(run_dir: Path) -> dict:
     return load_checkpoint(run_dir / "checkpoints" / f"iter_{N - 1:07d}")
 
 
-def test_one_worker_and_two_workers_compute_the_same_run(tmp_path, tiny_assets, reference_ray) -> None:
+ASYNC_N, ASYNC_LEAVE_AT = 10, 8
+ASYNC_BASE = [*SMALL, f"num_rollout={ASYNC_N}", f"checkpoint.interval={ASYNC_N}", "backend_options.unit_prompts=1"]
+
+
+@pytest.fixture(scope="module")
+def async_alone(tmp_path_factory, tiny_assets, reference_ray) -> Path:  # type: ignore[no-untyped-def]
+    """The async run (one-step-off, units of one prompt: 4 a rollout) with its one own rollout worker:
+    what two workers and an outside worker must each give bit for bit. Run once for the module."""
+    alone = tmp_path_factory.mktemp("async") / "alone"
+    run_backend(_plan(alone, tiny_assets, ASYNC_BASE), reference_ray)
+    return alone
+
+
+def test_one_worker_and_two_workers_compute_the_same_run(tmp_path, tiny_assets, reference_ray, async_alone) -> None:  # type: ignore[no-untyped-def]
     """Units are cut by size, never by worker count: two rollout workers give the bits of one (an
-    async run, with the default unit of 4 prompts: 2 units a rollout)."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    base = [*SMALL, "batch.prompts=8", "num_rollout=3", "checkpoint.interval=3"]
-    run_backend(_plan(one, tiny_assets, base), reference_ray)
-    run_backend(_plan(two, tiny_assets, [*base, "backend_options.rollout_workers=2"]), reference_ray)
-    n = assert_bitwise_equal(load_checkpoint(one / "checkpoints" / "iter_0000002"),
-                             load_checkpoint(two / "checkpoints" / "iter_0000002"), "iter 2")
+    async run of 4 units a rollout)."""
+    two = tmp_path / "two"
+    run_backend(_plan(two, tiny_assets, [*ASYNC_BASE, "backend_options.rollout_workers=2"]), reference_ray)
+    last = f"iter_{ASYNC_N - 1:07d}"
+    n = assert_bitwise_equal(load_checkpoint(async_alone / "checkpoints" / last),
+                             load_checkpoint(two / "checkpoints" / last), last)
     assert n > 50
-    assert all(len(_samples(two, k)) == 32 for k in range(3))
-    served = {s["served_by"] for k in range(3) for s in _samples(two, k)}
+    assert all(len(_samples(two, k)) == 16 for k in range(ASYNC_N))
+    served = {s["served_by"] for k in range(ASYNC_N) for s in _samples(two, k)}
     assert served == {"segment:0", "segment:1"}  # both took a share, and the result did not move
 
 
@@ -170,17 +182,14 @@ def test_an_outside_worker_joins_leaves_mid_unit_and_changes_no_bit(tmp_path, ti
     assert len(policy_store.versions(joined)) == 1  # published while it served, pruned to the current one
 
 
-def test_an_outside_worker_in_an_async_run_serves_one_version_behind_and_changes_no_bit(
-        tmp_path, tiny_assets, reference_ray) -> None:
+def test_an_outside_worker_in_an_async_run_serves_one_version_behind_and_changes_no_bit(  # type: ignore[no-untyped-def]
+        tmp_path, tiny_assets, reference_ray, async_alone) -> None:
     """Async (one-step-off): rollout k is generated with W_(k-1), by whoever serves it; the outside
     worker gets the versions it needs from the published files, and the run ends bitwise equal."""
-    n, leave_at = 10, 8
-    base = [*SMALL, f"num_rollout={n}", f"checkpoint.interval={n}", "backend_options.unit_prompts=1"]
-    alone = tmp_path / "alone"
-    run_backend(_plan(alone, tiny_assets, base), reference_ray)
-    j = _run_with_outside_worker(tmp_path, tiny_assets, reference_ray, base, leave_at)
+    n = ASYNC_N
+    j = _run_with_outside_worker(tmp_path, tiny_assets, reference_ray, ASYNC_BASE, ASYNC_LEAVE_AT)
     last = f"iter_{n - 1:07d}"
-    assert assert_bitwise_equal(load_checkpoint(alone / "checkpoints" / last),
+    assert assert_bitwise_equal(load_checkpoint(async_alone / "checkpoints" / last),
                                 load_checkpoint(j.run_dir / "checkpoints" / last), "final") > 50
     outside = 0
     for k in range(n):

@@ -29,6 +29,7 @@ from beam_hpc.cli import app as cli
 from beam_hpc.config.site import RayPortSpec, site_from_dict, with_existing_ray
 from beam_hpc.errors import InputError
 from beam_hpc.job.runner import run_local, smoke_driver_argv
+from beam_hpc.node import procs
 from beam_hpc.node.ray_node import (
     LOOPBACK_MAX_NODES,
     MIN_OBJECT_STORE_BYTES,
@@ -83,11 +84,8 @@ class SiteRayCluster:
     def raylet_pids(self) -> list[int]:
         found = []
         for pid in tagged_pids(self.tag):
-            try:  # Ray's workers come and go meanwhile
-                exe = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-            except OSError:
-                continue
-            if exe.endswith(b"/raylet"):
+            argv = procs.cmdline(pid)  # [] for one of Ray's workers that has gone meanwhile
+            if argv and argv[0].endswith("/raylet"):
                 found.append(pid)
         return found
 
@@ -157,7 +155,7 @@ def test_job_uses_the_sites_cluster_names_a_lacking_group_and_leaves_it_running(
     assert ids["trainer"] == [head_id]  # the first job left the head as it was
 
     # Nothing of the cluster was stopped or removed; everything of the jobs was.
-    assert all(os.path.exists(f"/proc/{p}") for p in raylets) and sorted(site_cluster.raylet_pids()) == sorted(raylets)
+    assert all(procs.running(p) for p in raylets) and sorted(site_cluster.raylet_pids()) == sorted(raylets)
     assert site_cluster.alive_nodes() == {head_id: HEAD_IP, ids["rollout"][0]: WORKER_IP}
     assert site_cluster.token.read_text() == token_text
     assert all(Path(d).is_dir() for d in site_cluster.temp_dirs)

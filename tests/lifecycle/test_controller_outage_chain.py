@@ -1,9 +1,10 @@
 """When Slurm itself falters, end to end: the tiny recipe's chain on a private Slurm cluster whose
-real slurmctld is stopped at the worst moment (at the walltime save) and at an ordinary one (mid
-segment). The policy and the client's reading of a stopped controller are test_controller_outage.py's.
+real slurmctld is stopped at the worst moment (at the walltime save) and, in the same chain, at an
+ordinary one (mid segment). The policy and the client's reading of a stopped controller are
+test_controller_outage.py's.
 
-Each test gets its own private cluster (tests/support/cluster/private_cluster.py), so the two chains
-run side by side on two pytest workers. The rollouts are the small test recipe's, slowed by the
+The chain has a private cluster of its own (tests/support/cluster/private_cluster.py): stopping the
+controller must not touch the other tests' jobs. The rollouts are the small test recipe's, slowed by the
 driver's ``BEAM_TEST_SLOW_ROLLOUT_S`` hook (a sleep, not work): the walltime then comes in the middle
 of the run however loaded the machine is, without the CPU of long rollouts. The walltime is entered
 by lowering the running job's limit (``end_soon``, as ``scontrol update`` does), not by waiting out a
@@ -70,19 +71,23 @@ def _rollouts_done(run: Path) -> int:
     return sum('"kind": "rollout"' in line for line in metrics.read_text(errors="replace").splitlines())
 
 
-def test_a_150_s_outage_at_the_walltime_save_loses_nothing(outage, tiny_assets, runs, reference_ray) -> None:  # type: ignore[no-untyped-def]
+def test_a_150_s_outage_at_the_walltime_save_loses_nothing_and_a_40_s_one_mid_segment_costs_nothing(  # type: ignore[no-untyped-def]
+        outage, tiny_assets, runs, reference_ray) -> None:
     """The issue's case: a 45 s lead, and slurmctld stopped the moment the segment asks for its
     walltime save (its log says so), down for 150 s: the job's limit passes in the outage. The
     segment saves, tears down, and retries its resubmission until the controller is back, which
-    takes it first. The chain then completes, bitwise equal to an uninterrupted run.
+    takes it first. Then, while the resubmitted segment trains, slurmctld is down again for 40 s:
+    that segment trains on through it and completes the run, which is bitwise equal to an
+    uninterrupted run.
 
     Once two rollouts are trained the job's limit is lowered to end 46-106 s later (whole
-    minutes), so its save comes 1-61 s later: at 3 s a rollout at least 2 + 61/3 < 24 of the 30
-    rollouts are done by then, so the walltime always comes mid-run."""
+    minutes), so its save comes 1-61 s later: at 3 s a rollout at most 2 + 61/3 < 23 of the 40
+    rollouts are done by then, so the walltime always comes mid-run, and the second segment has at
+    least 17 rollouts (51 s) to train, more than the 40 s outage that starts after its first."""
     from job_plans import HOST_SITE, make_test_plan
     from reference_harness import assert_bitwise_equal, load_checkpoint, run_backend
 
-    n, lead_s, recipe = 30, 45, [*SMALL, "checkpoint.interval=4"]
+    n, lead_s, recipe = 40, 45, [*SMALL, "checkpoint.interval=4"]
     run, first = _chain(runs, tiny_assets, num_rollout=n, lead_s=lead_s, recipe=recipe, slow_s=3)
     whole = runs / "uninterrupted"
     uninterrupted = ThreadPoolExecutor(1).submit(run_backend, make_test_plan(
@@ -107,10 +112,21 @@ def test_a_150_s_outage_at_the_walltime_save_loses_nothing(outage, tiny_assets, 
     assert first_end["reason"] == "walltime" and "saved on request" in first_end["detail"], diagnostics(run)
     assert 2 <= first_end["rollouts_at_end"] < n, diagnostics(run)
     assert first_end["next"]["action"] == "resubmit" and first_end["time"] > back_at, diagnostics(run)
-    assert submits_since(outage, offset)[:1] == [first_end["next"]["job_id"]], "not the first thing it got"
+    second = first_end["next"]["job_id"]
+    assert submits_since(outage, offset)[:1] == [second], "not the first thing it got"
     assert "Slurm could not be reached or was busy" in seg_log.read_text(errors="replace")
+
+    # The 40 s outage, once the resubmitted segment has trained a rollout of its own.
+    at_start = first_end["rollouts_at_end"]
+    wait_for("a rollout trained by the resubmitted segment", lambda: _rollouts_done(run) > at_start, run, timeout=600)
+    outage.stop_controller()
+    time.sleep(40)
+    assert _rollouts_done(run) < n, "the run finished inside the outage: it did not train through it"
+    assert len(segments(run)) == 2 and "end" not in segments(run)[1], diagnostics(run)
+    outage.start_controller()
     wait_for("the chain to finish", lambda: chain_finished(run), run, timeout=900)
     segs = segments(run)
+    assert [s["segment"] for s in segs] == [f"{first}-0", f"{second}-0"], diagnostics(run)
     assert segs[-1]["end"]["reason"] == "completed" and segs[-1]["end"]["rollouts_at_end"] == n, diagnostics(run)
     for before, after in zip(segs, segs[1:], strict=False):  # nothing lost at any boundary
         assert after["start"]["rollouts_at_start"] == before["end"]["rollouts_at_end"], diagnostics(run)
@@ -118,20 +134,3 @@ def test_a_150_s_outage_at_the_walltime_save_loses_nothing(outage, tiny_assets, 
     last = f"iter_{n - 1:07d}"
     assert assert_bitwise_equal(load_checkpoint(whole / "checkpoints" / last),
                                 load_checkpoint(run / "checkpoints" / last), last) > 50
-
-
-def test_a_40_s_outage_mid_segment_costs_nothing(outage, tiny_assets, runs) -> None:  # type: ignore[no-untyped-def]
-    """slurmctld down for 40 s while a segment trains (24 rollouts of at least 2 s each: it trains
-    through the whole outage): the segment runs on and completes its run as the only segment."""
-    n = 24
-    run, first = _chain(runs, tiny_assets, num_rollout=n, lead_s=60, recipe=[*SMALL, "checkpoint.interval=8"],
-                        slow_s=2)
-    wait_for("a trained rollout", lambda: _rollouts_done(run) >= 1, run, timeout=600)
-    outage.stop_controller()
-    time.sleep(40)
-    assert _rollouts_done(run) < n, "the run finished inside the outage: it did not train through it"
-    outage.start_controller()
-    wait_for("the run to complete", lambda: chain_finished(run), run, timeout=900)
-    segs = segments(run)
-    assert [s["segment"] for s in segs] == [f"{first}-0"], diagnostics(run)
-    assert segs[0]["end"]["reason"] == "completed" and segs[0]["end"]["rollouts_at_end"] == n

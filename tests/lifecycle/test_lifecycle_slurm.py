@@ -47,6 +47,7 @@ from run_watch import read_text as _read
 from slurm_cluster import spot_site
 
 from beam_hpc.backends.reference.metrics_log import EVAL_STEP, ROLLOUT_STEP
+from beam_hpc.node import procs
 from beam_hpc.plan.plan import Plan
 from beam_hpc.run import checkpoint_layout, metric_names, tracking
 
@@ -460,15 +461,10 @@ def test_two_random_requeues_and_a_killed_driver_lose_at_most_what_was_unsaved(s
 
 def _driver_pid(plan: Plan) -> int | None:
     """The reference backend's process of this run (all fake nodes share this host)."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"beam_hpc.backends.reference" in argv and plan.paths.plan.encode() in argv:
-            return int(pid)
+    for pid in procs.pids():
+        argv = procs.cmdline(pid)
+        if "beam_hpc.backends.reference" in argv and plan.paths.plan in argv:
+            return pid
     return None
 
 

@@ -45,6 +45,19 @@ def test_a_live_process_whose_name_looks_like_stat_fields(child: subprocess.Pope
     assert child.pid in procs.pids() and os.getpid() in procs.pids()
     started = procs.start_time(child.pid)
     assert started is not None and abs(started - time.time()) < 60
+    assert procs.start_ticks(child.pid) is not None and procs.start_ticks(child.pid) >= procs.start_ticks("self")  # type: ignore[operator]
+    assert procs.open_files(child.pid)[1].startswith("pipe:")  # its stdout is our pipe
+
+
+def test_cpu_seconds_count_what_the_process_burns(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    before = procs.cpu_seconds("self")
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # burn 0.3 s of this process's CPU
+        pass
+    after = procs.cpu_seconds("self")
+    assert before is not None and after is not None and 0.2 <= after - before <= 5.0
+    with open(tmp_path / "held", "w"):
+        assert str(tmp_path / "held") in procs.open_files("self").values()
 
 
 def test_this_process() -> None:
@@ -61,5 +74,6 @@ def test_a_zombie_has_ended_and_a_missing_pid_is_gone() -> None:
     p.wait()
     assert procs.state(p.pid) == procs.GONE and not procs.running(p.pid)
     assert procs.parent(p.pid) is None and procs.start_time(p.pid) is None
+    assert procs.cpu_seconds(p.pid) is None and procs.start_ticks(p.pid) is None and procs.open_files(p.pid) == {}
     assert procs.cmdline(p.pid) == [] and procs.executable(p.pid) is None and procs.environ(p.pid) is None
     assert not procs.catches(p.pid, 2)

@@ -46,11 +46,11 @@ def _iter(run_dir: Path, k: int) -> Path:
     return run_dir / "checkpoints" / f"iter_{k:07d}"
 
 
-def test_async_run_writes_metrics_dumps_placement_and_checkpoint(tmp_path, tiny_assets, reference_ray) -> None:
-    # On the shared Ray head (its node carries both group resources and beam-group=local, as the
-    # backend's own `--ray-address local` cluster does: that path, and its placement, are the NVMe
-    # test's below, which needs a Ray of its own anyway), so that this run does not start one.
-    run_dir, out = _run(tmp_path, "a", tiny_assets, reference_ray, ["num_rollout=3", "eval.interval=2"])
+def _check_a_short_async_run(run_dir: Path, out: str) -> None:
+    """What a short async run (3 rollouts, eval every 2, checkpoints every 2) leaves: progress lines,
+    placement on the shared head, metrics, evals with both checkers' verdicts, dumps, TensorBoard
+    events and its checkpoints. The head carries both group resources and beam-group=local, as the
+    backend's own `--ray-address local` cluster does (that path is the NVMe test's below)."""
     progress = [line for line in out.splitlines() if " rollout " in line and "/3 reward" in line]
     assert len(progress) == 3 and "lag 1" in progress[-1]
     placement = json.loads((run_dir / "placement.json").read_text())
@@ -75,7 +75,7 @@ def test_async_run_writes_metrics_dumps_placement_and_checkpoint(tmp_path, tiny_
     verdicts = [names.eval_miles_verdict_tag("tiny-add", v) for v in kinds]
     assert all(sum(m.get(t, 0.0) for t in verdicts) == pytest.approx(1.0) for m in evals), evals
     assert "eval after 2 rollouts: tiny-add accuracy " in out
-    assert [m["rollout_id"] for m in metrics(run_dir, "save")] == [2]
+    assert [m["rollout_id"] for m in metrics(run_dir, "save")] == [1, 2]
     samples = (run_dir / "dumps" / "rollout" / "rollout_0000001.jsonl").read_text().splitlines()
     assert len(samples) == 16 and {"response", "reward", "advantage", "correct"} <= set(json.loads(samples[0]))
     assert len((run_dir / "dumps" / "eval" / "eval_0000002.jsonl").read_text().splitlines()) == 30 * 2
@@ -94,7 +94,10 @@ def _compare(a: Path, b: Path, k: int) -> None:
 
 
 def test_async_resume_is_bitwise_equal(tmp_path, tiny_assets, reference_ray) -> None:
-    base = ["num_rollout=5", "checkpoint.interval=2"]
+    """Interrupted with a rollout in flight, and extended after a run that ended: both end bitwise
+    equal to the uninterrupted run. The extended run's first part is also the short async run
+    whose files are checked (_check_a_short_async_run): one run, not two."""
+    base = ["num_rollout=5", "checkpoint.interval=2", "eval.interval=2"]
     whole, _ = _run(tmp_path, "whole", tiny_assets, reference_ray, base)
     # Interrupted after the checkpoint at rollout 1, with rollout 2 in flight.
     cut, out = _run(tmp_path, "cut", tiny_assets, reference_ray, [*base, "backend_options.stop_after_rollout=1"])
@@ -108,8 +111,9 @@ def test_async_resume_is_bitwise_equal(tmp_path, tiny_assets, reference_ray) -> 
     assert "weight sync: gloo group of 2 at " in out
     _compare(whole, cut, 4)
     # Extended: a run that ended at its last rollout (nothing in flight), then num_rollout raised.
-    ext, _ = _run(tmp_path, "ext", tiny_assets, reference_ray, ["num_rollout=3", "checkpoint.interval=2"])
-    assert load_checkpoint(_iter(ext, 2))["driver.pt"]["inflight"] is None
+    ext, out = _run(tmp_path, "ext", tiny_assets, reference_ray, ["num_rollout=3", "checkpoint.interval=2",
+                                                                 "eval.interval=2"])
+    _check_a_short_async_run(ext, out)
     _run(tmp_path, "ext", tiny_assets, reference_ray, base)
     _compare(whole, ext, 4)
     assert [m[names.POLICY_LAG] for m in metrics(ext, "rollout")] == [0.0, 1.0, 1.0, 1.0, 1.0]
@@ -153,19 +157,6 @@ def test_lora_resume_restores_adapters_optimizer_and_scheduler(tmp_path, tiny_as
     assert ck["scheduler.pt"]["last_epoch"] == 3  # warm-up position restored across the cut
     first = load_checkpoint(_iter(cut, 0))["model.pt"]
     assert any(not bool((first[k] == ck["model.pt"][k]).all()) for k in first)  # adapters trained
-
-
-def test_colocated_runs_in_turn_on_one_group(tmp_path, tiny_assets, reference_ray) -> None:
-    # data.eval_name=aime25: the seed's name (the default) keeps the seed's tags eval/aime25
-    run_dir, out = _run(tmp_path, "colo", tiny_assets, reference_ray,
-                        ["num_rollout=2", "training.colocated=true", "training.async_training=false", "topology.rollout=null",
-                         "eval.interval=2", "eval.samples_per_prompt=1", "data.eval_name=aime25"])
-    placement = json.loads((run_dir / "placement.json").read_text())
-    assert placement["trainer"]["node_id"] == placement["rollout"][0]["node_id"]
-    assert [m[names.POLICY_LAG] for m in metrics(run_dir, "rollout")] == [0.0, 0.0]
-    evals = metrics(run_dir, "eval")
-    assert [m["rollout_id"] for m in evals] == [0, 2] and all(names.EVAL_ACCURACY in m for m in evals)
-    assert names.EVAL_ACCURACY == "eval/aime25" and "eval after 2 rollouts: aime25 accuracy " in out
 
 
 def test_nvme_offload_keeps_optimizer_files_in_the_staged_dir_only_while_training(tmp_path, tiny_assets) -> None:
@@ -234,6 +225,9 @@ def test_colocated_learns_as_in_turn_bit_for_bit(tmp_path, tiny_assets, referenc
     run_dir = tmp_path / "colocated"
     run_backend(_plan(run_dir, tiny_assets, [f"num_rollout={COLOCATED_ROLLOUTS}", "checkpoint.interval=20",
                                                  *COLOCATED]), reference_ray)
+    placement = json.loads((run_dir / "placement.json").read_text())  # one group: trainer and engine on one node
+    assert placement["trainer"]["node_id"] == placement["rollout"][0]["node_id"]
+    assert {m[names.POLICY_LAG] for m in metrics(run_dir, "rollout")} == {0.0}
     last = COLOCATED_ROLLOUTS - 1
     mine, in_turn = _learning_numbers(run_dir, last), _learning_numbers(in_turn_run, last)
     assert len(mine) == COLOCATED_ROLLOUTS + 2 and [m["rollout_id"] for m in mine if m["kind"] == "eval"] == [0, 5]
