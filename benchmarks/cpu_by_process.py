@@ -14,6 +14,11 @@ process is named by a short kind (``ray::Trainer``, ``beam_hpc.backends.referenc
 ``ray start``...). Processes that lived less than one interval are missed (their CPU is small by
 construction), and what ran before the sampler started is subtracted. The machine should be quiet
 otherwise: everything on it is counted.
+
+The same work costs more CPU-seconds on a shared host whose neighbours are busy (two runs of the
+same suite on this project's 2-core machine, 40 minutes apart, took 2,082 and 3,177 CPU-s, each
+process kind 1.3-2.4x dearer in the second). A speed gauge (a fixed pure-Python workload's
+CPU-seconds) is printed before and after the command: compare two runs' tables only with it.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ def kind_of(pid: int) -> str:
     or the program's name."""
     argv = procs.cmdline(pid)
     if not argv:
-        return "?"
+        return "?"  # gone, or not readable yet (a process between fork and exec)
     program = os.path.basename(argv[0])
     if program.startswith("ray::"):
         return program.split(".")[0]  # ray::Trainer.train -> ray::Trainer
@@ -79,7 +84,7 @@ class Sampler:
             entry = self.seen.get(key)
             if entry is None:
                 entry = self.seen[key] = Seen(kind_of(pid), cpu if baseline else 0.0, cpu)
-            elif entry.kind.startswith("python") or entry.kind == "?":
+            elif entry.kind.startswith(("python", "ray::IDLE")) or entry.kind == "?":
                 entry.kind = kind_of(pid)  # Ray's workers rename themselves once they hold an actor
             entry.last = cpu
 
@@ -98,10 +103,21 @@ class Sampler:
         return sorted(((k, sum(v), len(v)) for k, v in by_kind.items()), key=lambda row: -row[1])
 
 
-def render(rows: list[tuple[str, float, int]], wall: float, cores: int, command: list[str], top: int) -> str:
+def gauge_s() -> float:
+    """CPU-seconds of a fixed piece of pure-Python work, in a process of its own: the machine's speed
+    at that moment. On a shared host the same work costs more CPU-seconds when the neighbours are
+    busy, so totals of two runs compare only after dividing by their gauges."""
+    code = "import time\nt = time.process_time()\nsum(i * i for i in range(3_000_000))\nprint(time.process_time() - t)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return float(out)
+
+
+def render(rows: list[tuple[str, float, int]], wall: float, cores: int, command: list[str], top: int,
+           gauges: tuple[float, float] | None = None) -> str:
     total = sum(cpu for _, cpu, _ in rows)
+    speed = f"; speed gauge {gauges[0]:.3f} s before, {gauges[1]:.3f} s after (lower is faster)" if gauges else ""
     lines = [f"command: `{' '.join(command)}`", "",
-             f"wall {wall:.0f} s, CPU {total:.0f} s on {cores} cores ({total / (wall * cores):.0%} busy)", "",
+             f"wall {wall:.0f} s, CPU {total:.0f} s on {cores} cores ({total / (wall * cores):.0%} busy){speed}", "",
              "| process kind | CPU s | share | processes | CPU s each |", "|---|---:|---:|---:|---:|"]
     for kind, cpu, n in rows[:top]:
         lines.append(f"| {kind} | {cpu:.1f} | {cpu / total:.1%} | {n} | {cpu / n:.2f} |")
@@ -123,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         print("command: give the command to measure after --", file=sys.stderr)
         return 2
+    before = gauge_s()
     sampler = Sampler(args.interval)
     thread = threading.Thread(target=sampler.run, daemon=True)
     thread.start()
@@ -136,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - started
     sampler.stop.set()
     thread.join()
-    text = render(sampler.table(), wall, os.cpu_count() or 1, command, args.top)
+    text = render(sampler.table(), wall, os.cpu_count() or 1, command, args.top, (before, gauge_s()))
     print(text)
     if args.markdown:
         args.markdown.write_text(text)
