@@ -3,22 +3,17 @@ named by its kind and counted; what ran before the sampler started is not counte
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import benchmark_script
 from polling import poll_until
 
 from beam_hpc.node import procs
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("cpu_by_process", ROOT / "benchmarks" / "cpu_by_process.py")
-assert _spec is not None and _spec.loader is not None
-cpu_by_process = importlib.util.module_from_spec(_spec)
-sys.modules["cpu_by_process"] = cpu_by_process  # (dataclasses look their module up there)
-_spec.loader.exec_module(cpu_by_process)
+cpu_by_process = benchmark_script.load("cpu_by_process")
 
 BURN = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\ntime.sleep(0.5)\n"
 

@@ -4,22 +4,16 @@ cluster for 10-15 minutes and is a benchmark, not a test; its results are in ben
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
+import benchmark_script
 import pytest
 
 from beam_hpc.run import accounting, ledger
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("faults", ROOT / "benchmarks" / "faults.py")
-assert _spec is not None and _spec.loader is not None
-faults = importlib.util.module_from_spec(_spec)
-sys.modules["faults"] = faults  # (dataclasses look their module up there)
-_spec.loader.exec_module(faults)
+faults = benchmark_script.load("faults")
 
 
 def test_the_schedule_is_drawn_from_the_seed_and_holds_every_fault_once() -> None:
