@@ -69,7 +69,7 @@ class Seen:
 class Sampler:
     def __init__(self, interval: float) -> None:
         self.interval = interval
-        self.seen: dict[tuple[int, int | None], Seen] = {}  # (pid, start time): a reused pid is another process
+        self.seen: dict[tuple[int, int], Seen] = {}  # (pid, start ticks): a reused pid is another process
         self.stop = threading.Event()
         self.me = os.getpid()
 
@@ -77,10 +77,10 @@ class Sampler:
         for pid in procs.pids():
             if pid == self.me:
                 continue
-            cpu = procs.cpu_seconds(pid)
-            if cpu is None:
+            used = procs.usage(pid)  # one read: the CPU, and the start that tells a reused pid apart
+            if used is None:
                 continue
-            key = (pid, procs.start_ticks(pid))
+            key, cpu = (pid, used.start_ticks), used.cpu_s
             entry = self.seen.get(key)
             if entry is None:
                 entry = self.seen[key] = Seen(kind_of(pid), cpu if baseline else 0.0, cpu)

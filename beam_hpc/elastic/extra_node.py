@@ -146,8 +146,9 @@ class NodeProgram:
 
     def serve_worker(self) -> None:
         from beam_hpc.backends.reference.outside_worker import serve  # the run's rollout worker (reference backend)
+        from beam_hpc.backends.reference.policy import threads_of
 
-        threads = int(self.plan.recipe.backend_options.get("threads", 1) or 1)
+        threads = threads_of(self.plan.recipe) or 1
         report = serve(self.run_dir, worker_id=self.worker_id, stop=self.stopper.event, threads=threads,
                        on_event=self.on_event)
         log.info("node %s: served %d units (%d samples) of rollouts %s", self.node, report.units_served,

@@ -148,7 +148,7 @@ class Segment:
         """The start line and the checks; an exit code when the segment must not run the job."""
         if self.num_rollout_arg is not None:
             self.plan = start.with_num_rollout(self.plan, self.num_rollout_arg)
-        info = self._job_info()  # its time limit: the job's own, whatever the script's header said
+        info = self._job_info()  # asked once: its time limit (the job's own, whatever the script's header said), SubmitTime
         begun = start.survey(self.plan, restart=self.restart, want_resume=self.want_resume,
                              time_limit_s=None if info is None else info.time_limit_s)
         self.history, self.rollouts_at_start, self.lead_s = begun.history, begun.rollouts_at_start, begun.lead_s
@@ -160,7 +160,7 @@ class Segment:
         start.write_start_line(self.plan, begun, job_id=self.ledger_job_id, restart=self.restart,
                                host=socket.gethostname())
         refusal = start.check(self.plan, begun, segment=ledger.segment_id(self.ledger_job_id, self.restart),
-                              restart=self.restart, job_info=self._job_info)
+                              restart=self.restart, job_info=info)
         if refusal is None:
             return None
         code = self._finish(refusal.reason, refusal.detail, retryable=False)

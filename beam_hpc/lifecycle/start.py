@@ -13,7 +13,6 @@ refuse the resume) is a :class:`Refusal`, which the segment ends with (:mod:`bea
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,12 +125,12 @@ def write_start_line(plan: Plan, start: Start, *, job_id: str, restart: int, hos
     save.clear_save_request(plan.paths)
 
 
-def check(plan: Plan, start: Start, *, segment: str, restart: int,
-          job_info: Callable[[], JobInfo | None]) -> Refusal | None:
+def check(plan: Plan, start: Start, *, segment: str, restart: int, job_info: JobInfo | None) -> Refusal | None:
     """The checks after the start line: the cancel flag, ``num_rollout`` reached, ``max_segments``,
     and the seed's resume rules with the checkpoints' identity (:func:`beam_hpc.run.resume.check_resume`:
     plan.json or the script may have changed since the submission). When the job may run, the
-    identity it makes checkpoints with is recorded. ``job_info``: this job as Slurm has it."""
+    identity it makes checkpoints with is recorded. ``job_info``: this job as Slurm had it at the start
+    (None outside Slurm, or when Slurm did not answer)."""
     recipe = plan.recipe
     if cancelled(plan.paths.cancel_flag, job_info):
         return Refusal(Reason.CANCELLED, "the run was cancelled (beam-hpc cancel); not starting")
@@ -152,7 +151,7 @@ def check(plan: Plan, start: Start, *, segment: str, restart: int,
     return None
 
 
-def cancelled(flag_path: str, job_info: Callable[[], JobInfo | None]) -> bool:
+def cancelled(flag_path: str, info: JobInfo | None) -> bool:
     """The cancel flag applies to jobs submitted before it; a later submission (the user resumed
     the run on purpose) clears it."""
     flag = Path(flag_path)
@@ -160,7 +159,6 @@ def cancelled(flag_path: str, job_info: Callable[[], JobInfo | None]) -> bool:
         flagged_at = flag.stat().st_mtime
     except FileNotFoundError:
         return False
-    info = job_info()
     if info is not None and info.submit_time is not None and info.submit_time > flagged_at + 1:
         log.info("cancel flag older than this submission: cleared (the run was resumed)")
         flag.unlink(missing_ok=True)

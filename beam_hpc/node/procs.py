@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 PROC = "/proc"
 GONE = "gone"  # state() of a process that no longer exists (or cannot be read)
@@ -39,12 +40,20 @@ def _stat_field(pid: int | str, number: int, proc: str = PROC) -> str | None:
     return fields[number - 3]
 
 
-def cpu_seconds(pid: int | str, proc: str = PROC) -> float | None:
-    """User + system CPU the process has used so far (fields 14 and 15), or None when it is gone."""
+class Usage(NamedTuple):
+    """A process's CPU so far, and when it started: the pair names one process where pids are reused."""
+
+    start_ticks: int  # clock ticks after boot (field 22)
+    cpu_s: float  # user + system seconds (fields 14 and 15)
+
+
+def usage(pid: int | str, proc: str = PROC) -> Usage | None:
+    """The process's :class:`Usage`, from one read of its stat line; None when it is gone."""
     fields = _stat_fields(pid, proc)
-    if fields is None or len(fields) <= _STIME - 3:
+    if fields is None or len(fields) <= _STARTTIME - 3:
         return None
-    return (int(fields[_UTIME - 3]) + int(fields[_STIME - 3])) / os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[_UTIME - 3]) + int(fields[_STIME - 3])) / os.sysconf("SC_CLK_TCK")
+    return Usage(int(fields[_STARTTIME - 3]), cpu)
 
 
 def state(pid: int | str) -> str:
@@ -81,10 +90,10 @@ def start_ticks(pid: int | str, proc: str = PROC) -> int | None:
 
 def start_time(pid: int | str = "self") -> float | None:
     """When the process started (epoch seconds), or None when that cannot be read."""
-    ticks, boot = _stat_field(pid, _STARTTIME), boot_time()
-    if ticks is None or not ticks.isdigit() or boot is None:
+    ticks, boot = start_ticks(pid), boot_time()
+    if ticks is None or boot is None:
         return None
-    return boot + int(ticks) / os.sysconf("SC_CLK_TCK")
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def pids(proc: str = PROC) -> list[int]:

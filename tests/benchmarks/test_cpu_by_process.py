@@ -25,7 +25,7 @@ def test_a_burning_child_is_counted_by_its_kind_and_an_earlier_one_is_not(tmp_pa
     before = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.5\n"
                                "while time.process_time() < end: pass\nwhile True: time.sleep(0.05)"])
     try:
-        assert poll_until(lambda: (procs.cpu_seconds(before.pid) or 0.0) >= 0.45, 30, 0.05)
+        assert poll_until(lambda: (u := procs.usage(before.pid)) is not None and u.cpu_s >= 0.45, 30, 0.05)
         sampler = cpu_by_process.Sampler(0.05)
         sampler.sample(baseline=True)
         child = subprocess.Popen([sys.executable, str(script)])

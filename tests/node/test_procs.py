@@ -49,13 +49,14 @@ def test_a_live_process_whose_name_looks_like_stat_fields(child: subprocess.Pope
     assert procs.open_files(child.pid)[1].startswith("pipe:")  # its stdout is our pipe
 
 
-def test_cpu_seconds_count_what_the_process_burns(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    before = procs.cpu_seconds("self")
+def test_usage_counts_what_the_process_burns(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    before = procs.usage("self")
     deadline = time.process_time() + 0.3
     while time.process_time() < deadline:  # burn 0.3 s of this process's CPU
         pass
-    after = procs.cpu_seconds("self")
-    assert before is not None and after is not None and 0.2 <= after - before <= 5.0
+    after = procs.usage("self")
+    assert before is not None and after is not None and 0.2 <= after.cpu_s - before.cpu_s <= 5.0
+    assert after.start_ticks == before.start_ticks == procs.start_ticks("self")
     with open(tmp_path / "held", "w"):
         assert str(tmp_path / "held") in procs.open_files("self").values()
 
@@ -74,6 +75,6 @@ def test_a_zombie_has_ended_and_a_missing_pid_is_gone() -> None:
     p.wait()
     assert procs.state(p.pid) == procs.GONE and not procs.running(p.pid)
     assert procs.parent(p.pid) is None and procs.start_time(p.pid) is None
-    assert procs.cpu_seconds(p.pid) is None and procs.start_ticks(p.pid) is None and procs.open_files(p.pid) == {}
+    assert procs.usage(p.pid) is None and procs.start_ticks(p.pid) is None and procs.open_files(p.pid) == {}
     assert procs.cmdline(p.pid) == [] and procs.executable(p.pid) is None and procs.environ(p.pid) is None
     assert not procs.catches(p.pid, 2)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from beam_hpc.backends.miles.architecture import flag_values
 from beam_hpc.backends.miles.args import LAUNCHER_MODULE
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError
@@ -87,8 +88,8 @@ def refusal(plan: Plan) -> str | None:
 
 def gpus_per_engine(plan: Plan) -> int:
     """SGLang TP of each engine: what the driver tells Miles (``--rollout-num-gpus-per-engine``)."""
-    values = _flag_values(list(plan.driver_argv), "--rollout-num-gpus-per-engine")
-    return int(values[0]) if values else plan.recipe.topology.rollout.gpus_per_engine
+    value = flag_values(list(plan.driver_argv)).get("--rollout-num-gpus-per-engine")
+    return int(value) if value else plan.recipe.topology.rollout.gpus_per_engine
 
 
 def engine_ports(site: Site, job_id: int, n: int) -> list[int]:
@@ -270,8 +271,8 @@ def attach(plan: Plan, argv: list[str], *, running: Callable[[str], bool] = _job
     for e in wrong:
         logger.warning("engine %s of extra job %s left out: TP %d, the run's engines have %d", e.addr, e.job_id, e.tp, tp)
     engines = live([e for e in engines if e.tp == tp], running=running, probe=probe)
-    own = _flag_values(argv, "--rollout-num-gpus")
-    own_gpus = int(own[0]) if own else 0
+    own = flag_values(argv).get("--rollout-num-gpus")
+    own_gpus = int(own) if own else 0
     attached = sum(e.tp for e in engines)
     if engines and attached < own_gpus:
         logger.warning("%d live extra engines (%d GPUs) left out: with --rollout-external Miles launches none of "
@@ -284,20 +285,10 @@ def attach(plan: Plan, argv: list[str], *, running: Callable[[str], bool] = _job
     return attach_argv(argv, engines)
 
 
-def _flag_values(argv: list[str], flag: str) -> list[str]:
-    if flag not in argv:
-        return []
-    i = argv.index(flag) + 1
-    out = []
-    while i < len(argv) and not argv[i].startswith("--"):
-        out.append(argv[i])
-        i += 1
-    return out
-
-
 def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """``flag`` given ``value``: in its place where the argv has it (``--flag v``), else appended."""
     if flag not in argv:
         return [*argv, flag, value]
     i = argv.index(flag)
-    n = len(_flag_values(argv, flag))
-    return [*argv[: i + 1], value, *argv[i + 1 + n:]]
+    had_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+    return [*argv[: i + 1], value, *argv[i + 1 + had_value:]]

@@ -7,14 +7,13 @@ the run's thread count (so bit for bit as the run's own workers would), and post
 no rendezvous it waits; when the segment changes it registers again. When ``stop`` is set it
 abandons the unit in progress (checked before every token), deregisters giving that unit back,
 and returns a :class:`ServeReport`; a version that fails its checksum is given back the same way
-and raised. ``python -m beam_hpc.backends.reference.outside_worker`` does the same until SIGTERM, SIGINT or SIGUSR1 and
-then exits 0 (1, with one line, on such a failure).
+and raised. ``python -m beam_hpc.backends.reference.outside_worker`` does the same until a stop signal (SIGTERM, SIGINT,
+SIGUSR1 or SIGUSR2: :mod:`beam_hpc.node.signals`) and then exits 0 (1, with one line, on such a failure).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import threading
 import time
@@ -28,10 +27,11 @@ from beam_hpc.backends.reference import policy_store, rendezvous
 from beam_hpc.backends.reference.unit_server import Client, ServiceError
 from beam_hpc.backends.reference.units import Unit
 from beam_hpc.errors import EXIT_INPUT, BeamError, RuntimeFailure
+from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node.signals import Stopper
 from beam_hpc.plan.paths import PLAN_FILE
 
-log = logging.getLogger(__name__)
+log = module_logger(__name__)  # also run as python -m
 
 POLL_S = 0.5  # how often a worker without a segment looks for one
 HEARTBEAT_S = 2.0
@@ -276,8 +276,6 @@ def serve(run_dir: Path, *, worker_id: str, stop: threading.Event, threads: int 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from beam_hpc.logging_setup import log_to_stream
-
     parser = argparse.ArgumentParser(prog="python -m beam_hpc.backends.reference.outside_worker", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path, help="the run directory to serve")
     parser.add_argument("--worker-id", required=True, help="a name for this worker, unique in the run")
