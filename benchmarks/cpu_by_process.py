@@ -84,8 +84,11 @@ class Sampler:
             entry = self.seen.get(key)
             if entry is None:
                 entry = self.seen[key] = Seen(kind_of(pid), cpu if baseline else 0.0, cpu)
-            elif entry.kind.startswith(("python", "ray::IDLE")) or entry.kind == "?":
-                entry.kind = kind_of(pid)  # Ray's workers rename themselves once they hold an actor
+            elif cpu != entry.last and (kind := kind_of(pid)) != "?":
+                # named again while it works: a child seen between fork and exec still shows its
+                # parent's command line, and Ray's workers rename themselves once they hold an actor
+                # (an exited process not yet reaped has no command line left: it keeps its name)
+                entry.kind = kind
             entry.last = cpu
 
     def run(self) -> None:
