@@ -50,6 +50,8 @@ def kind_of(pid: int) -> str:
     if program.startswith("ray::"):
         return program.split(".")[0]  # ray::Trainer.train -> ray::Trainer
     if "python" in program and len(argv) > 1:
+        if argv[1] == "-c" and len(argv) > 3 and "ray.scripts.scripts" in argv[2]:
+            return "ray " + argv[3]  # beam_hpc.node.ray_node.ray_cli_argv
         if argv[1] == "-m" and len(argv) > 2:
             return {"ray.scripts.scripts": "ray start", "ray.util.client.server": "ray client server"}.get(argv[2], argv[2])
         script = next((a for a in argv[1:] if a.endswith(".py")), None)

@@ -254,7 +254,7 @@ COMMON_DIFFERENCES = [
     ("Loss: both the clipped token-level surrogate, eps 0.2 / 0.28 (TRL `loss_type='dapo'`, `epsilon=0.2`, "
     "`epsilon_high=0.28`), `beta=0` (no KL, no reference model), group-normalised advantages (`scale_rewards='group'`), "
     "one optimizer update per rollout (`num_iterations=1`, `gradient_accumulation_steps` x `per_device_train_batch_size` "
-    "= the rollout), no gradient checkpointing, generation with transformers (no vLLM), constant LR."),
+    "= the rollout), no gradient checkpointing, no vLLM (the reference generates with its own KV-cached loop, TRL with transformers' `generate`), constant LR."),
     ("Behaviour log-probs: the reference rollout computes them (a no-grad forward over the batch, part of its rollout s): "
     "its trainer may be a version behind (async). TRL, on-policy with `num_iterations=1`, skips that forward and uses "
     "the trained forward's detached log-probs."),
@@ -282,7 +282,7 @@ def compare_cpu(args: argparse.Namespace, data: Path, model_path: Path) -> Compa
     """The tiny recipe: the backend's RolloutWorker and Trainer in turn, then TRL, on its model and prompts."""
     import torch
     from transformers import AutoModelForCausalLM
-    from trl_grpo import GenerateMeter, StepTiming, Workload, run_trl
+    from trl_grpo import SamplerMeter, StepTiming, Workload, run_trl
 
     from beam_hpc.backends.reference.algorithm import group_advantages
     from beam_hpc.backends.reference.policy import load_tokenizer, load_trainable_state
@@ -298,7 +298,7 @@ def compare_cpu(args: argparse.Namespace, data: Path, model_path: Path) -> Compa
     n = r.batch.prompts * args.steps
     prompts, _ = encode_prompts(rows, tok, r.tokens.max_prompt)
     prompts = prompts[:n]
-    texts = [tok.apply_chat_template(rows[p.index]["prompt"], tokenize=False, add_generation_prompt=True) for p in prompts]
+    texts = [tok.apply_chat_template(rows[p.index]["prompt"], add_generation_prompt=True) for p in prompts]
     t, o = r.training, r.training.optimizer
     w = Workload(prompt_texts=texts, prompt_ids=[p.ids for p in prompts], labels=[p.label for p in prompts],
                  prompts_per_step=r.batch.prompts, responses=r.batch.responses_per_prompt, max_new=r.tokens.max_response,
@@ -323,7 +323,7 @@ def compare_cpu(args: argparse.Namespace, data: Path, model_path: Path) -> Compa
         c.say(f"reference: {args.steps} steps of {w.samples} samples")
         rd = r.model_dump(mode="json")
         worker, trainer = RolloutWorker(rd, 0, str(model_path)), Trainer(rd, str(model_path))
-        meter = GenerateMeter(worker.model, "cpu", w.force_length)
+        meter = SamplerMeter("cpu", w.force_length)
         for k in range(args.steps):
             if not c.fits("reference"):
                 break
@@ -355,6 +355,19 @@ def compare_cpu(args: argparse.Namespace, data: Path, model_path: Path) -> Compa
     return c
 
 
+def transformers_copy(model: Any, s: Any) -> Any:
+    """TRL trains a transformers model: the same Qwen2 as the reference side's (its weights copied
+    in, so both sides start equal)."""
+    import two_gpu
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(**two_gpu.SHAPES[s.shape], tie_word_embeddings=True, max_position_embeddings=4 * (s.prompt_len + s.max_new),
+                      bos_token_id=two_gpu.EOS_ID, eos_token_id=two_gpu.EOS_ID, pad_token_id=two_gpu.PAD_ID)
+    hf = Qwen2ForCausalLM(cfg).to(next(model.parameters()).device)
+    hf.load_state_dict(model.state_dict(), strict=False)
+    return hf
+
+
 def id_tokenizer(vocab: int, pad_id: int, eos_id: int) -> Any:
     """A tokenizer for a random model fed random token ids: token ``i`` is the word ``t<i>``, so a
     prompt written as ``"t5 t17 t300"`` tokenizes to exactly ``[5, 17, 300]`` (TRL takes text)."""
@@ -374,7 +387,7 @@ def compare_random(args: argparse.Namespace) -> Comparison:
     """A random-initialised Qwen2 (benchmarks/two_gpu.py's shapes): two_gpu's colocated roles, then TRL."""
     import torch
     import two_gpu
-    from trl_grpo import GenerateMeter, StepTiming, Workload, run_trl, seeded_bits
+    from trl_grpo import SamplerMeter, StepTiming, Workload, run_trl, seeded_bits
 
     dev = "cuda:0" if args.device == "cuda" else "cpu"
     ns = argparse.Namespace(prompts=args.prompts, responses=args.responses, max_new=args.max_new, prompt_len=args.prompt_len,
@@ -404,7 +417,7 @@ def compare_random(args: argparse.Namespace) -> Comparison:
     def reference_side() -> None:
         c.say(f"reference ({s.shape} on {dev}): building the two roles")
         trainer, rollout = two_gpu.TrainerRole(s, dev), two_gpu.RolloutRole(s, dev)
-        meter = GenerateMeter(rollout.model, dev, w.force_length)
+        meter = SamplerMeter(dev, w.force_length)
         for k in range(args.steps):
             if not c.fits("reference"):
                 break
@@ -423,7 +436,7 @@ def compare_random(args: argparse.Namespace) -> Comparison:
 
     def trl_side() -> None:
         c.say("TRL: building the model")
-        model = two_gpu.build_model(s, dev, torch.float32)
+        model = transformers_copy(two_gpu.build_model(s, dev, torch.float32), s)
         tok = id_tokenizer(vocab, two_gpu.PAD_ID, two_gpu.EOS_ID)
         run_trl(model, tok, w, seeded_bits(s.seed), Path(args.work) / "trl-out", on_step=lambda st: c.record("trl", st),
                 keep_going=lambda _last: c.fits("trl"))

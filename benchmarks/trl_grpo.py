@@ -5,8 +5,9 @@ Why a separate file: TRL (and its ``datasets`` import) is a benchmark-only depen
 ``bench`` extra); nothing in ``beam_hpc`` imports it, and reference_step.py imports this module
 only when the TRL column is asked for.
 
-What is measured, identically on both sides (``GenerateMeter`` wraps the model's own
-``generate``, so the clock covers exactly the HF generation call):
+What is measured, identically on both sides (``GenerateMeter`` wraps TRL's model's own
+``generate``, ``SamplerMeter`` the reference backend's ``sampling.generate``, so the clock covers
+exactly the generation call):
   generate s     the ``model.generate`` call for the whole batch (prompts x responses)
   tokens         response tokens it produced (up to and including the first EOS)
   rollout s      prompts in, scored batch out (here: TRL's ``_generate_and_score_completions``:
@@ -121,6 +122,34 @@ class GenerateMeter:
 
     def restore(self) -> None:
         self.model.generate = self.original
+
+
+class SamplerMeter:
+    """The reference side's counterpart of :class:`GenerateMeter`: the backend samples with its own
+    ``sampling.generate`` (no ``model.generate``), so that module function is replaced, in this
+    process, by a timed call; ``force_length`` passes an end id no token has, so every response
+    runs to the budget as TRL's do under ``min_new_tokens``."""
+
+    def __init__(self, device: str, force_length: bool) -> None:
+        from beam_hpc.backends.reference import sampling
+
+        self.sampling, self.device, self.force_length = sampling, device, force_length
+        self.original = sampling.generate
+        self.calls: list[tuple[float, int, float]] = []  # (seconds, response tokens, CPU seconds)
+        sampling.generate = self._generate
+
+    def _generate(self, *args: Any, **kw: Any) -> list[list[int]]:
+        if self.force_length:
+            kw["eos_id"] = -1
+        sync_device(self.device)
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = self.original(*args, **kw)
+        sync_device(self.device)
+        self.calls.append((time.perf_counter() - t0, sum(len(r) for r in out), time.process_time() - c0))
+        return out
+
+    def restore(self) -> None:
+        self.sampling.generate = self.original
 
 
 def response_tokens(new: Any, eos_ids: list[int]) -> int:

@@ -88,7 +88,7 @@ SEED_RECIPE = REPO / "recipes" / "dedicated.yaml"  # the seed's main configurati
 NOT_TWO = "not run: needs 2 GPUs"
 PLACEMENT_LABEL = {"dedicated": "GPU 0 | GPU 1", "shared": "GPU 0 shared", "cpu": "cpu (two processes)"}
 PAIR_START_S = 60.0  # budget below which a new pair of actors is not started
-REFERENCE_NOISE: Any = None  # the reference sampler's own noise processor, once swapped out
+REFERENCE_NOISE: Any = None  # the reference sampler's own noise source, once swapped out
 RAY_WHEELS = ("ray", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py",
               "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions")
 
@@ -153,15 +153,24 @@ def settings_from(args: argparse.Namespace, shape: str) -> Settings:
 
 
 def build_model(s: Settings, device: str, dtype: Any) -> Any:
-    """The random Qwen2, initialised in fp32 from the run seed (so both roles start equal), then cast."""
+    """The random Qwen2 as the reference backend holds it (its ``causal_lm``), initialised in fp32
+    from the run seed as transformers initialises one (normal, std 0.02; so both roles start
+    equal), then cast."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(**SHAPES[s.shape], tie_word_embeddings=True, max_position_embeddings=4 * (s.prompt_len + s.max_new),
-                      bos_token_id=EOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    from beam_hpc.backends.reference.causal_lm import CausalLM, LMConfig
+
+    cfg = LMConfig.from_dict({"model_type": "qwen2", **SHAPES[s.shape], "tie_word_embeddings": True})
     torch.manual_seed(s.seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+        model = CausalLM(cfg)
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                torch.nn.init.ones_(p)
+            elif name.endswith(".bias"):
+                torch.nn.init.zeros_(p)
+            else:
+                torch.nn.init.normal_(p, std=0.02)
     return model.to(dtype)
 
 
@@ -182,9 +191,9 @@ def use_device_noise() -> None:
     from beam_hpc.backends.reference import sampling
 
     global REFERENCE_NOISE
-    if sampling._gumbel_processor is not device_noise_processor:
-        REFERENCE_NOISE = sampling._gumbel_processor
-        sampling._gumbel_processor = device_noise_processor
+    if sampling.noise_source is not device_noise_source:
+        REFERENCE_NOISE = sampling.noise_source
+        sampling.noise_source = device_noise_source
 
 
 def sync_device(device: str) -> None:
@@ -195,30 +204,20 @@ def sync_device(device: str) -> None:
         torch.cuda.current_stream().synchronize()
 
 
-def device_noise_processor(generator: Any, temperature: float, top_p: float, interrupt: Any = None) -> Any:
-    """The reference sampler's Gumbel-max with its noise drawn on the logits' device, from a
-    device generator seeded with the CPU generator's seed (still a pure function of the
-    rollout), so the host RNG does not set the pace of generation. ``interrupt``: called before
-    each token, as the reference sampler's own processor does (an outside worker's stop)."""
+def device_noise_source(seed: int) -> Any:
+    """The reference sampler's Gumbel noise drawn on the logits' device, from a device generator
+    seeded with the CPU source's seed (still a pure function of the rollout), so the host RNG does
+    not set the pace of generation."""
     import torch
-    from transformers import LogitsProcessor
 
-    from beam_hpc.backends.reference.sampling import _top_p_mask
+    generators: dict[Any, Any] = {}
 
-    class DeviceGumbel(LogitsProcessor):
-        device_gen: Any = None
+    def draw(shape: tuple[int, ...], device: Any) -> Any:
+        if device not in generators:
+            generators[device] = torch.Generator(device=device).manual_seed(seed)
+        return -torch.empty(shape, device=device).exponential_(generator=generators[device]).log()
 
-        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-            if interrupt is not None:
-                interrupt()
-            scores = scores.float() / temperature
-            if top_p < 1.0:
-                scores = _top_p_mask(scores, top_p)
-            if self.device_gen is None:
-                self.device_gen = torch.Generator(device=scores.device).manual_seed(generator.initial_seed())
-            return scores - torch.empty_like(scores).exponential_(generator=self.device_gen).log()
-
-    return DeviceGumbel()
+    return draw
 
 
 def make_prompts(s: Settings, vocab: int) -> list[list[int]]:
@@ -670,14 +669,13 @@ class Bench:
 
         from beam_hpc.backends.reference import sampling
 
-        proc = REFERENCE_NOISE or sampling._gumbel_processor
+        draw = (REFERENCE_NOISE or sampling.noise_source)(0)
         scores = torch.randn(s.samples, SHAPES[s.shape]["vocab_size"], device=device)
-        gen = torch.Generator().manual_seed(0)
         times = []
         for i in range(4):
             sync_device(device)
             t0 = time.perf_counter()
-            proc(gen, s.temperature, 1.0)(None, scores)
+            sampling._sample(scores, draw, s.temperature, 1.0)
             sync_device(device)
             if i:
                 times.append(time.perf_counter() - t0)

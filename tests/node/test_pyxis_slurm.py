@@ -33,6 +33,7 @@ from run_watch import diagnostics, segments, wait_for
 
 from beam_hpc.cli.app import main
 from beam_hpc.node.container import pyxis_srun_problem
+from beam_hpc.node.ray_node import LEAN_RAY_CLI
 from beam_hpc.slurm.client import srun_help
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +139,7 @@ def test_tiny_recipe_runs_under_pyxis_and_each_step_gets_what_apptainer_binds(  
 
     # the same recipe under Apptainer: what it binds around `ray start`, the driver and readiness
     app = [json.loads(p.read_text()) for p in recorded.glob("*.json")]
-    ray_starts = [a for a in app if a["argv"][:2] == [sys.executable, "-m"] and "ray" in " ".join(a["argv"][:4])]
+    ray_starts = [a for a in app if a["argv"][:4] == [sys.executable, "-c", LEAN_RAY_CLI, "start"]]
     assert len(ray_starts) == want_nodes, app
     app_batch = [a for a in app if a not in ray_starts]
     assert {mount_set(r["mounts"], runs["pyxis"]) for r in steps} == \

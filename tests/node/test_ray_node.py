@@ -14,6 +14,7 @@ from polling import gone, poll_until
 
 from beam_hpc.config.site import NetworkSpec, RayPortSpec, load_site
 from beam_hpc.node.ray_node import (
+    LEAN_RAY_CLI,
     LOOPBACK_MAX_NODES,
     PORT_KINDS,
     ClusterRuntime,
@@ -110,7 +111,7 @@ def _flags(argv: list[str]) -> dict[str, str]:
 def test_head_argv_pins_ports_labels_resources_and_turns_dashboard_and_stats_off():
     node = _node(0)
     argv = ray_start_argv(node, "/py")
-    assert argv[:5] == ["/py", "-m", "ray.scripts.scripts", "start", "--block"]
+    assert argv[:5] == ["/py", "-c", LEAN_RAY_CLI, "start", "--block"]
     f = _flags(argv)
     assert "--head" in argv and "--disable-usage-stats" in argv
     assert f["port"] == str(node.ports.gcs) and f["include-dashboard"] == "false"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from beam_hpc.backends.reference.chat_tokenizer import ChatTokenizer
     from beam_hpc.config.recipe import Recipe
 
 
@@ -32,22 +33,30 @@ def setup_process(threads: int, *, runs_the_model: bool = True) -> None:
     signal, in the driver and every actor alike (each calls this first).
 
     ``runs_the_model=False`` (the driver, whose torch work is a few small reductions: advantages)
-    leaves the kernels as they are: ``torch.use_deterministic_algorithms`` imports torch's compiler
-    stack (torch._dynamo, about 0.8 s of CPU in every process that sets it), which the actors load
-    anyway with the model and the driver never needs."""
+    leaves the kernels as they are."""
     import torch
 
     from beam_hpc.node import stacks
 
     stacks.register()  # a stalled segment can read where this process hung (beam_hpc.node.stacks)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local paths; never reach for a hub
     torch.set_num_threads(threads)
     if runs_the_model:
-        torch.use_deterministic_algorithms(True)
-    from transformers.utils import logging as hf_logging
+        deterministic_kernels()
 
-    hf_logging.disable_progress_bar()
+
+def deterministic_kernels() -> None:
+    """``torch.use_deterministic_algorithms(True)`` without the import it makes of
+    ``torch._inductor.config`` (about 0.9 CPU-s per process: most of torch's compiler) only to copy
+    the flag there for compiled code; nothing here is compiled. Should torch drop the private
+    setter, the public call is made instead (slower, the same effect)."""
+    import torch
+
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:
+        torch.use_deterministic_algorithms(True)
+    else:
+        setter(True)
 
 
 def threads_of(recipe: Recipe) -> int:
@@ -58,24 +67,22 @@ def device_of(recipe: Recipe) -> str:
     return str(recipe.backend_options.get("device", "cpu"))
 
 
-def load_tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer
+def load_tokenizer(model_path: str) -> ChatTokenizer:
+    from beam_hpc.backends.reference.chat_tokenizer import ChatTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_path)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
-    return tok
+    return ChatTokenizer(model_path)
 
 
 def load_policy(recipe: Recipe, model_path: str | None = None) -> Any:
-    """The policy module: the HF causal LM in fp32, wrapped with LoRA adapters in LoRA mode.
+    """The policy module (:mod:`beam_hpc.backends.reference.causal_lm`) in fp32, with LoRA
+    adapters in LoRA mode.
 
     Adapter initialisation draws from the global torch RNG, so it is seeded from the run seed
     first: every process that builds the policy gets the same adapters before any weights arrive.
     """
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from beam_hpc.backends.reference import causal_lm, lora
 
     path = model_path or recipe.model.path
     if not os.path.isfile(os.path.join(path, "config.json")):
@@ -83,17 +90,13 @@ def load_policy(recipe: Recipe, model_path: str | None = None) -> Any:
             f"model.path: {path} holds no HF model (config.json missing); build the tiny model with "
             "backend_options.tiny_model: true (SmolLM2: smollm2_model: true) or run `beam-hpc prepare --model ...`"
         )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.generation_config.pad_token_id = model.generation_config.pad_token_id or model.config.eos_token_id
+    model = causal_lm.load(path, dtype=torch.float32)
     if recipe.training.mode == "lora":
-        from peft import LoraConfig, get_peft_model
-
         spec = recipe.training.lora
         assert spec is not None  # the recipe validator guarantees it
-        targets: Any = "all-linear" if spec.target_modules == ["all-linear"] else list(spec.target_modules)
         torch.manual_seed(derive_seed(recipe.seed, "lora-init"))
-        cfg = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=targets)
-        model = get_peft_model(model, cfg)
+        model = lora.add_adapters(model, rank=spec.rank, alpha=spec.alpha, dropout=spec.dropout,
+                                  targets=list(spec.target_modules))
     return model.to(device_of(recipe))
 
 

@@ -57,8 +57,7 @@ def encode_prompts(rows: list[dict[str, Any]], tokenizer: Any, max_prompt: int) 
     kept: list[Prompt] = []
     skipped = 0
     for i, row in enumerate(rows):
-        text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = tokenizer.encode(tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True))
         if len(ids) > max_prompt:
             skipped += 1
             continue

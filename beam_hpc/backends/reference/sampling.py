@@ -19,26 +19,31 @@ if TYPE_CHECKING:
     import torch
 
 
-def _gumbel_processor(generator: torch.Generator, temperature: float, top_p: float,
-                      interrupt: Callable[[], None] | None = None) -> Any:
-    """A transformers LogitsProcessor; built lazily so this module imports without transformers."""
+def noise_source(seed: int) -> Callable[[tuple[int, ...], torch.device], torch.Tensor]:
+    """Gumbel noise for one generation, drawn on the CPU from a generator seeded with ``seed``
+    (the same numbers whatever the device), then moved to the logits' device.
+    ``benchmarks/two_gpu.py`` swaps this for a device-side draw to time the difference."""
     import torch
-    from transformers import LogitsProcessor
 
-    class GumbelMax(LogitsProcessor):
-        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-            if interrupt is not None:
-                interrupt()  # may raise: the caller abandons this generation
-            scores = scores.float()
-            if temperature == 0:  # greedy: no noise drawn
-                return scores
-            scores = scores / temperature
-            if top_p < 1.0:
-                scores = _top_p_mask(scores, top_p)
-            noise = -torch.empty(scores.shape, dtype=torch.float32).exponential_(generator=generator).log()
-            return scores + noise.to(scores.device)
+    generator = torch.Generator().manual_seed(seed)
 
-    return GumbelMax()
+    def draw(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        return (-torch.empty(shape, dtype=torch.float32).exponential_(generator=generator).log()).to(device)
+
+    return draw
+
+
+def _sample(scores: torch.Tensor, noise: Callable[[tuple[int, ...], torch.device], torch.Tensor],
+            temperature: float, top_p: float) -> torch.Tensor:
+    """The next token of each row: argmax of the Gumbel-perturbed scores (or of the scores alone
+    at temperature 0, where no noise is drawn)."""
+    scores = scores.float()
+    if temperature == 0:
+        return scores.argmax(dim=-1)
+    scores = scores / temperature
+    if top_p < 1.0:
+        scores = _top_p_mask(scores, top_p)
+    return (scores + noise(tuple(scores.shape), scores.device)).argmax(dim=-1)
 
 
 def _top_p_mask(scores: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -71,31 +76,38 @@ def generate(
     ``interrupt`` is called before each new token and may raise to abandon the generation.
     """
     import torch
-    from transformers import GenerationConfig, LogitsProcessorList
 
+    from beam_hpc.backends.reference.causal_lm import CausalLM, KVCache, from_transformers
     from beam_hpc.backends.reference.policy import make_batch
 
+    if not isinstance(model, CausalLM):  # the tiny model's builder evaluates a transformers model
+        model = from_transformers(model)
     batch = make_batch(prompts, [[] for _ in prompts], pad_id, device)
-    P = batch.prompt_width
-    ids = batch.input_ids[:, :P]
-    attn = batch.attention_mask[:, :P]
-    gen = torch.Generator().manual_seed(derive_seed(*seed_parts))
-    cfg = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=False,  # argmax over Gumbel-perturbed logits *is* the sample
-        num_beams=1,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-    )
+    keys = batch.attention_mask[:, : batch.prompt_width]
+    positions = (keys.cumsum(dim=1) - 1).clamp(min=0)
+    noise = noise_source(derive_seed(*seed_parts))
+    weight = next(model.parameters())
+    rows = len(prompts)
+    cache = KVCache(model.config, rows, batch.prompt_width + max_new_tokens, weight.dtype, weight.device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=keys.device)
+    columns: list[torch.Tensor] = []
     with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=attn,
-            generation_config=cfg,
-            logits_processor=LogitsProcessorList([_gumbel_processor(gen, temperature, top_p, interrupt)]),
-        )
+        logits = model.run(batch.input_ids[:, : batch.prompt_width], keys, positions, cache)[:, -1]
+        at = positions[:, -1:]
+        for _ in range(max_new_tokens):
+            if interrupt is not None:
+                interrupt()  # may raise: the caller abandons this generation
+            token = _sample(logits, noise, temperature, top_p).to(keys.device)
+            token = torch.where(finished, torch.full_like(token, pad_id), token)
+            columns.append(token)
+            finished |= token == eos_id
+            if bool(finished.all()) or len(columns) == max_new_tokens:
+                break
+            keys = torch.cat([keys, torch.ones_like(keys[:, :1])], dim=1)
+            at = at + 1
+            logits = model.run(token[:, None], keys, at, cache)[:, -1]
     responses = []
-    for row in out[:, P:].tolist():
+    for row in torch.stack(columns, dim=1).tolist() if columns else [[] for _ in prompts]:
         resp = []
         for t in row:
             resp.append(t)

@@ -72,16 +72,15 @@ def test_data_order_is_a_pure_function_of_seed_and_cursor() -> None:
 
 
 def _random_policy() -> torch.nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from beam_hpc.backends.reference.causal_lm import CausalLM, LMConfig
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                      tie_word_embeddings=True, eos_token_id=1, pad_token_id=0)
-    return Qwen2ForCausalLM(cfg).eval()
+    cfg = LMConfig.from_dict({"model_type": "qwen2", "vocab_size": 40, "hidden_size": 32, "intermediate_size": 64,
+                              "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                              "tie_word_embeddings": True})
+    return CausalLM(cfg).eval()
 
 
-@pytest.mark.slow  # builds a model with transformers: a few seconds of imports
 def test_sampling_depends_only_on_seed_and_rollout_id() -> None:
     from beam_hpc.backends.reference.sampling import generate
 

@@ -27,8 +27,8 @@ def _rollout(model_dir: Path) -> dict:
 
     tok = load_tokenizer(str(model_dir))
     g = torch.Generator().manual_seed(0)
-    prompts = [tok("What is 12 + 30?", add_special_tokens=False)["input_ids"] for _ in range(8)]
-    responses = [torch.randint(3, len(tok), (n,), generator=g).tolist() + [tok.eos_token_id] for n in (3, 5, 7, 9, 2, 4, 6, 8)]
+    prompts = [tok.encode("What is 12 + 30?") for _ in range(8)]
+    responses = [torch.randint(3, tok.vocab_size, (n,), generator=g).tolist() + [tok.eos_token_id] for n in (3, 5, 7, 9, 2, 4, 6, 8)]
     return {
         "prompt_ids": prompts,
         "response_ids": responses,

@@ -112,7 +112,7 @@ def test_smollm2_trains_and_checkpoints(tmp_path: Path, smollm2_dir: Path, tiny_
     source = json.loads((smollm2_dir / smollm2_model.SOURCE_FILE).read_text())
     assert source["key"] == smollm2_model.source_key() and source["params"] == 134_515_008
     tok = load_tokenizer(str(smollm2_dir))
-    chat = tok.apply_chat_template([{"role": "user", "content": "What is 1 + 1?"}], tokenize=False, add_generation_prompt=True)
+    chat = tok.apply_chat_template([{"role": "user", "content": "What is 1 + 1?"}], add_generation_prompt=True)
     assert chat.startswith("<|im_start|>system\n") and chat.endswith("<|im_start|>assistant\n")
 
     run = tmp_path / "run"

@@ -124,13 +124,15 @@ class LocalRayHead:
     def __enter__(self) -> str:
         import socket
 
+        from beam_hpc.node.ray_node import ray_cli_argv
+
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.address = f"127.0.0.1:{port}"
         env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
         argv = [
-            sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+            *ray_cli_argv(sys.executable, "start", "--head", "--block"),
             "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2", "--num-gpus=0",
             f"--resources={json.dumps({'beam_trainer': 1000, 'beam_rollout': 1000})}",
             "--labels=beam-group=local", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
@@ -147,7 +149,7 @@ class LocalRayHead:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
             except OSError:
                 return False
-            st = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "status", f"--address={self.address}"],
+            st = subprocess.run(ray_cli_argv(sys.executable, "status", f"--address={self.address}"),
                                 capture_output=True, text=True, env=env)
             return "beam_trainer" in st.stdout
 
