@@ -130,7 +130,8 @@ class LocalRayHead:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.address = f"127.0.0.1:{port}"
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+        # no idle workers started for the first driver (as the product's nodes: beam_hpc.node.ray_node.ray_env)
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_prestart_worker_first_driver": "false"}
         argv = [
             *ray_cli_argv(sys.executable, "start", "--head", "--block"),
             "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2", "--num-gpus=0",
