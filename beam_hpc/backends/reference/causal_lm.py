@@ -80,7 +80,7 @@ class LMOutput(NamedTuple):
 
 class KVCache:
     """Keys and values of every layer for a generation of at most ``capacity`` positions, written
-    in place (no growing concatenation), plus the attention mask so far."""
+    in place (no growing concatenation); the caller keeps the key mask (:meth:`CausalLM.run`)."""
 
     def __init__(self, config: LMConfig, batch: int, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = (batch, config.num_kv_heads, capacity, config.head_dim)
@@ -232,16 +232,7 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32) -> CausalLM:
     # but initialising meta tensors goes through torch's reference ops, which import torch._dynamo.
     model = CausalLM(config)
     state = load_file(str(folder / "model.safetensors"))
-    expected = set(model.state_dict())
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-        expected.discard("lm_head.weight")
-    if set(state) != expected:
-        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
-        raise ValueError(f"{folder}/model.safetensors does not match its config.json: missing {missing[:3]}, extra {extra[:3]}")
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+    _take(model, {k: v.to(dtype) for k, v in state.items()}, f"{folder}/model.safetensors")
     return model
 
 
@@ -249,5 +240,20 @@ def from_transformers(hf_model: Any) -> CausalLM:
     """A copy of a transformers model of a family above (the tiny model's builder trains one and
     evaluates it through this module's sampling)."""
     model = CausalLM(LMConfig.from_dict(hf_model.config.to_dict()))
-    model.load_state_dict(hf_model.state_dict(), strict=False)
+    _take(model, {k: v.detach().clone() for k, v in hf_model.state_dict().items()}, type(hf_model).__name__)
     return model.to(next(hf_model.parameters()).device)
+
+
+def _take(model: CausalLM, state: dict[str, torch.Tensor], source: str) -> None:
+    """Put ``state``'s tensors in as the model's parameters; a name either side lacks means the
+    weights are not this model's (the tied output layer excepted)."""
+    expected = set(model.state_dict())
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+        expected.discard("lm_head.weight")
+    if set(state) != expected:
+        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+        raise ValueError(f"{source} does not match its config: missing {missing[:3]}, extra {extra[:3]}")
+    model.load_state_dict(state, strict=False, assign=True)
+    if model.config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
