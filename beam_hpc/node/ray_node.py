@@ -252,13 +252,25 @@ class RayNode:
 # have), that is about 0.85 CPU-s of each `ray start`, on every node of every job. Marking the three
 # modules absent makes the CLI skip them; `ray start` is untouched. Inline (``python -c``) rather
 # than a beam_hpc module, because under Apptainer this runs in the image, which need not hold beam_hpc.
+#
+# The same code keeps the head from starting Ray Client's server (``ray://``), which beam-hpc never
+# uses: one less port that runs code for whoever reaches it, and one less process (about 0.85 CPU-s
+# a job). Ray has no flag for it: `ray start --head` starts the server whenever its dependencies
+# import, on 10001 unless told a port. The CLI decides that through its own name
+# ``get_ray_client_dependency_error``; where that name exists, it is made to report the client as
+# absent and the port flag is dropped; where a Ray of the image lacks it, the flag stays and the
+# server runs on the job's own port, as before.
 RAY_CLI_UNUSED_GROUPS = ("ray.serve.scripts", "ray.dashboard.modules.job.cli", "ray.util.state.state_cli")
+CLIENT_SERVER_FLAG = "--ray-client-server-port="
 LEAN_RAY_CLI = (
     "import sys\n"
     f"for name in {RAY_CLI_UNUSED_GROUPS!r}:\n"
     "    sys.modules[name] = None\n"
-    "from ray.scripts.scripts import main\n"
-    "sys.exit(main())\n"
+    "import ray.scripts.scripts as cli\n"
+    "if hasattr(cli, 'get_ray_client_dependency_error'):\n"
+    "    cli.get_ray_client_dependency_error = lambda: ImportError('Ray Client is off in beam-hpc jobs')\n"
+    f"    sys.argv = [a for a in sys.argv if not a.startswith({CLIENT_SERVER_FLAG!r})]\n"
+    "sys.exit(cli.main())\n"
 )
 
 
@@ -295,7 +307,7 @@ def ray_start_argv(node: RayNode, python: str) -> list[str]:
         # --no-monitor: the autoscaler's monitor process has nothing to scale in a Slurm
         # allocation (its nodes are fixed for the job's life); it is one Python process polling
         # the GCS for as long as the job runs.
-        argv += ["--head", f"--port={p.gcs}", f"--ray-client-server-port={p.client_server}",
+        argv += ["--head", f"--port={p.gcs}", f"{CLIENT_SERVER_FLAG}{p.client_server}",
                  "--include-dashboard=false", "--no-monitor"]
     else:
         argv.append(f"--address={node.gcs_address}")

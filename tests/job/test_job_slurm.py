@@ -3,7 +3,8 @@
 - a hetjob of 2 trainer + 1 rollout nodes (2 fake GPUs each) comes up with the right labels and
   GPU counts; the smoke driver's tasks land on their group's Slurm nodes; nothing of the job is
   left afterwards (processes, Ray temp dirs, NVMe dirs, token);
-- a Ray client without the job's token is refused;
+- a Ray client without the job's token is refused, and the head runs no Ray Client (``ray://``)
+  server at all;
 - killing one node step ends the job within 30 s, naming the node;
 - an impossible NVMe requirement is refused before Ray starts, naming node, path, free and needed.
 """
@@ -25,6 +26,7 @@ import pytest
 from job_plans import batch_script, hold_driver, make_test_plan
 from polling import gone
 
+from beam_hpc.node import procs
 from beam_hpc.node.ray_node import tagged_pids
 from beam_hpc.plan.plan import Plan
 
@@ -185,6 +187,13 @@ def test_a_ray_client_without_the_job_token_is_refused(held_job, tmp_path):
     assert oct(token.stat().st_mode & 0o777) == "0o600"
     right = _probe(view["address"], tmp_path, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
     assert right.returncode == 0 and "ACCEPTED" in right.stdout, right.stderr[-2000:]
+    # Ray Client's server, a port that runs code, is not started (beam_hpc.node.ray_node.LEAN_RAY_CLI):
+    # the head's own Ray processes are there, the client server is not
+    of_this_head = [procs.cmdline(pid) for pid in procs.pids()]
+    of_this_head = [" ".join(a) for a in of_this_head if f"--gcs-address={view['address']}" in " ".join(a)
+                    or f"--address={view['address']}" in " ".join(a)]
+    assert any("log_monitor" in a for a in of_this_head), of_this_head  # the check sees the head's processes
+    assert not [a for a in of_this_head if "ray.util.client.server" in a], of_this_head
 
 
 def test_killing_one_node_step_fails_the_job_fast_and_names_the_node(held_job, slurm_cluster):

@@ -125,6 +125,35 @@ def test_head_argv_pins_ports_labels_resources_and_turns_dashboard_and_stats_off
     assert "address" not in f
 
 
+def _run_lean_cli(tmp_path: Path, *, has_client_check: bool) -> list[str]:
+    """LEAN_RAY_CLI run against a stand-in ``ray.scripts.scripts`` (a module of two names: the
+    client check, where ``has_client_check``, and ``main``, which prints what the real CLI would
+    get: its argv and whether Ray Client counts as installed). The real CLI is run by
+    tests/job/test_job_slurm.py; this covers the branch a Ray without the name takes."""
+    pkg = tmp_path / "ray" / "scripts"
+    pkg.mkdir(parents=True)
+    (tmp_path / "ray" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    check = "def get_ray_client_dependency_error():\n    return None\n" if has_client_check else ""
+    (pkg / "scripts.py").write_text(
+        "import json, sys\n" + check
+        + "def main():\n"
+        "    err = globals().get('get_ray_client_dependency_error', lambda: None)()\n"
+        "    print(json.dumps({'argv': sys.argv[1:], 'client': err is None}))\n"
+        "    return 0\n")
+    out = subprocess.run([sys.executable, "-c", LEAN_RAY_CLI, "start", "--head", "--port=1",
+                          "--ray-client-server-port=2"], env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_lean_cli_turns_ray_client_off_where_it_can_and_keeps_the_jobs_port_where_it_cannot(tmp_path):
+    off = _run_lean_cli(tmp_path / "a", has_client_check=True)
+    assert off == {"argv": ["start", "--head", "--port=1"], "client": False}
+    kept = _run_lean_cli(tmp_path / "b", has_client_check=False)  # never Ray's default 10001
+    assert kept == {"argv": ["start", "--head", "--port=1", "--ray-client-server-port=2"], "client": True}
+
+
 def test_worker_argv_joins_the_head_and_colocated_nodes_carry_both_group_resources():
     node = _node(1, roles=("trainer", "rollout"))
     f = _flags(ray_start_argv(node, "python3"))
