@@ -159,6 +159,15 @@ def test_lora_resume_restores_adapters_optimizer_and_scheduler(tmp_path, tiny_as
     assert any(not bool((first[k] == ck["model.pt"][k]).all()) for k in first)  # adapters trained
 
 
+def _bytes_of_pt_files(root: Path) -> int:
+    """What the ``.pt`` files under ``root`` hold now; 0 if the tree goes while it is walked (the
+    trainer removes its scratch at the end, which a walk can meet halfway)."""
+    try:
+        return sum(f.stat().st_size for f in root.rglob("*.pt") if f.is_file())
+    except FileNotFoundError:
+        return 0
+
+
 def test_nvme_offload_keeps_optimizer_files_in_the_staged_dir_only_while_training(tmp_path, tiny_assets) -> None:
     # BEAM_NVME_DIR is node environment (the runtime exports it to `ray start` on trainer nodes),
     # so this run starts its own local Ray, which inherits the variable like a node would.
@@ -171,7 +180,7 @@ def test_nvme_offload_keeps_optimizer_files_in_the_staged_dir_only_while_trainin
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = 0
     while proc.poll() is None:  # watch the directory from outside while it trains
-        seen = max(seen, sum(f.stat().st_size for f in staged.rglob("*.pt") if f.is_file()))
+        seen = max(seen, _bytes_of_pt_files(staged))
         time.sleep(0.05)
     out = proc.stdout.read()
     assert proc.returncode == 0, out[-3000:]
