@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from beam_hpc.backends.miles.architecture import flag_values
 from beam_hpc.backends.miles.flags import ALSO_IN_MODEL_SCRIPTS, managed_flags
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
@@ -129,7 +130,7 @@ def _data_parallel(recipe: Recipe, gpus: int, model_args: list[str]) -> int:
                "pipeline_parallel": m.pipeline_parallel},
         "Megatron lays expert ranks over the same GPUs: lower model.expert_parallel",
     )
-    experts = _flag_value(model_args, "--num-experts")
+    experts = flag_values(model_args).get("--num-experts")
     if m.expert_parallel > 1 and experts is not None:
         if not experts.isdigit() or int(experts) % m.expert_parallel:
             raise InputError(
@@ -245,14 +246,3 @@ def _check_passthrough(recipe: Recipe, model_args: list[str]) -> None:
                                 f"break it); {owned[name]}")
     if problems:
         raise InputError("\n".join(problems))
-
-
-def _flag_value(args: list[str], flag: str) -> str | None:
-    """The value given to ``flag`` in a flat argv (``--f v`` or ``--f=v``); last one wins."""
-    value = None
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith(flag + "="):
-            value = a.split("=", 1)[1]
-    return value

@@ -409,6 +409,7 @@ BAD = [
     (("dedicated", "model.context_parallel=3"), "does not divide the trainer group's 64 GPUs"),
     (("dedicated", "model.expert_parallel=32"), "model.expert_tensor_parallel x expert_parallel"),
     (("dedicated", "model.miles_model_args=[--num-experts, '24']"), "model.expert_parallel: 16 does not divide"),
+    (("dedicated", "model.miles_model_args=['--num-experts=24']"), "model.expert_parallel: 16 does not divide the model's 24"),
     (("dedicated", "batch.prompts=3", "batch.responses_per_prompt=2"), "do not split over 4 data-parallel"),
     (("dedicated", "topology.rollout={nodes: 3, gpus_per_node: 8, gpus_per_engine: 12}"), "straddle"),
     (("dedicated", "topology.trainer={nodes: 1, gpus_per_node: 4}", "model.tensor_parallel=1",
