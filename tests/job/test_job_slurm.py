@@ -189,11 +189,10 @@ def test_a_ray_client_without_the_job_token_is_refused(held_job, tmp_path):
     assert right.returncode == 0 and "ACCEPTED" in right.stdout, right.stderr[-2000:]
     # Ray Client's server, a port that runs code, is not started (beam_hpc.node.ray_node.LEAN_RAY_CLI):
     # the head's own Ray processes are there, the client server is not
-    of_this_head = [procs.cmdline(pid) for pid in procs.pids()]
-    of_this_head = [" ".join(a) for a in of_this_head if f"--gcs-address={view['address']}" in " ".join(a)
-                    or f"--address={view['address']}" in " ".join(a)]
-    assert any("log_monitor" in a for a in of_this_head), of_this_head  # the check sees the head's processes
-    assert not [a for a in of_this_head if "ray.util.client.server" in a], of_this_head
+    head = [" ".join(procs.cmdline(pid))
+            for pid in tagged_pids(f"{held_job.plan.run_id}.{held_job.job}.0", node_index=0)]
+    assert any("log_monitor" in a for a in head), head  # the check sees the head's processes
+    assert not [a for a in head if "ray.util.client.server" in a], head
 
 
 def test_killing_one_node_step_fails_the_job_fast_and_names_the_node(held_job, slurm_cluster):

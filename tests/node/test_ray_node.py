@@ -125,7 +125,7 @@ def test_head_argv_pins_ports_labels_resources_and_turns_dashboard_and_stats_off
     assert "address" not in f
 
 
-def _run_lean_cli(tmp_path: Path, *, has_client_check: bool) -> list[str]:
+def _run_lean_cli(tmp_path: Path, *, has_client_check: bool) -> dict[str, object]:
     """LEAN_RAY_CLI run against a stand-in ``ray.scripts.scripts`` (a module of two names: the
     client check, where ``has_client_check``, and ``main``, which prints what the real CLI would
     get: its argv and whether Ray Client counts as installed). The real CLI is run by
