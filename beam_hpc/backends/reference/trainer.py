@@ -26,6 +26,8 @@ class Trainer:
     def __init__(self, recipe: dict[str, Any], model_path: str) -> None:
         import torch
 
+        from beam_hpc.backends.reference.optimizer import AdamW  # torch's, minus its compiler import
+
         self.recipe = r = Recipe.model_validate(recipe)
         policy.setup_process(policy.threads_of(r))
         self.device = policy.device_of(r)
@@ -41,7 +43,7 @@ class Trainer:
         np.random.seed(policy.derive_seed(r.seed, "trainer-numpy") % 2**32)
         opt = r.training.optimizer
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = AdamW(
             params, lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2), weight_decay=opt.weight_decay
         )
         warmup = opt.warmup_rollouts * r.batch.updates_per_rollout
