@@ -125,6 +125,35 @@ def test_own_workers_take_a_unit_an_outside_worker_holds_only_when_nothing_waits
     assert q.complete("w1", keys[0], _result("w1")) == "duplicate"
 
 
+def test_a_feeder_sleeps_until_the_queue_changes_and_no_change_is_slept_on() -> None:
+    """What the driver's feeder waits on instead of polling: a change since the count it read
+    before leasing returns at once (an add it raced is not slept on), no change waits the timeout
+    out, and an add, a result, a unit put back or a registration from another thread wakes it."""
+    import time
+
+    q = UnitQueue()
+    q.register("segment:0", outside=False)
+    seen = q.changes
+    q.add(_units(n_prompts=1))
+    t0 = time.monotonic()
+    assert q.wait_for_change(seen, timeout=5.0) == seen + 1 and time.monotonic() - t0 < 1.0
+    t0 = time.monotonic()
+    assert q.wait_for_change(seen + 1, timeout=0.2) == seen + 1 and time.monotonic() - t0 >= 0.2
+    unit = q.lease("segment:0")
+    assert unit is not None
+    for wake in (lambda: q.complete("segment:0", unit.key, {"reward": [1.0]}),
+                 lambda: q.register("outside-a", outside=True), q.poke):
+        now = q.changes
+        threading.Timer(0.1, wake).start()
+        t0 = time.monotonic()
+        assert q.wait_for_change(now, timeout=5.0) == now + 1 and time.monotonic() - t0 < 2.0
+    held = q.add(_units(rollout=1, n_prompts=1))
+    assert q.lease("outside-a") is not None
+    now = q.changes
+    threading.Timer(0.1, lambda: q.deregister("outside-a")).start()  # its unit goes back
+    assert q.wait_for_change(now, timeout=5.0) > now and q.lease("segment:0").key == held[0]
+
+
 def test_accept_filters_what_an_outside_worker_may_take() -> None:
     q = UnitQueue()
     q.register("w1", outside=True)

@@ -105,6 +105,7 @@ class UnitQueue:
         self.lease_s = lease_s
         self.clock = clock
         self.cond = threading.Condition()
+        self.changes = 0  # counts what a feeder waits for: see wait_for_change
         self.entries: dict[str, _Entry] = {}
         self.waiting: list[str] = []  # keys in the order they are handed out
         self.workers: dict[str, WorkerState] = {}
@@ -119,6 +120,7 @@ class UnitQueue:
             if worker in self.workers:
                 self._release(worker)  # a worker that registers again has lost what it held
             self.workers[worker] = WorkerState(outside, self.clock())
+            self._changed()
 
     def heartbeat(self, worker: str) -> bool:
         """False if the worker is not registered (it must register again)."""
@@ -164,7 +166,7 @@ class UnitQueue:
         if e.result is None and not e.holders:
             self.waiting.insert(0, key)  # first in line again
             self.reissued += 1
-            self.cond.notify_all()
+            self._changed()
         return True
 
     # -- units --------------------------------------------------------------------------------
@@ -178,7 +180,7 @@ class UnitQueue:
                 self.entries[u.key] = _Entry(u)
                 self.waiting.append(u.key)
                 keys.append(u.key)
-            self.cond.notify_all()
+            self._changed()
             return keys
 
     def lease(self, worker: str, accept: Callable[[Unit], bool] | None = None, *, steal: bool = False) -> Unit | None:
@@ -224,8 +226,26 @@ class UnitQueue:
             if worker in self.workers:
                 self.workers[worker].units += 1
                 self.workers[worker].last_seen = self.clock()
-            self.cond.notify_all()
+            self._changed()
             return "accepted"
+
+    def _changed(self) -> None:
+        """(Holding ``cond``.) Something a feeder could act on happened; wake every waiter."""
+        self.changes += 1
+        self.cond.notify_all()
+
+    def poke(self) -> None:
+        """Wake whoever waits on the queue (a feeder that is being stopped)."""
+        with self.cond:
+            self._changed()
+
+    def wait_for_change(self, seen: int, timeout: float) -> int:
+        """Wait up to ``timeout`` s for a change after ``seen`` (a value of :attr:`changes`): a unit
+        added, put back or completed, a worker registered. Returns :attr:`changes` now. A feeder
+        reads :attr:`changes` before it leases, so a unit added while it leased is not slept on."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.changes != seen, timeout)
+            return self.changes
 
     def done(self, keys: list[str]) -> bool:
         with self.cond:
