@@ -120,8 +120,9 @@ def tiny_assets():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def reference_ray() -> Iterator[str]:
-    """The address of a real one-node Ray cluster carrying both group resources."""
+    """The address of a real one-node Ray cluster carrying both group resources: one for all the
+    xdist workers of a run (tests/support/builders/reference_harness.py, LocalRayHead)."""
     from reference_harness import LocalRayHead
 
-    with LocalRayHead() as address:
+    with LocalRayHead(share=os.environ.get("PYTEST_XDIST_TESTRUNUID")) as address:
         yield address

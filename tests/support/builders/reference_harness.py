@@ -9,19 +9,27 @@ The tiny model and data are built by the project's own code (``data.tiny`` + ``d
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from polling import poll_until
 
+from beam_hpc.node import procs
+from beam_hpc.node.ray_node import stop_pids
+from beam_hpc.run.files import write_json_atomic
+
 REPO = Path(__file__).resolve().parents[3]
 TINY_RECIPE = REPO / "recipes" / "tiny.yaml"
+HEAD_FILE = "head.json"  # a shared LocalRayHead's address, ray start PID and temp dir
 
 
 @dataclass(frozen=True)
@@ -112,32 +120,85 @@ class LocalRayHead:
     """A real one-node Ray cluster (``ray start --head --block``) carrying both group resources and
     the ``beam-group=local`` label, shared by the tests that run the backend against an existing
     cluster (the runtime's way), so that each run does not pay for a new cluster. Stopped by
-    signalling the ``ray start`` process this object started, never with ``ray stop``."""
+    signalling its ``ray start`` process, never with ``ray stop``.
 
-    def __init__(self) -> None:
-        import tempfile
+    ``share``: a key that every pytest-xdist worker of one run has (``PYTEST_XDIST_TESTRUNUID``).
+    The workers then use one head: the first to need it starts it, each holds a lease file (its
+    PID) while it may use it, and the last to leave stops it. A head costs about 3 CPU-s to start
+    and 1.3 CPU-s a minute to keep, idle (its raylet, GCS, agents and log monitor), so one per
+    worker cost about 40 CPU-s of a suite run on two cores for nothing."""
 
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="rbt", dir="/tmp"))  # short: socket paths < 107 bytes
+    def __init__(self, share: str | None = None) -> None:
+        self.share = share
+        self.lab = Path(f"/tmp/rbs-{hashlib.sha256(share.encode()).hexdigest()[:12]}") if share else None
+        self.temp_dir = Path()
         self.proc: subprocess.Popen[bytes] | None = None
         self.address = ""
 
     def __enter__(self) -> str:
+        if self.lab is None:
+            return self._start()
+        with self._locked() as head:
+            (self.lab / "leases" / str(os.getpid())).touch()
+            if head is not None and procs.running(head["pid"]):
+                self.address, self.temp_dir = head["address"], Path(head["temp_dir"])
+                return self.address
+            address = self._start()
+            assert self.proc is not None
+            write_json_atomic(self.lab / HEAD_FILE, {"address": address, "pid": self.proc.pid,
+                                                      "temp_dir": str(self.temp_dir)})
+            return address
+
+    def __exit__(self, *exc: object) -> None:
+        if self.lab is None:
+            self._stop()
+            return
+        with self._locked() as head:
+            (self.lab / "leases" / str(os.getpid())).unlink(missing_ok=True)
+            if any(procs.running(int(p.name)) for p in (self.lab / "leases").iterdir() if p.name.isdigit()):
+                return
+            if head is not None:
+                stop_pids([head["pid"]], grace_s=60)
+                shutil.rmtree(head["temp_dir"], ignore_errors=True)
+            (self.lab / HEAD_FILE).unlink(missing_ok=True)
+        shutil.rmtree(self.lab, ignore_errors=True)  # the last one out: nothing of the run stays in /tmp
+        if self.proc is not None:
+            self.proc.wait()  # ours: reap it
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, Any] | None]:
+        """The shared head's record (None: none started yet), under the lab's lock."""
+        import fcntl
+
+        assert self.lab is not None
+        (self.lab / "leases").mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(self.lab / ".lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            record = self.lab / HEAD_FILE
+            yield json.loads(record.read_text()) if record.exists() else None
+
+    def _start(self) -> str:
         import socket
+        import tempfile
 
         from beam_hpc.node.ray_node import ray_cli_argv
 
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="rbt", dir="/tmp"))  # short: socket paths < 107 bytes
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.address = f"127.0.0.1:{port}"
-        # no idle workers started for the first driver (as the product's nodes: beam_hpc.node.ray_node.ray_env)
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_prestart_worker_first_driver": "false"}
+        # as the product's nodes (beam_hpc.node.ray_node): no idle workers started for the first
+        # driver, no drain on SIGTERM (the autoscaler's monitor stays: `ray status` reads its report)
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_prestart_worker_first_driver": "false",
+               "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
         argv = [
             *ray_cli_argv(sys.executable, "start", "--head", "--block"),
             "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2", "--num-gpus=0",
             f"--resources={json.dumps({'beam_trainer': 1000, 'beam_rollout': 1000})}",
             "--labels=beam-group=local", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
-            "--disable-usage-stats", "--object-store-memory=200000000",
+            # 200 MB for each of three workers' runs at once: less and a shared head spills objects
+            "--disable-usage-stats", "--object-store-memory=600000000",
         ]
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         def ready() -> bool:  # when the GCS reports our resources
@@ -154,12 +215,12 @@ class LocalRayHead:
                                 capture_output=True, text=True, env=env)
             return "beam_trainer" in st.stdout
 
-        if poll_until(ready, 180, 0.5):
+        if poll_until(ready, 180, 1.5):  # each `ray status` is about 0.3 CPU-s: ask seldom
             return self.address
-        self.__exit__()
+        self._stop()
         raise RuntimeError("local Ray head did not become ready in 180 s")
 
-    def __exit__(self, *exc: object) -> None:
+    def _stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -167,8 +228,6 @@ class LocalRayHead:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        import shutil
-
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
