@@ -31,7 +31,8 @@ def diagnostics(run_dir: Path) -> str:
     out = [f"ledger:\n{read_text(run_dir / 'ledger.jsonl')}",
            subprocess.run(["squeue", "-a"], capture_output=True, text=True, check=False).stdout]
     logs = run_dir / "logs"
-    for f in sorted(logs.glob("slurm-*.out")) + sorted(logs.glob("*/segment.log")) + sorted(logs.glob("*/driver.log")):
+    for f in (sorted(logs.glob("slurm-*.out")) + sorted(logs.glob("*/segment.log")) + sorted(logs.glob("*/driver.log"))
+              + sorted(logs.glob("*/node-*.log"))):  # a node step's own log: why its `ray start` failed
         out.append(f"--- {f.relative_to(run_dir)}\n{read_text(f)[-2500:]}")
     return "\n".join(out)
 
