@@ -48,6 +48,19 @@ def runs(outage) -> Iterator[Path]:  # type: ignore[no-untyped-def]
         yield root
 
 
+def _private_site(runs: Path) -> Path:
+    """env/local.yaml with the private cluster's own Ray port bands (job_plans.PRIVATE_CLUSTER_PORTS):
+    on the shared cluster's, a job of this chain can hold the ports of a shared-cluster job."""
+    import yaml
+    from job_plans import PRIVATE_CLUSTER_PORTS
+
+    data = yaml.safe_load((ROOT / "env" / "local.yaml").read_text())
+    data["ray"] = {**data["ray"], **PRIVATE_CLUSTER_PORTS}
+    path = runs / "private-site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
 def _chain(runs: Path, assets, *, num_rollout: int, lead_s: int, recipe: list[str],  # type: ignore[no-untyped-def]
            slow_s: float) -> tuple[Path, str]:
     """The tiny recipe (with ``recipe`` overrides) submitted the user's way; each rollout slowed by
@@ -59,7 +72,7 @@ def _chain(runs: Path, assets, *, num_rollout: int, lead_s: int, recipe: list[st
                  "lifecycle.walltime=00:20:00", f"lifecycle.lead_s={lead_s}"]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(SLOW_ROLLOUT_VAR, str(slow_s))
-        sub = submit(ROOT / "recipes" / "tiny.yaml", ROOT / "env" / "local.yaml", overrides=overrides,
+        sub = submit(ROOT / "recipes" / "tiny.yaml", _private_site(runs), overrides=overrides,
                      output_dir=str(run), num_rollout=num_rollout, via="sbatch")
     return run, str(sub.job_id)
 

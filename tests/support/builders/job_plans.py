@@ -30,6 +30,14 @@ HOLD_DRIVER = ROOT / "tests" / "support" / "programs" / "ray_hold_driver.py"
 # a local run whose pid was 45 mod 125 held Slurm job 45's GCS port. These bands are their own:
 # 25500-29999, below test_existing_ray's site cluster (30000+) and the kernel's ephemeral range.
 LOCAL_RUN_PORTS = {"gcs_port_base": 25500, "port_span": 500}
+# Port bands for the jobs of a private Slurm cluster (tests/support/cluster/private_cluster.py) that
+# start Ray: its job ids (FIRST_JOB_ID + (pid % 1000) * 100 + k) fall in the shared cluster's port
+# slots as often as not (a slot is 16 x job id mod 500), and both clusters' jobs run on the same
+# loopback addresses. Seen twice: the outage chain's second segment, private job 875902, held the GCS
+# port of the shared cluster's job 27 (21432), whose `ray start` then failed three times. 20000-20989:
+# above Ray's worker ports (10002-19999), below env/local.yaml's bands; one private cluster at a time
+# uses them (the other one's jobs are sleepers or local runs).
+PRIVATE_CLUSTER_PORTS = {"gcs_port_base": 20000, "port_span": 90}
 # The bare host: no Slurm, no container, every other field its default. What the reference
 # backend's own tests run on (they start the backend by hand, on a Ray of their own).
 HOST_SITE = {"name": "test", "container": {"runtime": "host"}}
