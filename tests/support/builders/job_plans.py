@@ -28,7 +28,9 @@ HOLD_DRIVER = ROOT / "tests" / "support" / "programs" / "ray_hold_driver.py"
 # (21000-25499) they could take the very ports of a cluster job running beside them under xdist
 # (Ray binds them on all interfaces, so the loopback addresses do not keep them apart). Seen once:
 # a local run whose pid was 45 mod 125 held Slurm job 45's GCS port. These bands are their own:
-# 25500-29999, below test_existing_ray's site cluster (30000+) and the kernel's ephemeral range.
+# 25500-30999 (eleven bands), below the kernel's ephemeral range. Not apart from everything: its
+# first two bands meet the shared cluster's extra-job engine and elastic bands (25500-26499), and its
+# last two test_existing_ray's site cluster (30000+); local runs are few and short.
 LOCAL_RUN_PORTS = {"gcs_port_base": 25500, "port_span": 500}
 # Port bands for the jobs of a private Slurm cluster (tests/support/cluster/private_cluster.py) that
 # start Ray: its job ids (FIRST_JOB_ID + (pid % 1000) * 100 + k) fall in the shared cluster's port
