@@ -22,7 +22,7 @@ from glob import glob
 from pathlib import Path
 
 import pytest
-from job_plans import make_test_plan
+from job_plans import SITE_CLUSTER_PORTS, make_test_plan
 from polling import gone
 
 from beam_hpc.cli import app as cli
@@ -45,10 +45,7 @@ from beam_hpc.node.ray_node import (
     write_token,
 )
 
-# Ports below the ephemeral range and above the bands of env/local.yaml (21000-25499, with its
-# weight-sync band) and of the tests' local runs (25500-29999, job_plans.LOCAL_RUN_PORTS), which
-# concurrent job tests use.
-PORTS = RayPortSpec(gcs_port_base=30000, port_span=300)
+PORTS = RayPortSpec(**SITE_CLUSTER_PORTS)  # apart from the bands concurrent job tests use
 HEAD_IP, WORKER_IP = "127.0.0.40", "127.0.0.41"  # outside the jobs' 127.0.0.10-25
 START_TIMEOUT_S = 90.0
 

@@ -25,13 +25,13 @@ HOLD_DRIVER = ROOT / "tests" / "support" / "programs" / "ray_hold_driver.py"
 
 # Port bands for jobs a test starts itself, outside the local Slurm cluster (run_local, a node step
 # started by hand): their job number is a pid or a made-up id, so on env/local.yaml's bands
-# (21000-25499) they could take the very ports of a cluster job running beside them under xdist
+# (21000-26499) they could take the very ports of a cluster job running beside them under xdist
 # (Ray binds them on all interfaces, so the loopback addresses do not keep them apart). Seen once:
 # a local run whose pid was 45 mod 125 held Slurm job 45's GCS port. These bands are their own:
-# 25500-30999 (eleven bands), below the kernel's ephemeral range. Not apart from everything: its
-# first two bands meet the shared cluster's extra-job engine and elastic bands (25500-26499), and its
-# last two test_existing_ray's site cluster (30000+); local runs are few and short.
-LOCAL_RUN_PORTS = {"gcs_port_base": 25500, "port_span": 500}
+# 26500-29799 (eleven bands of 300), above the shared cluster's last band (its elastic service,
+# 26000-26499) and below test_existing_ray's site cluster (30000+). Two local runs meet only if
+# their pids are equal mod 300 while both run; local runs are few and short.
+LOCAL_RUN_PORTS = {"gcs_port_base": 26500, "port_span": 300}
 # Port bands for the jobs of a private Slurm cluster (tests/support/cluster/private_cluster.py) that
 # start Ray: its job ids (FIRST_JOB_ID + (pid % 1000) * 100 + k) fall in the shared cluster's port
 # slots as often as not (a slot is 16 x job id mod 500), and both clusters' jobs run on the same
@@ -40,6 +40,9 @@ LOCAL_RUN_PORTS = {"gcs_port_base": 25500, "port_span": 500}
 # above Ray's worker ports (10002-19999), below env/local.yaml's bands; one private cluster at a time
 # uses them (the other one's jobs are sleepers or local runs).
 PRIVATE_CLUSTER_PORTS = {"gcs_port_base": 20000, "port_span": 90}
+# Ports of test_existing_ray's long-lived "site" cluster (Ray's eight bands, 30000-32399): above
+# every band above, below the kernel's ephemeral range (32768).
+SITE_CLUSTER_PORTS = {"gcs_port_base": 30000, "port_span": 300}
 # The bare host: no Slurm, no container, every other field its default. What the reference
 # backend's own tests run on (they start the backend by hand, on a Ray of their own).
 HOST_SITE = {"name": "test", "container": {"runtime": "host"}}
