@@ -172,7 +172,11 @@ def test_an_outside_worker_joins_leaves_mid_unit_and_changes_no_bit(tmp_path, ti
             first_served = k
         if k >= LEAVE_AT:
             assert n_out == 0, k  # it left in the middle of its first unit of rollout LEAVE_AT
-    assert outside > 0 and first_served is not None and 2 <= first_served <= 4  # it joined mid-run, around 3
+    # It joined mid-run: it starts once 2 rollouts are done, and serves before it leaves (none from
+    # LEAVE_AT on, above). Which rollout it first wins a unit in depends on the machine's load: it
+    # registers around rollout 2, then must load each new version while the own worker drains the
+    # queue (first served at 2 to 5 seen on a busy 2-core machine).
+    assert outside > 0 and first_served is not None and 2 <= first_served < LEAVE_AT, first_served
     given_back = int(signalled[0].rsplit(":", 1)[1])
     assert _samples(joined, LEAVE_AT)[4 * given_back]["served_by"] == "segment:0"  # served again, once
     rollouts = metrics(joined, "rollout")
