@@ -31,9 +31,8 @@ def test_each_kind_has_its_band_and_a_job_its_slot_in_each() -> None:
 
 
 def test_the_suites_ray_clusters_have_port_bands_that_never_meet() -> None:
-    shared = RayPortSpec(**load_yaml(ROOT / "env" / "local.yaml")["ray"])
     spans = {
-        "env/local.yaml (the shared Slurm cluster's jobs)": (shared.gcs_port_base, highest_port(shared, BANDS)),
+        "env/local.yaml (the shared Slurm cluster's jobs)": _span(load_yaml(ROOT / "env" / "local.yaml")["ray"], BANDS),
         "LOCAL_RUN_PORTS": _span(LOCAL_RUN_PORTS, BANDS),
         "PRIVATE_CLUSTER_PORTS": _span(PRIVATE_CLUSTER_PORTS, BANDS),
         "SITE_CLUSTER_PORTS (Ray only)": _span(SITE_CLUSTER_PORTS, RAY_PORT_KINDS),

@@ -151,19 +151,17 @@ class LocalRayHead:
 
     def __exit__(self, *exc: object) -> None:
         if self.lab is None:
-            self._stop()
+            assert self.proc is not None
+            self._stop(self.proc.pid, self.temp_dir)
             return
         with self._locked() as head:
             (self.lab / "leases" / str(os.getpid())).unlink(missing_ok=True)
             if any(procs.running(int(p.name)) for p in (self.lab / "leases").iterdir() if p.name.isdigit()):
                 return
             if head is not None:
-                stop_pids([head["pid"]], grace_s=60)
-                shutil.rmtree(head["temp_dir"], ignore_errors=True)
+                self._stop(head["pid"], head["temp_dir"])
             (self.lab / HEAD_FILE).unlink(missing_ok=True)
         shutil.rmtree(self.lab, ignore_errors=True)  # the last one out: nothing of the run stays in /tmp
-        if self.proc is not None:
-            self.proc.wait()  # ours: reap it
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, Any] | None]:
@@ -217,18 +215,16 @@ class LocalRayHead:
 
         if poll_until(ready, 180, 1.5):  # each `ray status` is about 0.3 CPU-s: ask seldom
             return self.address
-        self._stop()
+        self._stop(self.proc.pid, self.temp_dir)
         raise RuntimeError("local Ray head did not become ready in 180 s")
 
-    def _stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+    def _stop(self, pid: int, temp_dir: Path | str) -> None:
+        """Stop a head by its ``ray start`` PID (SIGTERM, SIGKILL after 60 s), whichever worker
+        started it; reap it if it is this process's child; remove its temp dir."""
+        stop_pids([pid], grace_s=60)
+        if self.proc is not None and self.proc.pid == pid:
+            self.proc.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 # Measured on this 2-core machine (seeded and bitwise reproducible on one CPU type), 20 rollouts
