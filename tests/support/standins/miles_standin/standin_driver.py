@@ -288,10 +288,13 @@ def run(argv: list[str], entry: str, create_placement_groups: Callable[[Any], di
         if why and args.save:
             t0 = time.monotonic()
             save_checkpoint(args, rollout_id)
-            if requested:
-                sentinel.unlink(missing_ok=True)  # Miles: "a checkpoint is saved and the file is removed"
             seconds = time.monotonic() - t0
             metrics.saved(seconds)
             record.data["saves"].append({"rollout_id": rollout_id, "why": why, "seconds": round(seconds, 3)})
+            # the record lands before the sentinel goes: beam-hpc stops the driver as soon as it sees the
+            # sentinel gone and the checkpoint complete, and the tests read this record afterwards
+            record.flush()
+            if requested:
+                sentinel.unlink(missing_ok=True)  # Miles: "a checkpoint is saved and the file is removed"
         record.flush()
     record.update(finished=True)
