@@ -291,10 +291,9 @@ def run(argv: list[str], entry: str, create_placement_groups: Callable[[Any], di
             seconds = time.monotonic() - t0
             metrics.saved(seconds)
             record.data["saves"].append({"rollout_id": rollout_id, "why": why, "seconds": round(seconds, 3)})
-            # the record lands before the sentinel goes: beam-hpc stops the driver as soon as it sees the
-            # sentinel gone and the checkpoint complete, and the tests read this record afterwards
-            record.flush()
-            if requested:
-                sentinel.unlink(missing_ok=True)  # Miles: "a checkpoint is saved and the file is removed"
+        # the record lands before the sentinel goes: beam-hpc stops the driver as soon as it sees the
+        # sentinel gone and the checkpoint complete, and the tests read this record afterwards
         record.flush()
+        if requested and args.save:
+            sentinel.unlink(missing_ok=True)  # Miles: "a checkpoint is saved and the file is removed"
     record.update(finished=True)
