@@ -115,6 +115,7 @@ def _run_with_outside_worker(tmp_path: Path, assets, address: str, overrides: li
         worker = subprocess.Popen([sys.executable, "-m", "beam_hpc.backends.reference.outside_worker", "--run-dir", str(joined),
                                    "--worker-id", WORKER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                   env={**env, SLOW_UNITS_VAR: f"{leave_at}:0.25"})
+        threading.Thread(target=_stop_once_the_run_ends, args=(backend, worker, signalled), daemon=True).start()
         for line in worker.stdout:
             lines.append(line)
             if paused and "ready to serve" in line:  # model loaded; it registers next
@@ -125,7 +126,7 @@ def _run_with_outside_worker(tmp_path: Path, assets, address: str, overrides: li
                 worker.send_signal(signal.SIGTERM)  # slowed: the unit has seconds to go
         out = "".join(lines)
         assert worker.wait(60) == 0, out[-4000:]
-        assert signalled, f"the worker never reached rollout {leave_at}:\n{out[-4000:]}"
+        assert signalled, f"the run ended before the worker reached rollout {leave_at}:\n{out[-4000:]}"
         assert f"gave back ['{signalled[0]}']" in out, out[-4000:]
         assert backend.wait(900) == 0, "".join(backend_out)[-4000:]
     finally:
@@ -140,6 +141,14 @@ def _run_with_outside_worker(tmp_path: Path, assets, address: str, overrides: li
     assert f"worker {WORKER}: " in "".join(lines)  # its report line, printed after it deregistered
     assert not (joined / "elastic" / "rendezvous.json").exists()  # the segment's driver removed it
     return Joined(joined, log, "".join(lines), signalled[0])
+
+
+def _stop_once_the_run_ends(backend: subprocess.Popen, worker: subprocess.Popen, signalled: list[str]) -> None:
+    """SIGTERM the worker if the run ends before the test signalled it: a worker outlives its run on
+    purpose (it waits for the run's next segment), so the test would otherwise wait on it for ever."""
+    backend.wait()
+    if not signalled and worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
 
 
 def _outside_units(run_dir: Path, k: int) -> int:

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from beam_hpc.backends.reference import policy_store, rendezvous
+from beam_hpc.backends.reference import policy_store, rendezvous, unit_server
 from beam_hpc.backends.reference.unit_server import (
     AUTH_HEADER,
     Client,
@@ -276,6 +276,38 @@ def test_the_service_registers_leases_takes_results_and_gives_back(service) -> N
     out = c.call("/deregister", worker="w1", segment="7-0", give_back=[keys[1]])
     assert sorted(out["given_back"]) == sorted(keys[1:3])
     assert [q.lease("segment:0").key for _ in range(3)] == [keys[2], keys[1], keys[3]]  # given back: first in line
+
+
+def test_a_lease_waits_for_a_unit_that_suits_the_worker(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A lease is a long poll: asked while nothing suits the worker, the one request returns the unit
+    added while it waited, or the unit whose version was published while it waited (the segment's
+    own workers get a unit the moment one exists; a worker that only asked again later lost every
+    unit of a short rollout to them). The wait is made long so that no clock decides."""
+    monkeypatch.setattr(unit_server, "LEASE_WAIT_S", 60.0)
+    q = UnitQueue()
+    published = {0}
+    server = ElasticServer(Service(q, "7-0", {}, accept=lambda u: u.version in published), "the-secret",
+                           "127.0.0.1").start()
+    c = Client(f"http://127.0.0.1:{server.port}", "the-secret")
+
+    def lease_while(make_it_suit) -> Unit:  # type: ignore[no-untyped-def]
+        got: list[dict] = []
+        asking = threading.Thread(target=lambda: got.append(c.call("/lease", worker="w1", segment="7-0")))
+        asking.start()
+        asking.join(0.3)
+        assert asking.is_alive() and not got  # held open: nothing suits it yet
+        make_it_suit()
+        asking.join(30)
+        assert not asking.is_alive() and "unit" in got[0], got
+        return Unit.from_json(got[0]["unit"])
+
+    try:
+        c.call("/register", worker="w1")
+        q.add(_units(rollout=1, n_prompts=1, version=1))  # waiting, but not for it: version 1 is not published
+        assert lease_while(lambda: q.add(_units(n_prompts=1))).version == 0
+        assert lease_while(lambda: (published.add(1), q.poke())).version == 1  # as unit_service publishes
+    finally:
+        server.close()
 
 
 def test_many_clients_at_once_never_get_the_same_unit(service) -> None:

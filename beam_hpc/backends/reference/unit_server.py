@@ -3,8 +3,9 @@
 Every request proves it knows the run's secret: header ``X-Beam-Auth: <unix time>:<hex>`` where
 hex is HMAC-SHA256(secret, "<time>\\n<path>\\n" + body). A request without it, with a wrong one, or
 more than ``MAX_SKEW_S`` old is refused with 401 before its body is looked at. Endpoints (POST):
-``/register`` -> the segment, the run's recipe and model; ``/lease`` -> a unit (or how long to
-wait); ``/result``; ``/heartbeat``; ``/deregister`` (with the keys it gives back). A worker the
+``/register`` -> the segment, the run's recipe and model; ``/lease`` -> a unit (held open up to
+``LEASE_WAIT_S`` until one suits the worker, else how long to wait); ``/result``; ``/heartbeat``;
+``/deregister`` (with the keys it gives back). A worker the
 segment does not know (it registered with an earlier segment) gets 409 and registers again.
 The :class:`Client` here is what :mod:`beam_hpc.backends.reference.outside_worker` speaks.
 """
@@ -29,7 +30,11 @@ log = logging.getLogger(__name__)
 
 AUTH_HEADER = "X-Beam-Auth"
 MAX_SKEW_S = 300.0
-WAIT_S = 0.2  # what a worker is told to wait when no unit suits it now
+# A lease is a long poll: the request waits for a unit that suits the worker. The segment's own
+# workers get their next unit the moment they finish one, so a worker that asked again only every
+# so often would lose every unit of a short rollout to them (seen: a tiny run on a quiet machine).
+LEASE_WAIT_S = 1.0
+WAIT_S = 0.2  # what a worker is told to wait when no unit suited it within LEASE_WAIT_S
 MAX_BODY_BYTES = 64 << 20  # a unit's result is far smaller; a client must not make the driver read more
 
 
@@ -79,7 +84,7 @@ class Service:
         if path == "/heartbeat":
             return 200, {}
         if path == "/lease":
-            unit = self.queue.lease(worker, self.accept)
+            unit = self._lease(worker)
             return 200, ({"unit": unit.to_json()} if unit is not None else {"wait_s": WAIT_S})
         if path == "/result":
             verdict = self.queue.complete(worker, str(req["key"]), req["result"])
@@ -90,6 +95,18 @@ class Service:
             log.info("outside worker %s left%s", worker, f", giving back {', '.join(back)}" if back else "")
             return 200, {"given_back": back}
         return 404, {"error": f"no endpoint {path}"}
+
+    def _lease(self, worker: str) -> Unit | None:
+        """The next unit ``accept`` lets ``worker`` serve, waiting up to ``LEASE_WAIT_S`` for one: the
+        queue wakes the wait when a unit is added or put back, and when a version is published."""
+        deadline = time.monotonic() + LEASE_WAIT_S
+        while True:
+            seen = self.queue.changes  # read before the lease: a change while leasing is not slept on
+            unit = self.queue.lease(worker, self.accept)
+            left = deadline - time.monotonic()
+            if unit is not None or left <= 0:
+                return unit
+            self.queue.wait_for_change(seen, left)
 
 
 class ElasticServer:

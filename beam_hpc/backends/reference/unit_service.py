@@ -139,6 +139,7 @@ class UnitService:
             gone = policy_store.prune(self.run_dir, min(wanted))
             self.published -= set(gone)
             log.info("policy version %d published for outside workers (%.3fs)", v, time.perf_counter() - t0)
+            self.queue.poke()  # a lease waiting for a unit of this version may take one now
 
     def _feed(self) -> None:
         import ray

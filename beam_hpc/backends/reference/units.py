@@ -235,7 +235,8 @@ class UnitQueue:
         self.cond.notify_all()
 
     def poke(self) -> None:
-        """Wake whoever waits on the queue (a feeder that is being stopped)."""
+        """Wake whoever waits on the queue: a feeder that is being stopped, an outside worker's
+        lease waiting for a version that is now published."""
         with self.cond:
             self._changed()
 
