@@ -63,11 +63,22 @@ def _excluded(plan, site) -> tuple[str, ...]:  # type: ignore[no-untyped-def]
     return tuple(quarantine.merged(site, own))
 
 
+def _run_over(plan) -> str | None:  # type: ignore[no-untyped-def]
+    """Why the run is over, as its extra jobs' nodes judge it (None: it is not, or Slurm cannot say)."""
+    from beam_hpc.elastic.extra_node import RunEndWatch
+
+    return RunEndWatch(plan).over()
+
+
 def cmd_add(args: argparse.Namespace) -> int:
     from beam_hpc.submission import rollout_job
     from beam_hpc.submission.submit import build_site
 
     plan = _run(args.run_dir)
+    over = _run_over(plan)
+    if over is not None:
+        raise InputError(f"RUN: {shorten(args.run_dir)}: the run is over ({over}); an extra job would leave "
+                         "as it starts; resubmit the run (beam-hpc submit ... --resume) first, then add capacity")
     site = build_site(args.site) if args.site else plan.site
     req, problems = rollout_job.make_request(plan, site, nodes=args.nodes, partition=args.partition, time=args.time,
                                            exclude=_excluded(plan, site))

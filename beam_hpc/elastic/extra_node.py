@@ -6,8 +6,11 @@ the run's segment or outlive it), serves through :func:`beam_hpc.backends.refere
 run's segments, and appends the worker's events, with its node, to ``elastic/jobs/<job>.jsonl``. A
 stop is a signal: ``USR1`` (the walltime lead, or a preemption's grace: Slurm's own job record says
 which), ``TERM`` (a preemption's or the time limit's end, a plain ``scancel``), ``USR2``/``INT``
-(``rollout remove``). The worker then deregisters and gives its units in flight back before this
-program removes its node-local directory and any process it left, and writes ``left`` with the reason.
+(``rollout remove``). A node also leaves by itself once the run is over (``run-ended``): its ledger
+says the chain stopped and Slurm holds no job of the run (:class:`RunEndWatch`), so that capacity
+added to a run does not sit idle until its own time limit. The worker then deregisters and gives its
+units in flight back before this program removes its node-local directory and any process it left,
+and writes ``left`` with the reason.
 
 The batch side waits for every node, records each node that ended without leaving cleanly in the
 site's quarantine (:mod:`beam_hpc.lifecycle.quarantine`, as a segment does), writes the job's own
@@ -25,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +40,7 @@ from beam_hpc.elastic import registry
 from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node.signals import STOP_SIGNALS, Stopper
 from beam_hpc.plan.plan import Plan
+from beam_hpc.run import ledger
 from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = module_logger(__name__)  # also run as python -m
@@ -43,6 +48,9 @@ log = module_logger(__name__)  # also run as python -m
 LOCAL_DIR_VAR = "BEAM_ELASTIC_LOCAL_DIR"  # the node-local directory the worker may copy into
 SWEEP_GRACE_S = 2.0
 LIMIT_SLACK_S = 30.0  # a SIGTERM this close to the time limit is the limit's
+RUN_END_POLL_S = 5.0  # how often a node reads the run's ledger for the end of its chain
+QUEUE_ASK_S = 30.0  # at most this often, once the ledger says so, it asks Slurm for a job of the run
+RUN_ENDED = "run-ended"  # a node's and the job's ``left`` reason when the run is over
 
 
 def classify(sig: int, info: Any, *, now: float | None = None) -> str:
@@ -86,6 +94,46 @@ def local_dir(plan: Plan, job_id: str, index: int) -> Path:
     return Path(root, "beam-elastic", f"{plan.run_id}-{job_id}-{index}")
 
 
+class RunEndWatch:
+    """Is the run over, so that this extra job has nothing left to serve? Over means both: the ledger's
+    last end line starts nothing more (:func:`beam_hpc.run.ledger.chain_end`), and Slurm holds no job
+    of the run but the one that wrote that line (a ``submit --resume`` or a hand ``sbatch`` shows in
+    the queue long before its first ledger line). The ledger is read every look; Slurm is asked at
+    most every :data:`QUEUE_ASK_S`, and a Slurm that cannot answer means "not over" (keep serving)."""
+
+    def __init__(self, plan: Plan, *, queued: Callable[[str], list[str]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.plan, self.clock = plan, clock
+        self.queued = queued or _queued_job_ids
+        self.next_ask = 0.0
+
+    def over(self) -> str | None:
+        """Why the run is over (one line), or None while it is not, or may not be."""
+        segments, _ = ledger.read_ledger(self.plan.paths.ledger)
+        end = ledger.chain_end(segments)
+        if end is None or self.clock() < self.next_ask:
+            return None
+        self.next_ask = self.clock() + QUEUE_ASK_S
+        from beam_hpc.slurm import client
+
+        try:
+            waiting = [j for j in self.queued(self.plan.job_name) if j != end["job_id"]]
+        except client.SlurmError as err:
+            log.info("the run's chain stopped, but Slurm could not say whether a job of it is queued (%s); "
+                     "serving on", err)
+            return None
+        if waiting:
+            return None
+        return (f"its chain stopped at segment {end['segment']}, {end['reason']}: {end.get('detail') or ''}; "
+                f"Slurm holds no job named {self.plan.job_name}")
+
+
+def _queued_job_ids(name: str) -> list[str]:
+    from beam_hpc.slurm import client
+
+    return client.queued_job_ids(name, timeout=30)
+
+
 class NodeProgram:
     """One node of an extra job: serve the run until stopped, then leave cleanly."""
 
@@ -119,6 +167,9 @@ class NodeProgram:
         local.mkdir(parents=True, exist_ok=True)
         os.environ[LOCAL_DIR_VAR] = str(local)
         self.record({"event": "started", "worker": self.worker_id, "pid": os.getpid()})
+        watch = threading.Thread(target=self.leave_when_over, args=(RunEndWatch(self.plan),), name="run-end",
+                                 daemon=True)
+        watch.start()
         rc = 0
         try:
             fault_hooks.check_bad_node(self.node)  # the tests' dying node (inert unless its variable is set)
@@ -143,6 +194,22 @@ class NodeProgram:
             self.reason = stop_reason(self.stopper.signal, self.job_id)
             self.record({"event": "left", "reason": self.reason})
         return rc
+
+    def leave_when_over(self, watch: RunEndWatch) -> None:
+        """Stop this node, as a signal would, once the run is over (the reason is ``run-ended``)."""
+        stop = self.stopper.event
+        while not stop.is_set():
+            try:
+                why = watch.over()
+            except (OSError, ValueError) as err:  # an unreadable ledger: the next look decides
+                log.info("node %s: could not read the run's ledger: %s", self.node, err)
+                why = None
+            if why is not None and not stop.is_set():
+                log.info("node %s: leaving, the run is over: %s", self.node, why)
+                self.reason = RUN_ENDED
+                stop.set()
+                return
+            stop.wait(RUN_END_POLL_S)
 
     def serve_worker(self) -> None:
         from beam_hpc.backends.reference.outside_worker import serve  # the run's rollout worker (reference backend)
@@ -222,7 +289,7 @@ def job_reason(outcomes: dict[str, str | None]) -> str:
     reasons = list(outcomes.values())
     if not reasons or any(r in (None, "failed") for r in reasons):
         return "failed"
-    for r in ("preempted", "walltime", "removed"):
+    for r in ("preempted", "walltime", "removed", RUN_ENDED):
         if r in reasons:
             return r
     return reasons[0] or "failed"

@@ -6,7 +6,7 @@ the login node, the job's batch shell, one program per node), and an appended li
 record. The lines, in order: ``submitted`` (nodes, partition, GPUs per node), per (re)start of the
 job ``start`` (its nodes), per node ``started`` then the worker's own ``joined``/``unit``/``left``
 records with ``node`` added (a node's ``left`` carries the reason), and the job's ``left`` with
-its reason (preempted, walltime, removed, failed); a requeued job starts again with ``start``.
+its reason (preempted, walltime, removed, run-ended, failed); a requeued job starts again with ``start``.
 :func:`extra_jobs` reads them back for ``status``, ``plot`` and ``rollout list``.
 """
 

@@ -235,6 +235,19 @@ def read_ledger(path: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
     return list(merged.values()), warnings
 
 
+def chain_end(segments: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The end line where the run's chain stopped, or None while it goes on. The chain stops at a
+    last segment whose end line starts nothing more (``next.action`` none) and leaves no
+    resubmission pending (that one waits for a command: the run is not over). A last segment with no
+    end line is running or was killed hard: not stopped, as far as the ledger can tell."""
+    if not segments:
+        return None
+    end = segments[-1].get("end")
+    if end is None or end.get("resubmission_pending") or (end.get("next") or {}).get("action") != "none":
+        return None
+    return end
+
+
 def measured_timings(segments: list[dict[str, Any]], last: int = 3) -> dict[str, float] | None:
     """Rollout and save seconds measured by the most recent segments that measured them, for
     :func:`beam_hpc.plan.plan.compute_lead_s`. The slowest of the last ``last`` is taken: the lead must

@@ -3,7 +3,8 @@ an ``urgent`` job preempts it, and the run ends bitwise as it would have without
 
 Everything is real: the run is submitted as a user submits it (sbatch), the extra job through the
 CLI, its nodes run the run's worker (beam_hpc.backends.reference.outside_worker.serve), the preemption is Slurm's
-(``urgent`` outranks ``spot``, PreemptMode=REQUEUE with a grace time), the removal is the CLI's.
+(``urgent`` outranks ``spot``, PreemptMode=REQUEUE with a grace time), the removal is the CLI's, and
+an extra job that outlives its run leaves by itself.
 The baseline is the same recipe and seed through the backend alone, while the chain waits on Slurm.
 """
 
@@ -69,9 +70,10 @@ def _served(run: Path, job: str) -> list[dict]:
     return [e for e in _events(run, job) if e["event"] == "unit" and "node" in e]
 
 
-def _ends_with_left(run: Path, job: str) -> bool:
+def _ends_with_left(run: Path, job: str, reason: str | None = None) -> bool:
+    """The job's last event is its own ``left`` (for ``reason``, when given)."""
     ev = _events(run, job)
-    return bool(ev) and ev[-1]["event"] == "left" and "node" not in ev[-1]
+    return bool(ev) and ev[-1]["event"] == "left" and "node" not in ev[-1] and reason in (None, ev[-1]["reason"])
 
 
 # -- the shape refusals and a hand sbatch ---------------------------------------------------------------
@@ -127,7 +129,8 @@ def test_a_hand_sbatch_runs_a_dying_node_is_quarantined_and_remove_drains_the_ot
 # -- the whole story ----------------------------------------------------------------------------------------
 @pytest.mark.e2e
 def test_an_extra_job_joins_is_preempted_and_the_run_ends_bitwise_as_without_it(
-        slurm_cluster, tiny_assets: TinyAssets, runs: Path, reference_ray: str) -> None:
+        slurm_cluster, tiny_assets: TinyAssets, runs: Path, reference_ray: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
     from beam_hpc.submission.submit import submit
 
     n = 16
@@ -155,8 +158,15 @@ def test_an_extra_job_joins_is_preempted_and_the_run_ends_bitwise_as_without_it(
     wait_for("the extra node to leave, preempted",
              lambda: any(e["event"] == "left" and e.get("reason") == "preempted" for e in _events(run, job)), run, 120)
     wait_for("the run to complete", lambda: chain_finished(run), run)
-    assert main(["rollout", "remove", str(run)]) == 0  # rejoined after its requeue, or pending: either leaves
-    wait_for("the extra job's events to end with left", lambda: _ends_with_left(run, job), run, timeout=120)
+    # rejoined after its requeue, or still pending (then it starts and finds the run over): it leaves
+    # by itself, well before its own 10-minute limit, and Slurm counts the job completed
+    wait_for("the extra job to leave by itself", lambda: _ends_with_left(run, job, "run-ended"), run, timeout=180)
+    nodes_left = [e for e in _events(run, job) if e["event"] == "left" and "node" in e]
+    assert nodes_left[-1]["reason"] == "run-ended", _events(run, job)
+    wait_for("the extra job to end in Slurm", lambda: _job_state(job) in ("COMPLETED", "GONE"), run, timeout=60)
+    assert main(["rollout", "add", str(run), "--nodes", "1", "--partition", "spot"]) == 2  # nothing to serve
+    assert "the run is over (its chain stopped at segment" in capsys.readouterr().err
+    assert [j.job_id for j in registry.extra_jobs(run)] == [job]
     alone.result()
 
     last = f"iter_{n - 1:07d}"

@@ -153,3 +153,58 @@ def test_the_batch_side_takes_the_nodes_reason_when_all_left(tmp_path: Path) -> 
     job = registry.extra_job(plan.output_dir, "78")
     assert (job.state, job.reason) == ("left", "removed")
     assert json.loads(registry.events_path(plan.output_dir, "78").read_text().splitlines()[-1])["failed_nodes"] == []
+
+
+def test_a_node_sees_the_run_over_once_its_chain_stopped_and_slurm_holds_no_job_of_it(tmp_path: Path) -> None:
+    """What the Slurm test (an extra job that outlives its run) meets once, case by case: the ledger
+    says whether the chain stopped; Slurm, asked at most every QUEUE_ASK_S, whether a job of the run waits."""
+    from beam_hpc.slurm.client import SlurmError
+
+    plan = _plan(tmp_path)
+    now = [0.0]
+    answers: list[list[str] | Exception] = []
+    asked: list[str] = []
+
+    def queued(name: str) -> list[str]:
+        asked.append(name)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    watch = extra_node.RunEndWatch(plan, queued=queued, clock=lambda: now[0])
+    ledger_file = plan.paths.ledger
+    assert watch.over() is None  # no segment yet
+    ledger.append(ledger_file, ledger.start_record(job_id="40", restart=0, host="n1", rollouts_at_start=0,
+                                                   num_rollout=8, resume=False, walltime_s=600, lead_s=60))
+    ledger.append(ledger_file, ledger.end_record(job_id="40", restart=0, rollouts_at_end=4, reason="walltime",
+                                                 detail="lead", next_action="resubmit", next_job_id="41",
+                                                 rollout_s=1.0, save_s=1.0))
+    assert watch.over() is None and asked == []  # the chain goes on: Slurm is not asked
+    ledger.append(ledger_file, ledger.start_record(job_id="41", restart=0, host="n1", rollouts_at_start=4,
+                                                   num_rollout=8, resume=True, walltime_s=600, lead_s=60))
+    ledger.append(ledger_file, ledger.end_record(job_id="41", restart=0, rollouts_at_end=8, reason="completed",
+                                                 detail="8 of 8 rollouts done", next_action="none",
+                                                 next_job_id=None, rollout_s=1.0, save_s=1.0))
+    answers.append(["41", "57"])  # job 41 is still finishing; 57 is a resubmission by hand, not started yet
+    assert watch.over() is None and asked == [plan.job_name]
+    assert watch.over() is None and len(asked) == 1  # not asked again within QUEUE_ASK_S
+    now[0] += extra_node.QUEUE_ASK_S
+    answers.append(SlurmError(["squeue"], "slurm_load_jobs error: Unable to contact slurm controller"))
+    assert watch.over() is None and len(asked) == 2  # Slurm cannot say: not over
+    now[0] += extra_node.QUEUE_ASK_S
+    answers.append(["41"])  # only the job that wrote the end line
+    why = watch.over()
+    assert why is not None and "segment 41-0, completed: 8 of 8 rollouts done" in why and plan.job_name in why
+
+    program = extra_node.NodeProgram(plan, job_id="90", restart=0, node="n13", index=0)
+    answers.append([])
+    now[0] += extra_node.QUEUE_ASK_S
+    program.leave_when_over(watch)  # returns once it stopped the node
+    assert program.stopper.event.is_set() and program.reason == extra_node.RUN_ENDED
+    program.on_event({"event": "left", "units_served": 0, "given_back": []})
+    (left,) = registry.read_events(registry.events_path(plan.output_dir, "90"))
+    assert (left["event"], left["reason"], left["node"]) == ("left", "run-ended", "n13")
+    registry.record(plan.output_dir, "90", {"event": "left", "node": "n14", "restart": 0, "reason": "run-ended"})
+    assert extra_node.finish(plan, "90", 0, srun_rc=0) == "run-ended"  # the job's reason: its nodes'
+    assert registry.extra_job(plan.output_dir, "90").reason == "run-ended"

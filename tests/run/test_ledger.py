@@ -87,3 +87,28 @@ def test_measured_timings_take_the_slowest_recent_segment() -> None:
             {"segment": "5-0", "start": _start()}]
     assert ledger.measured_timings(segs, last=2) == {"rollout_s": 3.0, "save_s": 1.0}
     assert ledger.measured_timings([{"segment": "1-0", "start": _start()}]) is None
+
+
+def test_chain_end_is_a_last_end_line_that_starts_nothing_and_leaves_nothing_pending(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    read = lambda: ledger.chain_end(ledger.read_ledger(path)[0])  # noqa: E731
+    assert read() is None  # no segment yet
+    ledger.append(path, _start("100", 0, 0))
+    assert read() is None  # running (or killed hard)
+    ledger.append(path, _end("100", 0, 4, action="resubmit", nxt="101"))
+    assert read() is None  # the chain goes on
+    ledger.append(path, _start("101", 0, 4))
+    ledger.append(path, _end("101", 0, 6, reason="preempted", action="requeue", nxt="101"))
+    assert read() is None
+    ledger.append(path, _start("101", 1, 6))
+    pending = ledger.end_record(job_id="101", restart=1, rollouts_at_end=8, reason="walltime", detail="d",
+                                next_action="none", next_job_id=None, rollout_s=None, save_s=None,
+                                resubmission_pending={"command": "sbatch ...", "why": "slurmctld down"}, now=3.0)
+    ledger.append(path, pending)
+    assert read() is None  # the run waits for that command, it is not over
+    ledger.append(path, _start("102", 0, 8))
+    ledger.append(path, _end("102", 0, 10, reason="completed", action="none", nxt=None))
+    end = read()
+    assert end is not None and end["segment"] == "102-0" and end["reason"] == "completed"
+    ledger.append(path, _start("103", 0, 10))  # resubmitted with --resume and a larger num_rollout
+    assert read() is None
