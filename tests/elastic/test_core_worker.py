@@ -98,8 +98,10 @@ def test_serve_computes_units_bit_for_bit_within_staleness_across_segments(tmp_p
             assert_bitwise_equal(mine, r, unit.key)  # every token, log-prob and reward the same
         assert len(got[0]["old_logp"]) == 8 and got[2]["old_logp"] == []
 
-        # The segment ends; the worker waits, then registers with the next one.
+        # The segment ends; the worker stops heartbeating to it, waits, then registers with the next one.
         seg.close()
+        assert poll_until(lambda: not any(th.name == "elastic-heartbeat" and th.is_alive()
+                                          for th in threading.enumerate()), 60, 0.2), "still heartbeating a gone segment"
         seg = Segment(run_dir, "5-1", hello, version_now=3, max_staleness=0)  # a sync run now
         keys = seg.queue.add(cut("train", 9, ids[6:8], labels[6:8], samples_per_prompt=4, train=True, version=3,
                                  unit_prompts=1))

@@ -196,7 +196,10 @@ def serve(run_dir: Path, *, worker_id: str, stop: threading.Event, threads: int 
     try:
         while not stop.is_set():
             rv = rendezvous.read(run_dir)
-            if rv is None:
+            if rv is None:  # between segments: the one we served is gone, so stop heartbeating to it
+                if session is not None:
+                    session.end([])
+                    session = None
                 stop.wait(POLL_S)
                 continue
             if not prewarmed:  # the run's model exists once a segment has announced itself
