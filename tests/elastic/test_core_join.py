@@ -93,7 +93,7 @@ def _run_with_outside_worker(tmp_path: Path, assets, address: str, overrides: li
     """The backend in its own process; once it has done 2 rollouts, an outside worker process starts,
     slowed from rollout ``leave_at`` on, and gets SIGTERM as it starts its first unit there (in
     rollout ``leave_at`` or a later one: the own worker may take all of a rollout's units while the
-    outside worker loads that rollout's version, which a landing CI run met at rollout 8). The
+    outside worker loads that rollout's version). The
     backend's driver is paused (SIGSTOP) while the worker starts and loads the model, which takes
     more than a whole tiny run on a busy machine: so it joins around rollout 3 on every machine."""
     joined = tmp_path / "joined"
