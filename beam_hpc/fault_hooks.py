@@ -16,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-from beam_hpc.run.files import write_json_atomic
+from beam_hpc.files import write_json_atomic
 
 log = logging.getLogger(__name__)
 

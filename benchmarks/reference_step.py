@@ -177,7 +177,7 @@ class Comparison:
         return next_step_s([st["step_s"] for st in self.sides[side]]) < self.left_s()
 
     def write(self) -> Path:
-        from beam_hpc.run.files import write_atomic, write_json_atomic
+        from beam_hpc.files import write_atomic, write_json_atomic
 
         out = Path(self.args.out_dir) / f"reference_step-{dt.date.today().isoformat()}-{self.args.machine}.md"
         write_atomic(out, render(self))

@@ -605,7 +605,7 @@ class Bench:
                      f"micro-batch {s.micro_batch}, sampler {s.sampler}",
             "steps": a.steps, "sync_reps": a.sync_reps,
         }
-        from beam_hpc.run.files import write_atomic
+        from beam_hpc.files import write_atomic
 
         out = Path(a.out_dir) / f"two_gpu-{date}-{machine}.md"
         write_atomic(out, render(self, meta))

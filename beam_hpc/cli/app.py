@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from beam_hpc import __version__
 from beam_hpc.errors import EXIT_FAILURE, BeamError, InputError, shorten
 from beam_hpc.logging_setup import log_to_stream
+from beam_hpc.version import __version__
 
 # Modules that contribute subcommands with add_parser(subparsers); missing ones are skipped so a
 # partial install (no torch, no ray) still renders and submits.

@@ -18,8 +18,8 @@ from typing import Any
 
 from beam_hpc.data.convert import PrepareError, dataset_of
 from beam_hpc.errors import InputError, shorten
+from beam_hpc.files import sha256_file
 from beam_hpc.progress import Progress
-from beam_hpc.run.files import sha256_file
 
 _BATCH = 8192
 

@@ -27,11 +27,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from beam_hpc.files import write_json_atomic
 from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node.ray_node import ClusterRuntime
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
-from beam_hpc.run.files import write_json_atomic
 
 log = module_logger(__name__)  # also run as python -m
 

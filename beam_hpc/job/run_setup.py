@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 from beam_hpc.errors import InputError
+from beam_hpc.files import write_atomic
 from beam_hpc.job.context import allocation_problems
 from beam_hpc.node import procs
 from beam_hpc.plan.plan import Plan, load_plan
 from beam_hpc.plan.segment_args import SegmentArgs
-from beam_hpc.run.files import write_atomic
 from beam_hpc.slurm.environment import SlurmEnvironment
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from beam_hpc.errors import InputError, shorten
+from beam_hpc.files import write_json_atomic
 from beam_hpc.plan.paths import RunPaths
-from beam_hpc.run.files import write_json_atomic
 from beam_hpc.slurm import client
 
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from beam_hpc.files import write_json_atomic
 from beam_hpc.plan.paths import RunPaths
-from beam_hpc.run.files import write_json_atomic
 
 ALL = "*"  # a clearing of every node (``--include-node all``)
 

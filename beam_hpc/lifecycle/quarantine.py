@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.errors import InputError, RuntimeFailure, shorten
-from beam_hpc.run.files import LockTimeout, locked, write_json_atomic
+from beam_hpc.files import LockTimeout, locked, write_json_atomic
 
 log = logging.getLogger(__name__)
 

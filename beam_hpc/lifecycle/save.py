@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from beam_hpc.files import write_json_atomic
 from beam_hpc.lifecycle.watchdog import fmt_clock
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import checkpoint_layout
-from beam_hpc.run.files import write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from beam_hpc import files
 from beam_hpc.errors import InputError, RuntimeFailure, shorten
-from beam_hpc.run import files
-from beam_hpc.run.files import atomic_path, locked, write_atomic
+from beam_hpc.files import atomic_path, locked, write_atomic
 
 log = logging.getLogger(__name__)
 

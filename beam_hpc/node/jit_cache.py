@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from beam_hpc.run.files import LockTimeout, atomic_path, locked
+from beam_hpc.files import LockTimeout, atomic_path, locked
 
 log = logging.getLogger(__name__)
 

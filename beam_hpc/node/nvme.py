@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from beam_hpc.errors import RuntimeFailure
-from beam_hpc.run.files import locked, write_atomic
+from beam_hpc.files import locked, write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -30,11 +30,11 @@ from pathlib import Path
 from beam_hpc import fault_hooks
 from beam_hpc.config.site import NetworkSpec, RayPortSpec
 from beam_hpc.errors import RuntimeFailure
+from beam_hpc.files import write_atomic, write_json_atomic  # write_json_atomic: re-exported
 from beam_hpc.node import procs
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.ports import RAY_PORT_KINDS, band_port, highest_port
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
-from beam_hpc.run.files import write_atomic, write_json_atomic  # write_json_atomic: re-exported
 
 PORT_KINDS = RAY_PORT_KINDS  # the port bands: beam_hpc.plan.ports
 LOOPBACK_FIRST_HOST = 10  # node i of a loopback simulation is 127.0.0.(10 + i)

@@ -21,8 +21,8 @@ from typing import Any
 
 from beam_hpc.config.recipe import DataSpec
 from beam_hpc.data.prepare import MANIFEST_FILE, MANIFEST_FORMAT
+from beam_hpc.files import sha256_file
 from beam_hpc.run import metric_names
-from beam_hpc.run.files import sha256_file
 
 _MAX_HASHED_BYTES = 64 << 20  # check the sha256 of eval files up to this size (AIME2025: ~20 kB)
 UNKNOWN = "unknown"

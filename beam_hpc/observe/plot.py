@@ -19,11 +19,11 @@ from typing import Any
 
 from beam_hpc.elastic.registry import capacity_changes, extra_jobs
 from beam_hpc.errors import InputError, shorten
+from beam_hpc.files import atomic_path
 from beam_hpc.observe.eval_set import EvalSet, eval_set_of
 from beam_hpc.observe.run_dir import check_run_dir, load_plan
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import metric_names
-from beam_hpc.run.files import atomic_path
 from beam_hpc.run.ledger import read_ledger
 from beam_hpc.run.scalars import Point, Scalars, read_scalars
 

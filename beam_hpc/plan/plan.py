@@ -183,7 +183,7 @@ class Plan:
 
     def write(self) -> Path:
         """Write plan.json atomically (the only I/O this module does, and only when asked)."""
-        from beam_hpc.run.files import write_atomic  # stdlib-only helper; lazy: plan stays import-light
+        from beam_hpc.files import write_atomic  # stdlib-only helper; lazy: plan stays import-light
 
         out = Path(self.paths.plan)
         write_atomic(out, self.to_json())

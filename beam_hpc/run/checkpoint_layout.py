@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.errors import InputError, shorten
-from beam_hpc.run.files import (
+from beam_hpc.files import (
     sha256_file,
     write_atomic,  # re-exported: callers that write layout files use it from here
 )

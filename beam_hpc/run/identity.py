@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.errors import InputError
+from beam_hpc.files import write_json_atomic
 from beam_hpc.plan.paths import RunPaths
-from beam_hpc.run.files import write_json_atomic
 
 log = logging.getLogger(__name__)
 

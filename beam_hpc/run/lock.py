@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from beam_hpc.errors import RuntimeFailure
-from beam_hpc.run.files import locked, write_atomic
+from beam_hpc.files import locked, write_atomic
 from beam_hpc.slurm.client import JobInfo, JobState, SlurmUnavailable, show_job
 
 

@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError
-from beam_hpc.run.files import write_json_atomic
+from beam_hpc.files import write_json_atomic
 
 SUBDIR = "wandb"  # <run>/wandb: the id, the sync record, and W&B's own files (its "wandb/" below)
 RUN_ID_FILE = "run_id"

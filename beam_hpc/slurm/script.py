@@ -19,10 +19,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from beam_hpc import __version__
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError, shorten
 from beam_hpc.plan.plan import GroupPlan, Plan, sbatch_time
+from beam_hpc.version import __version__
 
 
 @dataclass(frozen=True)

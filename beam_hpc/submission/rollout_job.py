@@ -17,13 +17,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from beam_hpc import __version__
 from beam_hpc.config.recipe import format_walltime, parse_walltime
 from beam_hpc.config.site import Site
 from beam_hpc.elastic import registry
 from beam_hpc.errors import shorten
 from beam_hpc.plan.plan import GroupPlan, Plan
 from beam_hpc.slurm.script import HAND_OUTPUT, BatchJob, render_batch, site_component
+from beam_hpc.version import __version__
 
 LEAD_CAP_S = 120  # a node drains one unit and deregisters: the run's save lead is more than it needs
 
@@ -203,7 +203,7 @@ def sbatch_args(req: ExtraJobRequest, script: Path) -> list[str]:
 
 
 def write_script(req: ExtraJobRequest, *, now: float | None = None) -> Path:
-    from beam_hpc.run.files import write_atomic
+    from beam_hpc.files import write_atomic
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
     path = registry.script_path(req.run_dir, stamp)

@@ -113,7 +113,7 @@ def prepare_run(request: SubmitRequest) -> Path:
     """Write the request's plan.json and batch script into the run directory; returns the script.
     logs/ must exist before sbatch: Slurm opens --output before the script runs, and a job whose
     output directory is missing dies at once with no output at all."""
-    from beam_hpc.run.files import write_atomic
+    from beam_hpc.files import write_atomic
 
     plan = request.plan
     plan.write()

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc import __version__
 from beam_hpc.node.image import (
     REQUIRED_STACK,
     TAG_ARG,
@@ -34,6 +33,7 @@ from beam_hpc.node.image import (
     verify_stack,
     version_tuple,
 )
+from beam_hpc.version import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
 DEF = ROOT / "apptainer.def"

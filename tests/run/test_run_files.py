@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.run import files
+from beam_hpc import files
 
 
 def test_write_atomic_replaces_whole_and_leaves_no_temporary(tmp_path: Path) -> None:

@@ -33,12 +33,12 @@ from beam_hpc.backends.miles import architecture
 from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError, RuntimeFailure
+from beam_hpc.files import write_json_atomic
 from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node.container import Command, container_command
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import lock as run_lock
 from beam_hpc.run.checkpoint_layout import LATEST_FILE, write_atomic
-from beam_hpc.run.files import write_json_atomic
 from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.environment import SlurmEnvironment
 from beam_hpc.slurm.script import BatchJob, render_batch, site_component

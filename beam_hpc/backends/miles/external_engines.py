@@ -29,10 +29,10 @@ from beam_hpc.backends.miles.architecture import flag_values
 from beam_hpc.backends.miles.args import LAUNCHER_MODULE
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError
+from beam_hpc.files import locked, write_json_atomic
 from beam_hpc.logging_setup import module_logger
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.ports import SGLANG_ENGINE, band_port
-from beam_hpc.run.files import locked, write_json_atomic
 
 logger = module_logger(__name__)
 

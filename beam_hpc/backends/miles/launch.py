@@ -37,12 +37,12 @@ from beam_hpc.backends.miles.checkpoint import (
 )
 from beam_hpc.backends.miles.placement import DEFAULT_TIMEOUT_S, PlacementLayout, apply_placement_patch
 from beam_hpc.errors import InputError, RuntimeFailure
+from beam_hpc.files import write_json_atomic
 from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 from beam_hpc.run import tracking
 from beam_hpc.run.checkpoint_layout import LATEST_FILE
-from beam_hpc.run.files import write_json_atomic
 
 logger = module_logger(__name__)  # also run as python -m
 

@@ -21,9 +21,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from beam_hpc import files
+from beam_hpc.files import write_json_atomic
 from beam_hpc.run import checkpoint_layout as layout
-from beam_hpc.run import files
-from beam_hpc.run.files import write_json_atomic
 
 DRIVER_FILE = "driver.pt"
 META_FILE = "meta.json"

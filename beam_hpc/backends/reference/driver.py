@@ -33,6 +33,7 @@ from beam_hpc.backends.reference.units import DEFAULT_UNIT_PROMPTS, cut
 from beam_hpc.backends.reference.weight_sync import TRANSPORTS
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.errors import RuntimeFailure
+from beam_hpc.files import write_json_atomic
 from beam_hpc.node.ray_node import driver_job
 from beam_hpc.node.stacks import SEGMENT_DIR_VAR
 from beam_hpc.plan.plan import Plan
@@ -40,7 +41,6 @@ from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY, GROUP_RESOURCE_PREFIX
 from beam_hpc.reward.miles_check import miles_verdict, verdict_fractions
 from beam_hpc.run import checkpoint_layout, tracking
 from beam_hpc.run import metric_names as names
-from beam_hpc.run.files import write_json_atomic
 
 log = logging.getLogger(__name__)
 

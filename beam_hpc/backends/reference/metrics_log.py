@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from beam_hpc.files import write_json_atomic
 from beam_hpc.run import metric_names as names
 from beam_hpc.run import tracking
 from beam_hpc.run.checkpoint_layout import write_atomic
-from beam_hpc.run.files import write_json_atomic
 
 # Diagnostics the reference backend adds (the list: clip fraction, entropy, tokens/s).
 TRAIN_LOSS = "train/loss"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from beam_hpc.errors import RuntimeFailure
-from beam_hpc.run.files import atomic_path
+from beam_hpc.files import atomic_path
 
 if TYPE_CHECKING:
     import torch

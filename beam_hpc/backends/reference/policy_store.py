@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.errors import RuntimeFailure
-from beam_hpc.run.files import atomic_dir, sha256_file, write_json_atomic
+from beam_hpc.files import atomic_dir, sha256_file, write_json_atomic
 
 WEIGHTS = "weights.pt"
 MANIFEST = "manifest.json"

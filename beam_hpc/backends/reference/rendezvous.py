@@ -13,7 +13,7 @@ import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from beam_hpc.run.files import write_json_atomic
+from beam_hpc.files import write_json_atomic
 
 FILE_MODE = 0o600
 

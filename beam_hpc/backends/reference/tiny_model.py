@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from beam_hpc.run import files
+from beam_hpc import files
 
 BUILD_THREADS = 1  # not 2: with other work on the cores, OpenMP spin-waits make 2 threads ~10x slower
 VOCAB_SIZE = 384

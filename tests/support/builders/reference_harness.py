@@ -23,9 +23,9 @@ from typing import Any
 
 from polling import poll_until
 
+from beam_hpc.files import write_json_atomic
 from beam_hpc.node import procs
 from beam_hpc.node.ray_node import stop_pids
-from beam_hpc.run.files import write_json_atomic
 
 REPO = Path(__file__).resolve().parents[3]
 TINY_RECIPE = REPO / "recipes" / "tiny.yaml"

@@ -37,8 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "builders"))  # run as a program: polling
 from polling import poll_until  # noqa: E402
 
+from beam_hpc.files import write_atomic
 from beam_hpc.node import procs
-from beam_hpc.run.files import write_atomic
 from beam_hpc.slurm.client import JobState, parse_key_values, parse_show_job_records, slurm_time
 
 DEFAULT_LAB = Path(os.environ.get("BEAM_SLURM_LAB", "/tmp/beam-slurm"))
