@@ -79,12 +79,13 @@ def ensure_tiny_data(recipe) -> bool:  # type: ignore[no-untyped-def]
     if Path(recipe.data.train_path()).is_file() and Path(recipe.data.eval_path()).is_file():
         return False
     from beam_hpc.data.prepare import prepare
-    from beam_hpc.data.tiny import write_tiny_sources
+    from beam_hpc.data.tiny import SET_NAME, write_tiny_sources
 
     with tempfile.TemporaryDirectory(prefix="beam-tiny-src-") as tmp:
         # seed 0: the data set the shipped tiny model was built against (its eval problems excluded)
         sources = write_tiny_sources(Path(tmp), seed=0)
-        prepare(Path(recipe.data.dir), from_local=sources, progress=True, eval_file=Path(recipe.data.eval_path()).name)
+        prepare(Path(recipe.data.dir), from_local=sources, progress=True, eval_file=Path(recipe.data.eval_path()).name,
+                set_name=SET_NAME)
     return True
 
 

@@ -63,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir)
     progress = not args.no_progress
     if args.tiny:
-        from beam_hpc.data.tiny import PREPARED_EVAL_NAME, write_tiny_sources
+        from beam_hpc.data.tiny import PREPARED_EVAL_NAME, SET_NAME, write_tiny_sources
 
         with tempfile.TemporaryDirectory(prefix="beam-hpc-tiny-") as tmp:
             sources = write_tiny_sources(Path(tmp), seed=args.seed)
             report = prepare(data_dir, model=args.model, from_local=sources, progress=progress,
-                             eval_file=PREPARED_EVAL_NAME)
+                             eval_file=PREPARED_EVAL_NAME, set_name=SET_NAME)
     else:
         report = prepare(data_dir, model=args.model, from_local=args.from_local, progress=progress)
     for f in report.files:

@@ -81,11 +81,16 @@ def _write_jsonl_atomically(path: Path, records: Iterable[dict[str, Any]]) -> tu
     return rows, digest.hexdigest(), size
 
 
-def _records(name: str, sources: list[Source], progress: bool, stats: dict[str, int]) -> Iterator[dict[str, Any]]:
+def _records(name: str, sources: list[Source], progress: bool, stats: dict[str, int],
+             set_name: str | None = None) -> Iterator[dict[str, Any]]:
     """The Miles records of output ``name`` from its sources, each row named in errors by source and line.
     The progress bar is labelled with the dataset, or for another eval file (the tiny set's
-    ``tiny-add.jsonl``) with that file's name: it holds no AIME2025 problems."""
-    rows = iter_rows(sources, _DATASET_OF_FILE.get(name, Path(name).stem), progress)
+    ``tiny-add.jsonl``) with that file's name: it holds no AIME2025 problems. ``set_name`` labels
+    both files of a set that is not the upstream one (the tiny set's training rows are additions in
+    DAPO-Math-17k's schema, not DAPO-Math-17k)."""
+    role = "train" if name == TRAIN_FILE else "eval"
+    label = f"{set_name} ({role})" if set_name else _DATASET_OF_FILE.get(name, Path(name).stem)
+    rows = iter_rows(sources, label, progress)
     if name == TRAIN_FILE:
         return dapo_records(((f"{s.label}: row {n + 1}", row) for s, n, row in rows), stats)
     return aime_records(((f"{s.label}: row {n + 1}", s.aime_config, n, row) for s, n, row in rows), stats)
@@ -127,14 +132,15 @@ def _same_sources(recorded: object, sources: list[Source]) -> bool:
 
 
 def _prepare_file(
-    data_dir: Path, name: str, sources: list[Source], manifest: dict[str, Any], progress: bool
+    data_dir: Path, name: str, sources: list[Source], manifest: dict[str, Any], progress: bool,
+    set_name: str | None = None,
 ) -> PreparedFile:
     signature = [s.describe for s in sources]
     entry = manifest["files"].get(name)
     if entry and _same_sources(entry.get("source"), sources) and verified(data_dir, name, entry):
         return PreparedFile(name, data_dir / name, entry["rows"], entry["sha256"], signature, True, entry.get("input_rows"))
     stats = {"input_rows": 0, "label_conflicts": 0}
-    records = _records(name, sources, progress, stats)
+    records = _records(name, sources, progress, stats, set_name)
     manifest["files"].pop(name, None)  # the old entry no longer describes what is on disk
     rows, sha, size = _write_jsonl_atomically(data_dir / name, records)
     if rows == 0:
@@ -201,13 +207,15 @@ def prepare(
     from_local: list[Path] | None = None,
     progress: bool = True,
     eval_file: str = EVAL_FILE,
+    set_name: str | None = None,
 ) -> PrepareReport:
     """Write the training and evaluation JSONL (and download ``model``) under ``data_dir``.
 
     With ``from_local``, each file's dataset is recognised by its columns and only the datasets
     found there are (re)written; nothing is downloaded. Without it, both come from the Hub.
     ``eval_file`` names the evaluation file (the tiny set's is ``beam_hpc.data.tiny.PREPARED_EVAL_NAME``:
-    it holds additions, not AIME problems).
+    it holds additions, not AIME problems). ``set_name`` is what the progress bars call a set that
+    is not the upstream one (the tiny set: ``beam_hpc.data.tiny.SET_NAME``).
     """
     data_dir = Path(data_dir)
     for p in (data_dir, *data_dir.parents):
@@ -236,7 +244,7 @@ def prepare(
     try:
         for name, group in ((TRAIN_FILE, train), (eval_file, evals)):
             if group:
-                prepared.append(_prepare_file(data_dir, name, group, manifest, progress))
+                prepared.append(_prepare_file(data_dir, name, group, manifest, progress, set_name))
         model_dir, model_skipped = _prepare_model(data_dir, model, manifest) if model else (None, False)
     finally:
         write_json_atomic(manifest_path, manifest, indent=2)  # records whatever did complete

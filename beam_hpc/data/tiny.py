@@ -22,6 +22,8 @@ EVAL_NAME = "aime2025-tiny.jsonl"  # the AIME2025-shaped source file
 # What `prepare` names the prepared eval file of this set: named for what it holds (the recipes'
 # data.eval). Run directories from before name "aime-2025.jsonl" in their plan; they still read.
 PREPARED_EVAL_NAME = "tiny-add.jsonl"
+# What progress bars call this set while `prepare` reads it (its rows are not DAPO-Math-17k's).
+SET_NAME = "tiny-add"
 _LOW, _HIGH = 10, 99
 _PAIRS = (_HIGH - _LOW + 1) * (_HIGH - _LOW + 2) // 2  # unordered {a, b}: 4,095
 

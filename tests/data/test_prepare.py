@@ -195,12 +195,13 @@ def test_tiny_sources_are_deterministic_and_prepare_like_real_data(tmp_path: Pat
         write_tiny_sources(tmp_path / "x", n_train=5000)
 
 
-def test_the_tiny_eval_set_is_labelled_by_its_own_name_not_aime(tmp_path: Path, capsys) -> None:
-    """`prepare --tiny`'s progress bars: the eval file holds additions, and its bar says so."""
-    sources = write_tiny_sources(tmp_path / "src", n_train=300, n_eval=30)
-    prepare(tmp_path / "data", from_local=sources, eval_file=PREPARED_EVAL_NAME)
+def test_the_tiny_set_is_labelled_by_its_own_name(tmp_path: Path, capsys) -> None:
+    """`prepare --tiny`'s progress bars: both files hold additions (in the upstream schemas), and
+    their bars say so; neither names DAPO-Math-17k or AIME2025."""
+    assert _cli(["prepare", "--tiny", "--data-dir", str(tmp_path / "data")]) == 0
     bars = capsys.readouterr().err
-    assert "tiny-add: [" in bars and "DAPO-Math-17k: [" in bars and "AIME" not in bars, bars
+    assert "tiny-add (train): [" in bars and "tiny-add (eval): [" in bars, bars
+    assert "DAPO" not in bars and "AIME" not in bars, bars
 
 
 def _cli(argv: list[str]) -> int:
