@@ -26,6 +26,7 @@ from pathlib import Path
 
 from beam_hpc.errors import RuntimeFailure
 from beam_hpc.files import locked, write_atomic
+from beam_hpc.node import procs
 
 log = logging.getLogger(__name__)
 
@@ -53,34 +54,16 @@ class Mount:
     fstype: str
 
 
-def mount_of(path: str | Path, mounts_file: str = "/proc/self/mounts") -> Mount:
+def mount_of(path: str | Path, mounts_file: str = procs.MOUNTS) -> Mount:
     """The mount that holds ``path`` (or would hold it, for a path not created yet)."""
     target = os.path.realpath(_existing_ancestor(Path(path)))
     best = Mount("/", "unknown")
-    with open(mounts_file) as fh:
-        for line in fh:
-            parts = line.split()
-            if len(parts) < 3:
-                continue
-            mnt = _unescape(parts[1])
-            inside = target == mnt or target.startswith(mnt.rstrip("/") + "/")
-            # later lines are mounted over earlier ones at the same point, so >= keeps the last
-            if inside and len(mnt) >= len(best.mountpoint):
-                best = Mount(mnt, parts[2])
+    for mnt, fstype in procs.mounts(mounts_file):
+        inside = target == mnt or target.startswith(mnt.rstrip("/") + "/")
+        # later lines are mounted over earlier ones at the same point, so >= keeps the last
+        if inside and len(mnt) >= len(best.mountpoint):
+            best = Mount(mnt, fstype)
     return best
-
-
-def _unescape(field_text: str) -> str:
-    """/proc/mounts writes space, tab, newline and backslash as octal escapes (\\040 ...)."""
-    out, i = [], 0
-    while i < len(field_text):
-        if field_text[i] == "\\" and field_text[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field_text[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field_text[i])
-            i += 1
-    return "".join(out)
 
 
 def _existing_ancestor(path: Path) -> Path:

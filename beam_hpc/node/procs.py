@@ -1,5 +1,6 @@
 """What the kernel says of a process, read from ``/proc``: the one reader of ``/proc/<pid>/stat``
-and its neighbours (cmdline, exe, status, environ, fd) for the job, the node steps and the tests.
+and its neighbours (cmdline, exe, status, environ, fd, and this process's mount table) for the job,
+the node steps and the tests.
 
 Why one: ``stat`` is easy to parse wrongly (the command name in field 2 may hold spaces and
 parentheses, so the fields are counted from its last ``)``), and "is it still running" must mean
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 PROC = "/proc"
+MOUNTS = f"{PROC}/self/mounts"
 GONE = "gone"  # state() of a process that no longer exists (or cannot be read)
 ENDED_STATES = frozenset({"Z", "X"})  # zombie, dead: ended, whatever its parent does
 # Field numbers of proc(5)'s /proc/<pid>/stat, counted as the manual does (1 = pid, 2 = comm).
@@ -38,6 +40,36 @@ def _stat_field(pid: int | str, number: int, proc: str = PROC) -> str | None:
     if fields is None or len(fields) <= number - 3:
         return None
     return fields[number - 3]
+
+
+class MountEntry(NamedTuple):
+    mountpoint: str
+    fstype: str
+
+
+def mounts(mounts_file: str = MOUNTS) -> list[MountEntry]:
+    """The mount table as this process sees it, in the kernel's order (a later line is mounted over
+    an earlier one at the same point), with proc(5)'s octal escapes (``\\040`` ...) undone."""
+    out = []
+    with open(mounts_file) as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) >= 3:
+                out.append(MountEntry(_unescape(parts[1]), parts[2]))
+    return out
+
+
+def _unescape(field_text: str) -> str:
+    """/proc/mounts writes space, tab, newline and backslash as octal escapes (\\040 ...)."""
+    out, i = [], 0
+    while i < len(field_text):
+        if field_text[i] == "\\" and field_text[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field_text[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field_text[i])
+            i += 1
+    return "".join(out)
 
 
 class Usage(NamedTuple):
