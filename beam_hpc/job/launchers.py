@@ -1,6 +1,19 @@
-"""How node steps are started and stopped: a strategy, so the rest of the job is the same code
-inside Slurm (:class:`SrunLauncher`) and on one machine (:class:`LocalLauncher`, ``beam-hpc
-execute``)."""
+"""How a job's Ray cluster comes and goes: a strategy, chosen once per job by :func:`for_job`, so
+the rest of the job (:mod:`beam_hpc.job.runner`) is the same code whoever starts the nodes.
+
+Three strategies:
+
+- :class:`SrunLauncher`, inside a Slurm allocation: one ``srun --het-group=i`` per group starts
+  the node steps, and the job's own Ray runs on them;
+- :class:`LocalLauncher`, on one machine (``beam-hpc execute``, tests): the node steps are
+  processes of this machine on loopback addresses;
+- :class:`SiteRayCluster`, where the site runs its own Ray cluster (site ``ray_address`` and
+  ``ray_token_file``): no node step starts, the head and token are the site's, and teardown leaves
+  that cluster and its token as they were.
+
+The first two bring up a cluster of the job's own (:class:`OwnCluster`: a fresh token in the run
+directory, the head on the first node of group 0, temp directories removed at the end).
+"""
 
 from __future__ import annotations
 
@@ -9,16 +22,30 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from glob import glob
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-from beam_hpc.job.context import JobContext, JobError
-from beam_hpc.node.ray_node import ClusterRuntime, loopback_ip, set_parent_death_signal
+from beam_hpc.config.site import Site
+from beam_hpc.job.context import JobContext, JobError, NodeStepFailed
+from beam_hpc.node import container
+from beam_hpc.node.ray_node import (
+    LOOPBACK_MAX_NODES,
+    ClusterRuntime,
+    loopback_ip,
+    node_ip,
+    ray_ports,
+    set_parent_death_signal,
+    temp_dir_prefix,
+    write_token,
+)
+from beam_hpc.node.step import node_binds
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import GroupPlan, Plan
 from beam_hpc.slurm import client as slurm_client
@@ -42,15 +69,29 @@ class StepHandle:
     output: Path
 
 
+class RayHead(NamedTuple):
+    """Where the job's Ray cluster is reached: what a launcher decides before anything starts."""
+
+    head_ip: str
+    gcs_port: int
+    host_stride: int  # port slots per host: LOOPBACK_MAX_NODES where nodes share one host, else 1
+    token_path: Path
+    existing: bool  # the site's own cluster: the job starts none of it and leaves it running
+
+
 class Launcher(Protocol):
-    """How node steps are started and stopped; the rest of the job does not care."""
+    """How this job's Ray cluster comes and goes; the rest of the job does not care."""
 
-    loopback: bool  # nodes share this host (distinct loopback addresses, per-node ports)
+    def head(self, plan: Plan, ctx: JobContext) -> RayHead:
+        """The head's address and the token file (a fresh one for a cluster of the job's own)."""
+        ...
 
-    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime,
-               container: Sequence[str] = ()) -> list[StepHandle]:
-        """Start the group's node steps; ``container``: srun options that put each task in the
-        site's image (pyxis's, from beam_hpc.node.container.srun_options), empty otherwise."""
+    def start_nodes(self, plan: Plan, rt: ClusterRuntime, argv: list[str], env: dict[str, str]) -> list[StepHandle]:
+        """Start every group's node steps (``argv``: the node step's command, ``--group`` added)."""
+        ...
+
+    def binds(self, rt: ClusterRuntime) -> list[str]:
+        """Host paths beyond the run directory that a process talking to this Ray needs in its container."""
         ...
 
     def ask_to_stop(self, handles: list[StepHandle], rt: ClusterRuntime) -> None: ...
@@ -61,11 +102,56 @@ class Launcher(Protocol):
         """(node, task index, what) for each task the launcher itself saw fail."""
         ...
 
+    def clean_up(self, rt: ClusterRuntime) -> None:
+        """After every process of the job has gone: what of the cluster is the job's to remove."""
+        ...
+
+
+class OwnCluster:
+    """What :class:`SrunLauncher` and :class:`LocalLauncher` share: the job brings up a Ray cluster
+    of its own, one node step per node, and removes its token and temp directories at the end.
+    Subclasses say how one group's node steps start (:meth:`launch`) and stop."""
+
+    loopback: bool  # nodes share this host (distinct loopback addresses, per-node ports)
+
+    def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime,
+               container: Sequence[str] = ()) -> list[StepHandle]:
+        """Start the group's node steps; ``container``: srun options that put each task in the
+        site's image (pyxis's, from beam_hpc.node.container.srun_options), empty otherwise."""
+        raise NotImplementedError
+
+    def head(self, plan: Plan, ctx: JobContext) -> RayHead:
+        token = write_token(Path(plan.paths.ray_auth(ctx.segment)))
+        stride = LOOPBACK_MAX_NODES if self.loopback else 1
+        head_ip = loopback_ip(0) if self.loopback else node_ip(plan.site.network, 0)
+        return RayHead(head_ip, ray_ports(plan.site.ray, ctx.job_num, 0, stride).gcs, stride, token, existing=False)
+
+    def start_nodes(self, plan: Plan, rt: ClusterRuntime, argv: list[str], env: dict[str, str]) -> list[StepHandle]:
+        handles: list[StepHandle] = []
+        for g in plan.groups:
+            log.info("starting node steps of group %s (%d nodes: %s)", g.name, g.nodes, ",".join(rt.nodelists.get(g.name, [])))
+            # pyxis: the container around each task, given to srun (none for other runtimes)
+            around = container.srun_options(plan.site, job_id=rt.job_id, workdir=plan.output_dir,
+                                            binds=node_binds(plan, rt.token_path, g))
+            handles += self.launch(g, [*argv, "--group", g.name], env, rt, container=around)
+        return handles
+
+    def binds(self, rt: ClusterRuntime) -> list[str]:
+        return []  # the token lives in the run directory
+
+    def clean_up(self, rt: ClusterRuntime) -> None:
+        for d in glob(temp_dir_prefix(rt.job_id, rt.restart, rt.temp_root) + "*"):
+            shutil.rmtree(d, ignore_errors=True)
+        token_dir = Path(rt.token_path).parent
+        shutil.rmtree(token_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            token_dir.parent.rmdir()  # .ray-auth, when no other segment's token is left
+
 
 _SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)[^:]*: (.+)")
 
 
-class SrunLauncher:
+class SrunLauncher(OwnCluster):
     """Inside a Slurm allocation: ``srun --het-group=i`` per group, one task per node.
 
     ``--kill-on-bad-exit`` turns one dead node step into the end of its group's srun, which the job
@@ -161,7 +247,7 @@ class SrunLauncher:
         return [(m[1], int(m[2]), m[3].strip()) for m in _SRUN_TASK_ERROR.finditer(text)]
 
 
-class LocalLauncher:
+class LocalLauncher(OwnCluster):
     """No Slurm: every node step is a subprocess of this machine with its own loopback address
     (127.0.0.10+i), GPU count from the plan (fake GPUs for Ray), CPUs from the plan or this host."""
 
@@ -200,6 +286,53 @@ class LocalLauncher:
         return []
 
 
+class SiteRayCluster:
+    """The site's own Ray cluster (site ``ray_address`` + ``ray_token_file``): nothing to start,
+    nothing to stop. Readiness (told by ``runtime.json``'s ``existing``) checks that the cluster has
+    every group's nodes and GPUs; the job's processes bind the token's directory."""
+
+    def __init__(self, site: Site) -> None:
+        self.address, self.token_file = site.ray_address or "", site.ray_token_file or ""
+
+    def head(self, plan: Plan, ctx: JobContext) -> RayHead:
+        host, _, port = self.address.rpartition(":")
+        return RayHead(host, int(port), 1, self._token(), existing=True)
+
+    def _token(self) -> Path:
+        """The site's token file: it must be there and readable by the job."""
+        p = Path(self.token_file)
+        try:
+            ok = p.is_file() and bool(p.read_text().strip())
+        except OSError as err:
+            raise JobError(f"ray_token_file: cannot read {p} ({err.strerror}); the job must be able to read the "
+                           "existing Ray cluster's token (set ray_token_file in the site or --ray-token-file)") from None
+        if not ok:
+            raise JobError(f"ray_token_file: {p} is missing or empty; point ray_token_file (or --ray-token-file) at "
+                           "the existing Ray cluster's token file")
+        if p.stat().st_mode & 0o077:
+            log.warning("ray_token_file %s is readable by others (mode %o); chmod 600 it", p, p.stat().st_mode & 0o777)
+        return p
+
+    def start_nodes(self, plan: Plan, rt: ClusterRuntime, argv: list[str], env: dict[str, str]) -> list[StepHandle]:
+        log.info("using the site's Ray cluster at %s: no node step started", rt.address)
+        return []
+
+    def binds(self, rt: ClusterRuntime) -> list[str]:
+        return [str(Path(rt.token_path).parent)]  # the site's token file lives outside the run directory
+
+    def ask_to_stop(self, handles: list[StepHandle], rt: ClusterRuntime) -> None:
+        pass  # no node step of the job's own
+
+    def force_stop(self, handles: list[StepHandle]) -> None:
+        pass
+
+    def launcher_errors(self, handle: StepHandle) -> list[tuple[str, int, str]]:
+        return []
+
+    def clean_up(self, rt: ClusterRuntime) -> None:
+        log.info("the site's Ray cluster at %s keeps running", rt.address)  # its temp dirs and token are the site's
+
+
 def rt_first_index(rt: ClusterRuntime, group: GroupPlan) -> int:
     """Global index of the group's first node (groups in het order): from the node lists."""
     order = list(rt.nodelists)
@@ -214,13 +347,40 @@ def reports(rt: ClusterRuntime, group: GroupPlan) -> list[dict]:
     return out
 
 
+def node_failure(launcher: Launcher, rt: ClusterRuntime, h: StepHandle) -> NodeStepFailed:
+    """What a node step that ended means: the node named by its own report, else by the launcher's
+    output (srun's task errors), else the first node of the handle, with its log."""
+    g, rc = h.group, h.proc.returncode
+    failed = [r for r in reports(rt, g) if r.get("state") == "failed"]
+    if h.local_index is not None:
+        failed = [r for r in failed if r.get("local_index") == h.local_index] or failed
+    errors = launcher.launcher_errors(h)
+    if failed:
+        r = failed[0]
+        i = int(r.get("local_index", 0))
+        node, detail = rt.node_name(g.name, i), r.get("error", "failed")
+    elif errors:
+        node, i, detail = errors[0]
+    else:
+        i = h.local_index or 0
+        node, detail = rt.node_name(g.name, i), f"exit code {rc}"
+    log_path = str(rt.node_log(g.name, i))
+    msg = f"node step of group {g.name} on node {node} ended: {detail}; log: {log_path}"
+    if h.local_index is None:
+        msg += f" (srun output: {h.output})"
+    return NodeStepFailed(msg, node=node, log_path=log_path, failed_nodes=[{"node": node, "why": f"node step failed: {detail}"}])
+
+
 def for_job(plan: Plan, *, srun: bool | None = None, env: Mapping[str, str] | None = None) -> tuple[JobContext, Launcher]:
-    """The job's context and launcher: srun inside a Slurm allocation, else processes of this
-    machine (``beam-hpc execute``, tests). ``srun``: None decides by whether ``env`` (default: this
+    """The job's context and launcher, the one place either is chosen: the site's own Ray cluster
+    when the site names one, else srun inside a Slurm allocation, else processes of this machine
+    (``beam-hpc execute``, tests). ``srun``: None decides by whether ``env`` (default: this
     process's) is a Slurm job's. Raises JobError when the allocation does not fit the plan."""
     if srun is None:
         srun = SlurmEnvironment(dict(os.environ if env is None else env)).in_job
+    ctx = JobContext.from_slurm(plan, env) if srun else JobContext.local(plan)
+    if plan.site.ray_address:
+        return ctx, SiteRayCluster(plan.site)
     if srun:
-        ctx = JobContext.from_slurm(plan, env)
         return ctx, SrunLauncher(ctx, loopback=plan.site.network.ip_source == "loopback")
-    return JobContext.local(plan), LocalLauncher()
+    return ctx, LocalLauncher()

@@ -148,6 +148,26 @@ def missing_nodes(status: Status, plan: Plan, rt: ClusterRuntime) -> list[str]:
     return out
 
 
+def never_joined(plan: Plan, rt: ClusterRuntime, report: dict, message: str) -> list[dict[str, str]]:
+    """The job's side of a failed wait: the Slurm nodes whose Ray never joined (the node steps'
+    reported addresses against ready.json's joined hosts), to exclude next time. None are blamed
+    when no node joined at all (or the report says nothing): then the head, the network or the site
+    is at fault, not one node."""
+    joined = {h.get("ip") for j in (report.get("joined") or {}).values() for h in j.get("hosts", [])}
+    if not joined:
+        return []
+    missing = []
+    for g in plan.groups:
+        for i in range(g.nodes):
+            try:
+                ip = json.loads(rt.node_report(g.name, i).read_text()).get("ip")
+            except (OSError, ValueError):
+                ip = None
+            if ip is None or ip not in joined:
+                missing.append({"node": rt.node_name(g.name, i), "why": f"its Ray did not join in time ({message})"})
+    return missing if len(missing) < sum(g.nodes for g in plan.groups) else []
+
+
 def wait_ready(plan: Plan, rt: ClusterRuntime, *, output: Path | None = None, poll_s: float = POLL_S) -> Status:
     """Poll until ready or ``rt.deadline``; write the report to ``output`` (ready.json)."""
     import ray

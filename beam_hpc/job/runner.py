@@ -7,9 +7,10 @@ starts one node step per group (:mod:`beam_hpc.node.step`, through a launcher of
 addresses for ``beam-hpc execute``), waits for readiness (:mod:`beam_hpc.job.readiness`), runs the
 driver with the job's Ray environment, failing fast on a dead node step throughout, and tears down:
 driver, readiness, node steps (SIGTERM through Slurm, then kill), this job's stragglers on this host
-by PID, the Ray temp dirs and the token; never ``ray stop`` or ``pkill``: other jobs may share the
-nodes. Where the site runs its own Ray cluster (site ``ray_address`` + ``ray_token_file``), no node
-step starts and teardown leaves that cluster and its token as they were. Lifecycle code (ledger,
+by PID, then what the launcher says is the job's (for a cluster of its own, the Ray temp dirs and
+the token); never ``ray stop`` or ``pkill``: other jobs may share the nodes. The launcher is the
+one difference between a job inside Slurm, one on this machine and one on the site's own Ray
+cluster; it is chosen once, by :func:`beam_hpc.job.launchers.for_job`. Lifecycle code (ledger,
 lock, walltime, requeue) wraps it; :func:`run_job` returns a :class:`JobOutcome` and never raises
 for job failures. :func:`run_plan` (``python -m beam_hpc.job.runner``) runs a job with no lifecycle
 around it, as ``--smoke`` does.
@@ -29,11 +30,11 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from glob import glob
 from pathlib import Path
 from typing import IO, Any
 
 from beam_hpc.backends.miles.external_engines import attach as attach_engines
+from beam_hpc.files import write_json_atomic
 from beam_hpc.job.context import (  # noqa: F401 (re-exported: the runner's public names)
     STATUSES,
     JobContext,
@@ -44,28 +45,13 @@ from beam_hpc.job.context import (  # noqa: F401 (re-exported: the runner's publ
     StopRequested,
     expand_nodelist,
 )
-from beam_hpc.job.launchers import Launcher, LocalLauncher, SrunLauncher, StepHandle, for_job, reports  # noqa: F401
-from beam_hpc.job.readiness import EXIT_READY
+from beam_hpc.job.launchers import Launcher, StepHandle, for_job, node_failure
+from beam_hpc.job.readiness import EXIT_READY, never_joined
 from beam_hpc.job.smoke import smoke_driver_argv
 from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node import container, stacks
 from beam_hpc.node.container import container_command
-from beam_hpc.node.ray_node import (
-    LOOPBACK_MAX_NODES,
-    ClusterRuntime,
-    clean_env,
-    driver_job_env,
-    loopback_ip,
-    node_ip,
-    ray_env,
-    ray_ports,
-    set_parent_death_signal,
-    sweep,
-    temp_dir_prefix,
-    write_json_atomic,
-    write_token,
-)
-from beam_hpc.node.step import node_binds
+from beam_hpc.node.ray_node import ClusterRuntime, clean_env, driver_job_env, ray_env, set_parent_death_signal, sweep
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import Plan, fill
 
@@ -160,9 +146,7 @@ class JobRunner:
         env.update(BEAM_RAY_ADDRESS=self.rt.address, BEAM_JOB_ID=self.ctx.job_id, BEAM_RUN_DIR=self.plan.output_dir)
         env.update(driver_job_env(self.ctx.segment, self.ctx.job_num))  # its segment id and port slot
         env[stacks.SEGMENT_DIR_VAR] = str(self.segment_dir)  # also where its stacks go (beam_hpc.node.stacks)
-        binds = [self.plan.output_dir]
-        if self.rt.existing:  # the site's token file lives outside the run directory
-            binds.append(str(Path(self.rt.token_path).parent))
+        binds = [self.plan.output_dir, *self.launcher.binds(self.rt)]
         if self.plan.nvme.enabled:
             binds.append(self.plan.nvme.root)
         cmd = container_command(self.site, argv, env, binds, base=clean_env(os.environ))
@@ -171,23 +155,15 @@ class JobRunner:
     # -- phases ------------------------------------------------------------------------------
     def prepare(self) -> ClusterRuntime:
         """Token, runtime.json and segment directory; no process started yet."""
-        plan, ctx, site = self.plan, self.ctx, self.site
+        ctx = self.ctx
         self.segment_dir.mkdir(parents=True, exist_ok=True)
-        if site.ray_address:  # the site's own cluster: its address and token, nothing to create
-            host, _, port = site.ray_address.rpartition(":")
-            token, head_ip, gcs_port, stride = existing_token(site.ray_token_file or ""), host, int(port), 1
-        else:
-            token = write_token(Path(plan.paths.ray_auth(ctx.segment)))
-            loopback = self.launcher.loopback
-            head_ip = loopback_ip(0) if loopback else node_ip(site.network, 0)
-            stride = LOOPBACK_MAX_NODES if loopback else 1
-            gcs_port = ray_ports(site.ray, ctx.job_num, 0, stride).gcs
+        head = self.launcher.head(self.plan, ctx)
         self.rt = ClusterRuntime(
             job_id=ctx.job_id, job_num=ctx.job_num, restart=ctx.restart, job_tag=self.job_tag,
-            head_ip=head_ip, gcs_port=gcs_port,
-            host_stride=stride, token_path=str(token), segment_dir=str(self.segment_dir),
+            head_ip=head.head_ip, gcs_port=head.gcs_port, host_stride=head.host_stride,
+            token_path=str(head.token_path), segment_dir=str(self.segment_dir),
             nonce=secrets.token_hex(8), deadline=time.time() + self.ready_timeout_s,
-            nodelists=ctx.nodelists, existing=bool(site.ray_address),
+            nodelists=ctx.nodelists, existing=head.existing,
         )
         shutil.rmtree(self.rt.node_dir, ignore_errors=True)  # reports of an earlier try
         self.rt.write()
@@ -198,18 +174,7 @@ class JobRunner:
         rt = self.rt or self.prepare()
         step_argv = [container.node_step_python(self.site), "-m", "beam_hpc.node.step", "--plan",
                      self.plan.paths.plan, "--runtime", str(rt.path), "--nonce", rt.nonce]
-        step_env = dict(os.environ, PYTHONUNBUFFERED="1")
-        if rt.existing:
-            log.info("using the site's Ray cluster at %s: no node step started", rt.address)
-        else:
-            for g in self.plan.groups:
-                log.info("starting node steps of group %s (%d nodes: %s)", g.name, g.nodes,
-                         ",".join(rt.nodelists.get(g.name, [])))
-                # pyxis: the container around each task, given to srun (none for other runtimes)
-                around = container.srun_options(self.site, job_id=rt.job_id, workdir=self.plan.output_dir,
-                                                binds=node_binds(self.plan, rt.token_path, g))
-                self.steps += self.launcher.launch(g, step_argv + ["--group", g.name], step_env, rt,
-                                                   container=around)
+        self.steps = self.launcher.start_nodes(self.plan, rt, step_argv, dict(os.environ, PYTHONUNBUFFERED="1"))
         ready_json = self.seg.ready
         argv, env = self._ray_process([self._container_python(), "-m", "beam_hpc.job.readiness",
                                        "--plan", self.plan.paths.plan, "--runtime", str(rt.path),
@@ -231,30 +196,10 @@ class JobRunner:
                 self.check()  # a node step that died explains it better
                 message = (report.get("summary") or
                            f"readiness check failed (exit {rc}); see {self.seg.readiness_log}")
-                raise NotReady(message, failed_nodes=self._never_joined(report, message))
+                raise NotReady(message, failed_nodes=never_joined(self.plan, rt, report, message) if self.steps else [])
             if time.time() > rt.deadline + 60:
                 raise NotReady(f"readiness check did not finish by its deadline; see {self.seg.readiness_log}")
             time.sleep(POLL_S)
-
-    def _never_joined(self, report: dict, message: str) -> list[dict[str, str]]:
-        """The Slurm nodes whose Ray never joined (by the node steps' reported addresses against
-        ready.json's joined hosts). None are blamed when no node joined at all (or the report
-        says nothing): then the head, the network or the site is at fault, not one node."""
-        rt = self.rt
-        joined = {h.get("ip") for j in (report.get("joined") or {}).values() for h in j.get("hosts", [])}
-        if rt is None or rt.existing or not joined:
-            return []
-        missing = []
-        for g in self.plan.groups:
-            for i in range(g.nodes):
-                try:
-                    ip = json.loads(rt.node_report(g.name, i).read_text()).get("ip")
-                except (OSError, ValueError):
-                    ip = None
-                if ip is None or ip not in joined:
-                    missing.append({"node": rt.node_name(g.name, i), "why": f"its Ray did not join in time ({message})"})
-        total = sum(g.nodes for g in self.plan.groups)
-        return missing if len(missing) < total else []
 
     def check(self) -> None:
         """Raise StopRequested when asked to stop, NodeStepFailed as soon as a node step ended."""
@@ -262,30 +207,7 @@ class JobRunner:
             raise StopRequested(f"stop requested ({self.stop_reason})")
         for h in self.steps:
             if h.proc.poll() is not None:
-                raise self._node_failure(h)
-
-    def _node_failure(self, h: StepHandle) -> NodeStepFailed:
-        assert self.rt is not None
-        rt, g, rc = self.rt, h.group, h.proc.returncode
-        failed = [r for r in reports(rt, g) if r.get("state") == "failed"]
-        if h.local_index is not None:
-            failed = [r for r in failed if r.get("local_index") == h.local_index] or failed
-        errors = self.launcher.launcher_errors(h)
-        if failed:
-            r = failed[0]
-            i = int(r.get("local_index", 0))
-            node, detail = rt.node_name(g.name, i), r.get("error", "failed")
-        elif errors:
-            node, i, detail = errors[0]
-        else:
-            i = h.local_index or 0
-            node, detail = rt.node_name(g.name, i), f"exit code {rc}"
-        log_path = str(rt.node_log(g.name, i))
-        msg = f"node step of group {g.name} on node {node} ended: {detail}; log: {log_path}"
-        if h.local_index is None:
-            msg += f" (srun output: {h.output})"
-        return NodeStepFailed(msg, node=node, log_path=log_path,
-                              failed_nodes=[{"node": node, "why": f"node step failed: {detail}"}])
+                raise node_failure(self.launcher, self.rt, h)
 
     def _placeholder_values(self) -> dict[str, str]:
         """What the plan's placeholders stand for in this job (see plan.PLACEHOLDERS)."""
@@ -410,34 +332,10 @@ class JobRunner:
             left = sweep(self.job_tag, grace_s=2.0)  # only this job's tag: never the site's cluster
             if left:
                 log.info("stopped %d leftover processes of this job by PID: %s", len(left), left)
-            if rt.existing:  # its temp dirs and its token file are the site's: left as they are
-                log.info("the site's Ray cluster at %s keeps running", rt.address)
-            else:
-                for d in glob(temp_dir_prefix(rt.job_id, rt.restart, rt.temp_root) + "*"):
-                    shutil.rmtree(d, ignore_errors=True)
-                token_dir = Path(rt.token_path).parent
-                shutil.rmtree(token_dir, ignore_errors=True)
-                with contextlib.suppress(OSError):
-                    token_dir.parent.rmdir()  # .ray-auth, when no other segment's token is left
+            self.launcher.clean_up(rt)
         self._torn_down = time.monotonic() - t
         log.info("teardown took %.1f s", self._torn_down)
         return self._torn_down
-
-
-def existing_token(path: str) -> Path:
-    """The site's token file for its own cluster: it must be there and readable by the job."""
-    p = Path(path)
-    try:
-        ok = p.is_file() and bool(p.read_text().strip())
-    except OSError as err:
-        raise JobError(f"ray_token_file: cannot read {p} ({err.strerror}); the job must be able to read the "
-                       "existing Ray cluster's token (set ray_token_file in the site or --ray-token-file)") from None
-    if not ok:
-        raise JobError(f"ray_token_file: {p} is missing or empty; point ray_token_file (or --ray-token-file) at "
-                       "the existing Ray cluster's token file")
-    if p.stat().st_mode & 0o077:
-        log.warning("ray_token_file %s is readable by others (mode %o); chmod 600 it", p, p.stat().st_mode & 0o777)
-    return p
 
 
 def _stop_group(proc: subprocess.Popen | None, grace_s: float) -> None:
@@ -501,12 +399,13 @@ def run_local(plan: Plan, *, driver_argv: Sequence[str] | None = None,
               ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
               on_tick: Callable[[JobRunner], None] | None = None) -> JobOutcome:
     """The job of ``plan`` with no Slurm and no lifecycle: node steps are subprocesses of this
-    machine (tests and benchmarks; ``beam-hpc execute`` runs a whole segment, beam_hpc.job.segment,
-    which uses the same LocalLauncher). Ctrl-C stops it cleanly."""
+    machine, or the site's own Ray cluster where the site names one (tests and benchmarks;
+    ``beam-hpc execute`` runs a whole segment, beam_hpc.job.segment, through the same choice).
+    Ctrl-C stops it cleanly."""
     if not Path(plan.paths.plan).exists():  # a Plan made in this process (tests, benchmarks): the
         plan.write()                          # node steps read it from the run directory, like a job
-    runner = JobRunner(plan, LocalLauncher(), JobContext.local(plan), driver_argv=driver_argv,
-                       ready_timeout_s=ready_timeout_s)
+    ctx, launcher = for_job(plan, srun=False)
+    runner = JobRunner(plan, launcher, ctx, driver_argv=driver_argv, ready_timeout_s=ready_timeout_s)
     return run_job(runner, on_tick)
 
 

@@ -189,7 +189,7 @@ class Segment:
         if refusal is not None:  # the backend itself would stop at its first line: no Ray, no retry
             return self._finish(Reason.ERROR, refusal, retryable=False)
         try:
-            ctx, launcher = launchers.for_job(self.plan, srun=self.job_id is not None, env=self.env)
+            ctx, launcher = launchers.for_job(self.plan, env=self.env)
         except runtime.JobError as err:
             return self._finish(Reason.ERROR, str(err), retryable=False)
         with open(self.paths.segment(self.ledger_job_id, self.restart).driver_log, "ab") as driver_out:

@@ -1,5 +1,6 @@
-"""beam_hpc.job.launchers.for_job: the one place that picks srun or local processes (the launchers
-themselves run in tests/job/test_job_slurm.py and test_job_local.py)."""
+"""beam_hpc.job.launchers.for_job: the one place that picks srun, local processes or the site's own
+Ray cluster (the launchers themselves run in tests/job/test_job_slurm.py, test_job_local.py and
+test_existing_ray.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 from job_plans import make_test_plan
 
 from beam_hpc.job.context import JobError
-from beam_hpc.job.launchers import LocalLauncher, SrunLauncher, for_job
+from beam_hpc.job.launchers import LocalLauncher, SiteRayCluster, SrunLauncher, for_job
+from beam_hpc.node.ray_node import ClusterRuntime
 
 
 def test_srun_inside_a_slurm_job_else_local_processes(tmp_path: Path) -> None:
@@ -18,6 +20,37 @@ def test_srun_inside_a_slurm_job_else_local_processes(tmp_path: Path) -> None:
     assert isinstance(launcher, LocalLauncher) and ctx.job_id.startswith("l")
     ctx, launcher = for_job(plan, srun=False, env={"SLURM_JOB_ID": "5"})  # asked for local processes
     assert isinstance(launcher, LocalLauncher)
+
+
+def test_a_site_that_names_its_ray_cluster_gets_that_cluster_and_starts_nothing(tmp_path: Path) -> None:
+    """The site's own cluster is a launcher of its own: its head and token are the site's, it starts
+    no node step, it binds the token's directory, and its clean-up removes nothing of the site's."""
+    token = tmp_path / "site-auth" / "token"
+    token.parent.mkdir()
+    token.write_text("secret\n")
+    token.chmod(0o600)
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1,
+                          site={"ray_address": "127.0.0.40:6390", "ray_token_file": str(token)})
+    ctx, launcher = for_job(plan, env={})
+    assert isinstance(launcher, SiteRayCluster)
+    head = launcher.head(plan, ctx)
+    assert (head.head_ip, head.gcs_port, head.token_path, head.existing) == ("127.0.0.40", 6390, token, True)
+    assert not (tmp_path / "run" / ".ray-auth").exists(), "no token of the job's own"
+    rt = _runtime(ctx, head, tmp_path)
+    assert launcher.binds(rt) == [str(token.parent)]
+    assert launcher.start_nodes(plan, rt, ["python", "-m", "beam_hpc.node.step"], {}) == []
+    launcher.clean_up(rt)
+    assert token.read_text() == "secret\n"
+    token.write_text("")
+    with pytest.raises(JobError, match=r"ray_token_file: .* is missing or empty"):
+        launcher.head(plan, ctx)
+
+
+def _runtime(ctx, head, tmp_path: Path) -> ClusterRuntime:
+    return ClusterRuntime(job_id=ctx.job_id, job_num=ctx.job_num, restart=0, job_tag="t", head_ip=head.head_ip,
+                          gcs_port=head.gcs_port, host_stride=head.host_stride, token_path=str(head.token_path),
+                          segment_dir=str(tmp_path / "seg"), nonce="n", deadline=0.0, nodelists=ctx.nodelists,
+                          existing=head.existing)
 
 
 @pytest.mark.slow

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from job_plans import make_test_plan
 
-from beam_hpc.job.context import JobContext
-from beam_hpc.job.launchers import LocalLauncher
+from beam_hpc.job.launchers import for_job
 from beam_hpc.job.runner import JobRunner
 from beam_hpc.node import stacks
 
@@ -32,7 +31,8 @@ driver_waiting_on_a_collective()
 
 def _runner(tmp_path: Path) -> JobRunner:
     plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1, local_run=True)
-    runner = JobRunner(plan, LocalLauncher(), JobContext.local(plan), stop_grace_s=1.0)
+    ctx, launcher = for_job(plan, srun=False)
+    runner = JobRunner(plan, launcher, ctx, stop_grace_s=1.0)
     runner.segment_dir.mkdir(parents=True, exist_ok=True)
     return runner
 
