@@ -25,9 +25,11 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "beam_hpc"
 # of that job are the submission's (submission/rollout_job.py).
 LAYERS = ("cli", "observe", "submission", "job", "elastic", "lifecycle", "backends", "node", "reward", "data",
           "run", "slurm", "plan", "config")
-# Leaf modules every stage may use: they import nothing of beam_hpc (errors, the progress bar, and
-# run/files.py's atomic write and file lock, which plan.json's writer needs as much as the ledger).
-LEAVES = ("beam_hpc.errors", "beam_hpc.progress", "beam_hpc", "beam_hpc.run.files")
+# The package's face (beam_hpc/__init__.py) names the public API, which lives in the top layers: no
+# module of the package imports it. Below every layer sit the leaves, the modules at the top of the
+# package (errors, the progress bar, the log format, the atomic-file helpers, the version, the tests'
+# fault hooks): every stage may import them, and they import nothing of beam_hpc but one another.
+FACE = "beam_hpc"
 HEAVY = ("ray", "submitit", "torch")
 ALLOCATION_STAGES = ("job", "elastic", "node", "lifecycle")
 
@@ -118,7 +120,7 @@ def test_no_import_cycles_counting_imports_in_function_bodies() -> None:
     modules, edges = graph()
     internal: dict[str, set[str]] = {}
     for imp in edges:
-        if imp.target in modules and imp.target != imp.source and imp.target != "beam_hpc":
+        if imp.target in modules and imp.target != imp.source and imp.target != FACE:
             internal.setdefault(imp.source, set()).add(imp.target)
     cycle = find_cycle(sorted(modules), internal)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
@@ -129,7 +131,7 @@ def test_imports_point_down_the_layers() -> None:
     bad = []
     for imp in edges:
         src, dst = stage(imp.source), stage(imp.target)
-        if src is None or dst is None or src == dst or imp.target in LEAVES:
+        if src is None or dst is None or src == dst:
             continue
         if LAYERS.index(dst) < LAYERS.index(src):
             bad.append(_describe(imp, modules))
@@ -225,11 +227,26 @@ def test_only_the_cli_prints_for_people_and_picks_exit_codes() -> None:
     assert not bad, "\n".join(bad)
 
 
-def test_leaves_import_nothing_of_beam_hpc() -> None:
+def leaves(modules: dict[str, Path]) -> set[str]:
+    """The modules at the top of the package, beside the layers' folders (the face excluded)."""
+    return {name for name, path in modules.items() if path.parent == PACKAGE_DIR and name != FACE}
+
+
+def test_leaves_import_only_leaves() -> None:
     modules, edges = graph()
+    below = leaves(modules)
+    assert {"beam_hpc.errors", "beam_hpc.files", "beam_hpc.version"} <= below  # the checker sees them
     bad = [_describe(i, modules) for i in edges
-           if i.source in LEAVES and i.source != "beam_hpc" and i.target.startswith("beam_hpc")]
-    assert not bad, "\n".join(bad)
+           if i.source in below and i.target.startswith("beam_hpc") and i.target not in below]
+    assert not bad, "a leaf imports beyond the leaves:\n" + "\n".join(bad)
+
+
+def test_no_module_imports_the_package_face() -> None:
+    """``from beam_hpc import __version__`` used to climb from slurm through the face, whose public
+    names are the top layers' (submit, Plan); the version is a leaf of its own (beam_hpc.version)."""
+    modules, edges = graph()
+    bad = [_describe(i, modules) for i in edges if i.target == FACE and i.source != FACE]
+    assert not bad, "import the leaf or the module itself, not the package face:\n" + "\n".join(bad)
 
 
 def test_the_walker_sees_imports_inside_functions(tmp_path: Path) -> None:
