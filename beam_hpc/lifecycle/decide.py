@@ -2,28 +2,19 @@
 
 The end of a segment (:mod:`beam_hpc.lifecycle.end`) hands in what it did (:class:`Outcome`) and
 the ledger's earlier segments; :func:`decide` answers with a :class:`Decision` whose ``action`` is
-written to the ledger's end line as ``next.action`` (the :class:`Action` values are those strings).
+written to the ledger's end line as ``next.action`` (:class:`Action`, the ledger's own enum).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
-from beam_hpc.run.ledger import Reason
+from beam_hpc.run.ledger import Action, Reason
 
 # a stall is a failure too: it retries once without progress
 FAILURES = (Reason.ERROR, Reason.NODE_FAILURE, Reason.STALLED)
 STALLED = Reason.STALLED
-
-
-class Action(StrEnum):
-    """What the segment does next (the ledger's ``next.action`` strings)."""
-
-    RESUBMIT = "resubmit"  # a new job, after this one, with --resume
-    REQUEUE = "requeue"  # the same job id again (preemption)
-    NONE = "none"  # the chain ends here
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,16 @@ class Reason(StrEnum):
     STALLED = "stalled"  # no rollout finished within the stall timeout
 
 
+class Action(StrEnum):
+    """What follows a segment: the end line's ``next.action`` (beam_hpc.lifecycle.decide chooses it)."""
+
+    RESUBMIT = "resubmit"  # a new job, after this one, with --resume
+    REQUEUE = "requeue"  # the same job id again (preemption)
+    NONE = "none"  # the chain ends here
+
+
 REASONS = tuple(r.value for r in Reason)
-ACTIONS = ("resubmit", "requeue", "none")
+ACTIONS = tuple(a.value for a in Action)
 
 
 class LedgerError(InputError):
@@ -136,7 +144,7 @@ def end_record(
         "rollouts_at_end": int(rollouts_at_end),
         "reason": Reason(reason).value,
         "detail": detail,
-        "next": {"action": next_action, "job_id": None if next_job_id is None else str(next_job_id)},
+        "next": {"action": Action(next_action).value, "job_id": None if next_job_id is None else str(next_job_id)},
         "timings": {"rollout_s": rollout_s, "save_s": save_s},
         "ready_s": ready_s,
         "rollouts_run": rollouts_run,
