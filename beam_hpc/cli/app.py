@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from beam_hpc.errors import EXIT_FAILURE, BeamError, InputError, shorten
+from beam_hpc.files import write_atomic
 from beam_hpc.logging_setup import log_to_stream
 from beam_hpc.version import __version__
 
@@ -84,15 +85,13 @@ def cmd_render(args: argparse.Namespace) -> int:
     request = SubmitRequest(plan=plan, segment=SegmentArgs(), via=Via.SBATCH,
                             source=f"{Path(args.recipe).name} + site {plan.site.name}")
     text = request.script_text()
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text)
-        Path(args.output).chmod(0o755)
+    if args.output:  # whole or not at all: a reader (or sbatch) never sees half a script
+        write_atomic(args.output, text, mode=0o755)
         print(f"wrote {args.output}")
     else:
         sys.stdout.write(text)
     if args.plan_json:
-        Path(args.plan_json).write_text(plan.to_json())
+        write_atomic(args.plan_json, plan.to_json())
     return 0
 
 

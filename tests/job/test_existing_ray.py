@@ -192,6 +192,8 @@ def test_cli_ray_address_goes_into_the_plan_and_needs_a_token_file(tmp_path, cap
     assert cli.main(args + ["--ray-token-file", "/etc/ray/token"]) == 0
     site = json.loads(out.read_text())["site"]
     assert (site["ray_address"], site["ray_token_file"]) == ("10.0.0.1:6379", "/etc/ray/token")
+    assert (tmp_path / "job.sbatch").stat().st_mode & 0o777 == 0o755  # published whole, executable
+    assert not list(tmp_path.glob(".*.tmp")), "render's atomic writes leave no temporary behind"
     capsys.readouterr()
     submit = ["submit", *common, "--ray-address", "10.0.0.1:6379", "--ray-token-file", "/etc/ray/token", "--dry-run"]
     assert cli.main(submit) == 0
