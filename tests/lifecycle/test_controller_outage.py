@@ -19,6 +19,7 @@ test_controller_outage_chain.py's.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shlex
 import subprocess
@@ -310,6 +311,7 @@ def test_a_stopped_controller_reads_as_unreachable_and_a_bad_partition_as_a_refu
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_hung_controller_reads_as_busy_and_a_lost_answer_is_found_not_sent_twice(outage, tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger=actions.__name__)
     job = _running_job(outage, tmp_path)
     outage.pause_controller()  # accepts connections, answers nothing: an overloaded controller
     try:
@@ -322,27 +324,33 @@ def test_a_hung_controller_reads_as_busy_and_a_lost_answer_is_found_not_sent_twi
     landed = _until("the lost submission to show", lambda: client.dependents(job), 30)
     assert len(landed) == 1  # Slurm carried out the request whose answer timed out
     client.cancel(landed)
-    # the same through resubmit: its first answer is lost, it looks, finds the job, sends nothing more
+    # The same through resubmit, with its first answer lost for certain: that sbatch goes to the
+    # paused controller and times out. Resubmit's own pause between attempts (its ``sleep`` hook)
+    # resumes the controller and returns only once the lost request has landed, so the look that
+    # comes next has a lost answer to find, and must find it rather than send the job again.
     outage.pause_controller()
-    box: dict[str, object] = {}
-    worker = threading.Thread(target=lambda: box.update(out=_timed(lambda: actions.resubmit(
-        str(_sleeper(tmp_path, "next")), SegmentArgs(resume=True), lead_s=45, dependency=f"afterany:{job}",
-        output=f"{tmp_path}/%j.out", deadline=time.time() + 180))))
-    worker.start()
-    time.sleep(15)  # past the first attempt's MessageTimeout (10 s): its answer is lost
-    outage.resume_controller()
-    worker.join(timeout=180)
-    out, _ = box["out"]  # type: ignore[misc]
-    assert isinstance(out, str) and out.isdigit(), repr(out)
-    assert client.dependents(job) == [out], "the lost submission was sent again"
-    # Three outcomes keep that one job: the lost request was found by the look before a resend; or
-    # (the controller answered the look before it got to the lost request) withdrawn as a twin after
-    # it; or (seen under load in CI) the paused controller never read the first request, so the one
-    # resend is the only submission. The first half of this test shows a lost sbatch landing.
+    offset, waits = log_size(outage), []
+
+    def resume_and_let_it_land(delay: float) -> None:
+        waits.append(delay)
+        if len(waits) == 1:
+            outage.resume_controller()
+            _until("the resubmission whose answer was lost to land", lambda: client.dependents(job), 30)
+        time.sleep(delay)
+
+    try:
+        out, _ = _timed(lambda: actions.resubmit(
+            str(_sleeper(tmp_path, "next")), SegmentArgs(resume=True), lead_s=45, dependency=f"afterany:{job}",
+            output=f"{tmp_path}/%j.out", deadline=time.time() + 180, sleep=resume_and_let_it_land))
+    finally:
+        outage.resume_controller()
     print("\n" + "\n".join(caplog.messages))
-    found = any("went through after all" in m or "withdrawing job" in m for m in caplog.messages)
-    retried = [m for m in caplog.messages if "trying again" in m]
-    assert found or len(retried) >= 1, caplog.messages
+    assert isinstance(out, str) and out.isdigit(), repr(out)
+    assert len(waits) == 1, f"attempts after the lost one: {waits}"  # one lost attempt, then the look
+    assert any("went through after all" in m for m in caplog.messages), caplog.messages
+    assert not any("withdrawing job" in m for m in caplog.messages), caplog.messages
+    assert client.dependents(job) == [out], "the lost submission was sent again"
+    assert submits_since(outage, offset) == [out], "the controller got the submission twice"
 
 
 # -- (b) the resubmission rides out the outage ------------------------------------------------------------
