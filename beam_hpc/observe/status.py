@@ -3,7 +3,8 @@
 Owns two concerns: gathering (the ledger's segments, the live Slurm state, the checkpoint, the
 scalars) and the numbers derived from them (rollouts done, goodput, ETA, GPU-hours, eval by both
 answer checkers). Reading the run directory itself is :mod:`beam_hpc.observe.run_dir`, the scalar
-series :mod:`beam_hpc.run.scalars`, the text table :mod:`beam_hpc.observe.status_table`.
+series :mod:`beam_hpc.run.scalars`, the segment rows :mod:`beam_hpc.observe.segment_rows`, the live
+Slurm state :mod:`beam_hpc.observe.live_job`, the text table :mod:`beam_hpc.observe.status_table`.
 
 It runs on a login node, possibly while the job writes to the same directory, possibly long after
 the job is gone: so it reads only files their writers publish atomically or append to line by line,
@@ -15,15 +16,18 @@ fields are added, never renamed.
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from beam_hpc.errors import shorten
+from beam_hpc.lifecycle.decide import Action
 from beam_hpc.observe.eval_set import eval_set_of
+from beam_hpc.observe.live_job import ACTIVE_STATES, WAITING_STATES, slurm_job_state
 from beam_hpc.observe.run_dir import RunDirError, check_run_dir, checkpoint_problems, load_plan
+from beam_hpc.observe.segment_rows import SegmentState, current_job, segment_rows
 from beam_hpc.plan.paths import RunPaths
 from beam_hpc.run import checkpoint_layout, metric_names, tracking
 from beam_hpc.run.ledger import Reason, read_ledger
@@ -41,147 +45,7 @@ STATUS_SCHEMA = 1
 #   could not be imported when the run scored.
 # - ETA: remaining rollouts x the measured allocated seconds per kept rollout (start-up and saves
 #   included, queue waits not).
-_JS = slurm_client.JobState  # Slurm's states are spelled once, there
-_ACTIVE_STATES = (_JS.RUNNING, _JS.COMPLETING, _JS.CONFIGURING, _JS.SIGNALING, _JS.STAGE_OUT, _JS.RESIZING)
-_WAITING_STATES = (_JS.PENDING, _JS.REQUEUED, _JS.REQUEUE_HOLD, _JS.REQUEUE_FED, _JS.SUSPENDED, _JS.RESV_DEL_HOLD)
-
-# -- Slurm -------------------------------------------------------------------------------------
-CONTROLLER_CHECK_S = 5.0  # `scontrol ping` first: instant when slurmctld is down (scontrol show job: 18 s)
-
-
-def slurm_job_state(job_id: str, timeout: float = 10.0) -> dict[str, Any]:
-    """The live state of a (possibly heterogeneous) job from `scontrol show job`.
-
-    ``reachable`` is False when scontrol is missing or the controller does not answer; a job that
-    Slurm no longer knows (finished longer than MinJobAge ago) is reachable with state "GONE".
-    ``controller`` names the controller when it did not answer (``scontrol ping``'s words), else None.
-    """
-    out: dict[str, Any] = {"reachable": False, "job_id": job_id, "state": None, "reason": None,
-                           "components": [], "note": "", "controller": None}
-    if shutil.which("scontrol") is None:
-        out["note"] = "scontrol not found on PATH: no live Slurm state"
-        return out
-    try:
-        slurm_client.ping(timeout=min(timeout, CONTROLLER_CHECK_S))
-    except slurm_client.SlurmUnavailable as err:
-        if err.transient:
-            out["controller"] = slurm_client.describe_controller(err)
-            out["note"] = f"Slurm could not be asked: {out['controller']}"
-        else:
-            out["note"] = f"scontrol failed: {err.last_line}"
-        return out
-    try:
-        records = slurm_client.show_job_records(str(job_id), timeout=timeout)
-    except slurm_client.SlurmUnavailable as err:
-        out["note"] = (f"scontrol did not answer within {timeout:.0f} s" if err.timed_out
-                       else f"scontrol failed: {err.last_line}")
-        if err.transient:
-            out["controller"] = slurm_client.describe_controller(err)
-        return out
-    if records is None:
-        out.update(reachable=True, state="GONE",
-                   note="Slurm no longer knows this job (it ended a while ago)")
-        return out
-    keys = ("JobId", "HetJobOffset", "JobState", "Reason", "NodeList", "Partition", "RunTime",
-            "TimeLimit", "Restarts", "StartTime", "EndTime")
-    for fields in records:
-        if "JobState" in fields:
-            out["components"].append({k: fields.get(k) for k in keys})
-    out["reachable"] = True
-    if out["components"]:
-        lead = out["components"][0]
-        out["state"], out["reason"] = lead["JobState"], lead["Reason"]
-    return out
-
-
 # -- gather ------------------------------------------------------------------------------------
-def _last_activity(run_dir: Path, segment: str, scalars: Scalars, start: float,
-                   until: float | None) -> float:
-    """Best estimate of when a segment without an end line stopped working: the newest of its
-    log files' mtimes and of the metric wall times inside its window."""
-    times = [start]
-    seg_logs = Path(RunPaths(str(run_dir)).segment_named(segment).root)
-    if seg_logs.is_dir():
-        times += [f.stat().st_mtime for f in seg_logs.rglob("*") if f.is_file()]
-    for pts in scalars.series.values():
-        times += [p.wall_time for p in pts if p.wall_time and p.wall_time >= start
-                  and (until is None or p.wall_time <= until)]
-    end = max(times)
-    return min(end, until) if until is not None else end
-
-
-def _segment_rows(run_dir: Path, records: list[dict[str, Any]], scalars: Scalars,
-                  live: dict[str, Any] | None, now: float) -> list[dict[str, Any]]:
-    rows = []
-    for i, rec in enumerate(records):
-        st, en = rec.get("start", {}), rec.get("end")
-        start = st.get("time")
-        nxt = records[i + 1].get("start", {}).get("time") if i + 1 < len(records) else None
-        row: dict[str, Any] = {
-            "segment": rec["segment"],
-            "job_id": str(st.get("job_id", (en or {}).get("job_id", rec["segment"].rsplit("-", 1)[0]))),
-            "restart": int(st.get("restart", (en or {}).get("restart", 0))),
-            "host": st.get("host"),
-            "start": start,
-            "end": None, "end_estimated": False, "duration_s": None,
-            "rollouts_at_start": st.get("rollouts_at_start"),
-            "rollouts_at_end": None,
-            "rollouts_run": None,  # rollout steps the segment finished, kept or not (from its scalars)
-            "reason": None, "detail": None, "next_action": None, "next_job_id": None,
-            "resubmission_pending": None,
-            "timings": {},
-            "state": "ended",
-        }
-        if en is not None:
-            nx = en.get("next") or {}
-            row.update(end=en.get("time"), rollouts_at_end=en.get("rollouts_at_end"),
-                       reason=en.get("reason"), detail=en.get("detail"),
-                       next_action=nx.get("action"), next_job_id=nx.get("job_id"),
-                       timings=en.get("timings") or {}, rollouts_run=en.get("rollouts_run"),
-                       resubmission_pending=_pending(en.get("resubmission_pending")))
-        elif start is not None:
-            running = (i == len(records) - 1 and live is not None and live.get("state") in _ACTIVE_STATES
-                       and str(live.get("job_id")) == row["job_id"])
-            unknowable = i == len(records) - 1 and (live is None or not live.get("reachable"))
-            if running:
-                row.update(state="running", end=now)
-            elif unknowable:  # may still be running: Slurm was not asked or did not answer
-                row.update(state="open", end_estimated=True,
-                           end=_last_activity(run_dir, rec["segment"], scalars, start, nxt))
-            else:
-                # "killed" is the row's state and its reason label, never a ledger Reason
-                row.update(state="killed", reason="killed", end_estimated=True,
-                           detail="no end line: the segment was killed hard (end time estimated)",
-                           end=_last_activity(run_dir, rec["segment"], scalars, start, nxt))
-        if row["start"] is not None and row["end"] is not None:
-            row["duration_s"] = max(0.0, float(row["end"]) - float(row["start"]))
-        rows.append(row)
-    return rows
-
-
-def _pending(field: Any) -> dict[str, str] | None:
-    """An end line's ``resubmission_pending`` (``{"command", "why"}``: Slurm could not be reached
-    until the job's end, beam_hpc.lifecycle.actions.ResubmissionPending), when well formed."""
-    if not isinstance(field, dict) or not isinstance(field.get("command"), str) or not field["command"].strip():
-        return None
-    return {"command": field["command"], "why": str(field.get("why") or "")}
-
-
-def _current_job(rows: list[dict[str, Any]]) -> str | None:
-    """The job that carries the run on: a resubmitted successor, the requeued job, or the job of
-    a segment still open; None when the chain has stopped."""
-    if not rows:
-        return None
-    last = rows[-1]
-    if last["state"] != "ended":
-        return last["job_id"]
-    if last["next_action"] == "resubmit" and last["next_job_id"]:
-        return str(last["next_job_id"])
-    if last["next_action"] == "requeue":
-        return last["job_id"]
-    return None
-
-
 def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None) -> dict[str, Any]:
     """Everything `beam-hpc status` shows, as a JSON-ready dict (layout: ``STATUS_SCHEMA``)."""
     root = check_run_dir(run_dir)
@@ -195,10 +59,10 @@ def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None)
     scalars = read_scalars(root, warnings)
 
     # The job to ask Slurm about is known from the ledger before the rows are final.
-    pre_rows = _segment_rows(root, records, scalars, None, now)
-    job = _current_job(pre_rows)
+    pre_rows = segment_rows(root, records, scalars, None, now)
+    job = current_job(pre_rows)
     live = slurm_job_state(job) if (slurm and job) else None
-    rows = _segment_rows(root, records, scalars, live, now)
+    rows = segment_rows(root, records, scalars, live, now)
 
     starts = [r.get("start", {}) for r in records if r.get("start")]
     total = starts[-1].get("num_rollout") if starts else None
@@ -254,7 +118,7 @@ def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None)
             "reachable": None, "job_id": job, "state": None, "reason": None, "components": [],
             "note": "not asked (--no-slurm)" if (job and not slurm) else "", "controller": None},
         "metrics_source": scalars.source,
-        "wandb": tracking.summary(root),
+        "wandb": tracking.summary(root, [r["segment"] for r in records]),
         "warnings": warnings,
     }
 
@@ -392,7 +256,7 @@ def _eta(rows: list[dict[str, Any]], scalars: Scalars, goodput: dict[str, Any], 
     eta_s = remaining * rate if (remaining is not None and rate) else None
     if remaining == 0:
         eta_s = 0.0
-    running = live is not None and live.get("state") in _ACTIVE_STATES
+    running = live is not None and live.get("state") in ACTIVE_STATES
     return {
         "remaining_rollouts": remaining,
         "s_per_rollout_step": step_rate,
@@ -404,21 +268,34 @@ def _eta(rows: list[dict[str, Any]], scalars: Scalars, goodput: dict[str, Any], 
     }
 
 
+class RunState(StrEnum):
+    """The run's one-word ``state`` (the JSON holds these strings)."""
+
+    COMPLETED = "completed"
+    RUNNING = "running"
+    PENDING = "pending"
+    NOT_STARTED = "not-started"
+    RESUBMISSION_PENDING = "resubmission-pending"  # the chain waits for the command its last segment could not run
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"  # the chain should go on, but Slurm cannot confirm it
+
+
 def _summary_state(rows: list[dict[str, Any]], live: dict[str, Any] | None, done: int,
-                   total: int | None) -> str:
+                   total: int | None) -> RunState:
     state = (live or {}).get("state")
     if total and done >= total:
-        return "completed"
-    if state in _ACTIVE_STATES:
-        return "running"
-    if state in _WAITING_STATES:
-        return "pending"
+        return RunState.COMPLETED
+    if state in ACTIVE_STATES:
+        return RunState.RUNNING
+    if state in WAITING_STATES:
+        return RunState.PENDING
     if not rows:
-        return "not-started"
-    if rows[-1]["state"] == "ended" and rows[-1]["resubmission_pending"]:
-        return "resubmission-pending"  # the chain waits for the command its last segment could not run
-    if rows[-1]["state"] == "ended" and rows[-1]["next_action"] in (None, "none"):
-        return "stopped"
+        return RunState.NOT_STARTED
+    ended = rows[-1]["state"] == SegmentState.ENDED
+    if ended and rows[-1]["resubmission_pending"]:
+        return RunState.RESUBMISSION_PENDING
+    if ended and rows[-1]["next_action"] in (None, Action.NONE):
+        return RunState.STOPPED
     if live is None or not live.get("reachable"):
-        return "unknown"  # the chain should go on, but Slurm cannot confirm it
-    return "stopped"
+        return RunState.UNKNOWN
+    return RunState.STOPPED
