@@ -3,7 +3,9 @@ goes, as Slurm jobs of their own that join a running run (beam_hpc.submission.ro
 
 Registered by beam_hpc/cli/app.py (PLUGIN_MODULES). ``add`` checks everything (the run, the node
 count, the time, the partition's shape asked of Slurm, the model's reach) before it writes the script
-under ``RUN/elastic/`` and submits it; ``--dry-run`` prints it and writes nothing. ``remove`` asks a
+under ``RUN/elastic/`` and submits it; ``--dry-run`` prints it and writes nothing. A Miles run is
+refused first, with the Miles code line that stops it (Miles starts no engines it did not launch on
+any run an extra job could serve). ``remove`` asks a
 running job's nodes to leave (``USR2`` to its tasks: they drain, deregister, and the job ends) and
 cancels a pending one. Exit codes: 0 done; 2 bad input, one line per problem; 1 Slurm refused.
 """
@@ -70,11 +72,24 @@ def _run_over(plan) -> str | None:  # type: ignore[no-untyped-def]
     return RunEndWatch(plan).over()
 
 
+def _engines_refused(plan) -> str | None:  # type: ignore[no-untyped-def]
+    """Why the run's next segments could not use an extra job's SGLang engines (a Miles run: Miles
+    starts none it did not launch, see beam_hpc.backends.miles.external_engines), or None."""
+    if plan.recipe.backend != "miles":
+        return None
+    from beam_hpc.backends.miles import external_engines
+
+    return external_engines.refusal(plan)
+
+
 def cmd_add(args: argparse.Namespace) -> int:
     from beam_hpc.submission import rollout_job
     from beam_hpc.submission.submit import build_site
 
     plan = _run(args.run_dir)
+    engines_refused = _engines_refused(plan)
+    if engines_refused is not None:  # before Slurm is asked anything, before anything is written
+        raise InputError(engines_refused)
     over = _run_over(plan)
     if over is not None:
         raise InputError(f"RUN: {shorten(args.run_dir)}: the run is over ({over}); an extra job would leave "
@@ -155,7 +170,8 @@ def cmd_remove(args: argparse.Namespace) -> int:
             print(f"job {j.job_id}: asked its nodes to leave (they finish deregistering, then the job ends)")
         else:
             client.cancel([j.job_id])
-            registry.record(plan.output_dir, j.job_id, {"event": "left", "reason": "removed", "state": state.value})
+            registry.record(plan.output_dir, j.job_id, {"event": "left", "reason": registry.LeftReason.REMOVED,
+                                                        "state": state.value})
             print(f"job {j.job_id}: cancelled ({state.value})")
     if not acted and not args.job_ids:
         print("no extra rollout job is pending or running")

@@ -50,29 +50,30 @@ SWEEP_GRACE_S = 2.0
 LIMIT_SLACK_S = 30.0  # a SIGTERM this close to the time limit is the limit's
 RUN_END_POLL_S = 5.0  # how often a node reads the run's ledger for the end of its chain
 QUEUE_ASK_S = 30.0  # at most this often, once the ledger says so, it asks Slurm for a job of the run
-RUN_ENDED = "run-ended"  # a node's and the job's ``left`` reason when the run is over
+RUN_ENDED = registry.LeftReason.RUN_ENDED  # a node's and the job's ``left`` reason when the run is over
+Reason = registry.LeftReason
 
 
-def classify(sig: int, info: Any, *, now: float | None = None) -> str:
-    """Why this signal stops the job: ``removed``, ``preempted`` or ``walltime``. ``info``: the job's
+def classify(sig: int, info: Any, *, now: float | None = None) -> Reason:
+    """Why this signal stops the job: removed, preempted or walltime. ``info``: the job's
     :class:`beam_hpc.slurm.client.JobInfo` (None when Slurm could not say)."""
     at = time.time() if now is None else now
     if sig in (signal.SIGUSR2, signal.SIGINT):
-        return "removed"
+        return Reason.REMOVED
     preempted = info is not None and info.preempt_time is not None and (
         info.submit_time is None or info.preempt_time >= info.submit_time)
     if preempted:
-        return "preempted"
+        return Reason.PREEMPTED
     if sig == signal.SIGUSR1:
-        return "walltime"
+        return Reason.WALLTIME
     limit = getattr(info, "limit_end", None)
-    return "walltime" if limit is not None and at >= limit - LIMIT_SLACK_S else "removed"
+    return Reason.WALLTIME if limit is not None and at >= limit - LIMIT_SLACK_S else Reason.REMOVED
 
 
-def stop_reason(sig: int | None, job_id: str) -> str:
+def stop_reason(sig: int | None, job_id: str) -> Reason:
     """:func:`classify` with the job's record asked of Slurm now."""
     if sig is None:
-        return "failed"
+        return Reason.FAILED
     info = None
     if sig in (signal.SIGUSR1, signal.SIGTERM):
         from beam_hpc.slurm import client
@@ -142,7 +143,7 @@ class NodeProgram:
         self.plan, self.job_id, self.restart, self.node, self.index = plan, job_id, restart, node, index
         self.run_dir = Path(plan.output_dir)
         self.stopper = stopper or Stopper()
-        self.reason: str | None = None
+        self.reason: Reason | None = None
         self.left = False  # this node's left event is recorded
         self.worker_id = f"x{job_id}-{index}"
 
@@ -183,8 +184,8 @@ class NodeProgram:
             if self.left:  # the worker said it left (its deregistration ran) before the error surfaced
                 self.record({"event": "error", "error": error})
             else:
-                self.record({"event": "left", "reason": "failed", "error": error})
-            self.reason, self.left, rc = "failed", True, 1
+                self.record({"event": "left", "reason": Reason.FAILED, "error": error})
+            self.reason, self.left, rc = Reason.FAILED, True, 1
         finally:
             left = sweep(tag, self.index, grace_s=SWEEP_GRACE_S)
             if left:
@@ -235,9 +236,11 @@ class NodeProgram:
         host = node_ip(self.plan.site.network, self.index)  # the site's way to this node's address
         procs, engines = [], []
         for i in range(per_node):
-            port = ports[self.index * per_node + i]
-            argv = external_engines.engine_argv(self.plan, host=host, port=port,
-                                                gpu_ids=list(range(i * tp, (i + 1) * tp)))
+            k = self.index * per_node + i  # this engine's place in the job: its port and its seed's rank
+            argv = external_engines.engine_argv(self.plan, host=host, port=ports[k],
+                                                gpu_ids=list(range(i * tp, (i + 1) * tp)),
+                                                rank=external_engines.engine_rank(self.plan.site, int(self.job_id), k))
+            port = ports[k]
             procs.append(subprocess.Popen(argv))
             engines.append({"host": host, "port": port, "tp": tp})
         self.record({"event": "joined", "engines": engines})
@@ -271,7 +274,7 @@ def node_argv(plan: Plan, job_id: str) -> list[str]:
     return container.container_command(site, argv, {}, [plan.output_dir]).argv
 
 
-def node_outcomes(events: list[dict[str, Any]], restart: int) -> dict[str, str | None]:
+def node_outcomes(events: list[dict[str, Any]], restart: int) -> dict[str, Reason | None]:
     """Each node that started in this (re)start of the job -> the reason it left (None: it did not)."""
     out: dict[str, str | None] = {}
     for e in events:
@@ -280,35 +283,44 @@ def node_outcomes(events: list[dict[str, Any]], restart: int) -> dict[str, str |
         if e["event"] == "started":
             out[str(e["node"])] = None
         elif e["event"] == "left" and "reason" in e:
-            out[str(e["node"])] = str(e["reason"])
+            out[str(e["node"])] = _reason(e["reason"])
     return out
 
 
-def job_reason(outcomes: dict[str, str | None]) -> str:
+def _reason(text: object) -> Reason:
+    """A recorded reason read back; one this beam-hpc does not know counts as a failure."""
+    try:
+        return Reason(str(text))
+    except ValueError:
+        return Reason.FAILED
+
+
+# The job's reason when its nodes left for different ones: the first of these that any node gave.
+REASON_ORDER = (Reason.PREEMPTED, Reason.WALLTIME, Reason.REMOVED, Reason.RUN_ENDED)
+
+
+def job_reason(outcomes: dict[str, Reason | None]) -> Reason:
     """The job's one reason: failed when any node failed or vanished, else the nodes' own."""
     reasons = list(outcomes.values())
-    if not reasons or any(r in (None, "failed") for r in reasons):
-        return "failed"
-    for r in ("preempted", "walltime", "removed", RUN_ENDED):
-        if r in reasons:
-            return r
-    return reasons[0] or "failed"
+    if not reasons or any(r in (None, Reason.FAILED) for r in reasons):
+        return Reason.FAILED
+    return next(r for r in REASON_ORDER if r in reasons)
 
 
 def finish(plan: Plan, job_id: str, restart: int, *, srun_rc: int,
-           quarantine: Callable[..., None] | None = None) -> str:
+           quarantine: Callable[..., None] | None = None) -> Reason:
     """After the node programs ended: quarantine the nodes that failed, record the job's ``left``."""
     from beam_hpc.lifecycle.quarantine import record_failures
 
     run_dir = plan.output_dir
     outcomes = node_outcomes(registry.read_events(registry.events_path(run_dir, job_id)), restart)
     failed = [{"node": n, "why": "the extra rollout job's node program "
-                                 + ("failed" if r == "failed" else f"ended without leaving (srun exit {srun_rc})")}
-              for n, r in outcomes.items() if r in (None, "failed")]
+                                 + ("failed" if r == Reason.FAILED else f"ended without leaving (srun exit {srun_rc})")}
+              for n, r in outcomes.items() if r in (None, Reason.FAILED)]
     for f in failed:
         if outcomes[f["node"]] is None:
             registry.record(run_dir, job_id, {"event": "left", "node": f["node"], "restart": restart,
-                                              "reason": "failed", "error": f["why"]})
+                                              "reason": Reason.FAILED, "error": f["why"]})
     if failed:
         (quarantine or record_failures)(plan.site, failed, run=plan.run_id, run_dir=run_dir,
                                         segment=f"{job_id}-{restart}")
@@ -351,12 +363,12 @@ def supervise(run_dir: Path) -> int:
     rc = subprocess.call(cmd, stdin=subprocess.DEVNULL)
     reason = finish(plan, job_id, restart, srun_rc=rc)
     log.info("job %s left the run: %s", job_id, reason)
-    if reason == "preempted":  # ended by itself within the grace time: Slurm would count it completed
+    if reason == Reason.PREEMPTED:  # ended by itself within the grace time: Slurm would count it completed
         try:
             client.requeue(job_id)
         except client.SlurmError as err:
             log.warning("could not requeue job %s after its preemption: %s", job_id, err)
-    return 1 if reason == "failed" else 0
+    return 1 if reason == Reason.FAILED else 0
 
 
 def main(argv: list[str] | None = None) -> int:

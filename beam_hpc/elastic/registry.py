@@ -6,7 +6,7 @@ the login node, the job's batch shell, one program per node), and an appended li
 record. The lines, in order: ``submitted`` (nodes, partition, GPUs per node), per (re)start of the
 job ``start`` (its nodes), per node ``started`` then the worker's own ``joined``/``unit``/``left``
 records with ``node`` added (a node's ``left`` carries the reason), and the job's ``left`` with
-its reason (preempted, walltime, removed, run-ended, failed); a requeued job starts again with ``start``.
+its reason (:class:`LeftReason`); a requeued job starts again with ``start``.
 :func:`extra_jobs` reads them back for ``status``, ``plot`` and ``rollout list``.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,17 @@ from beam_hpc.backends.reference.rendezvous import elastic_dir  # RUN/elastic/, 
 from beam_hpc.run.ledger import append
 
 JOBS_DIR = "jobs"  # under elastic/
+
+
+class LeftReason(StrEnum):
+    """Why a node or a job left the run: the ``reason`` of its ``left`` record (a ``str``, so the
+    record's JSON and every reader that compares text stay as they were)."""
+
+    REMOVED = "removed"  # rollout remove (USR2/INT), or a plain scancel before the time limit
+    PREEMPTED = "preempted"  # Slurm's preemption (its grace signal, then TERM)
+    WALLTIME = "walltime"  # the job's own time limit (the USR1 lead, or TERM at the limit)
+    RUN_ENDED = "run-ended"  # the run is over: its chain stopped and Slurm holds no job of it
+    FAILED = "failed"  # the node program failed, or ended without leaving cleanly
 
 
 def jobs_dir(run_dir: str | Path) -> Path:

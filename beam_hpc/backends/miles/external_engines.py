@@ -1,18 +1,42 @@
-"""SGLang engines in a rollout-only Slurm job, registered in the run directory and attached to the
-run's next Miles segment the way Miles main attaches engines it did not launch.
+"""SGLang engines in a rollout-only Slurm job, registered in the run directory, and the rule that
+decides whether a Miles segment may attach them: only where Miles's own code starts attached engines.
 
 An extra job starts ``python -m sglang.launch_server`` per engine (:func:`engine_argv`: the run's
 model, TP from the recipe's rollout engine size, ports from the job's own band, :func:`engine_ports`)
-and records the addresses in ``RUN/elastic/engines/<job_id>.json`` (:func:`register`). When a
-segment starts its driver, :func:`attach` keeps the engines whose job Slurm still runs and that
-answer ``/health``, and gives Miles ``--rollout-external --rollout-external-engine-addrs ...``, their
-URLs for Miles's router (``--worker-urls``) and ``--rollout-num-gpus`` = their GPUs; the rest get a
-line in the log. Miles main fixes the engine set for the life of its process and launches none of
-its own once ``--rollout-external`` is given, so attaching is all-or-nothing per segment: it happens
-only when the engines bring at least the GPUs of the run's own rollout group (the README's Miles
-section says what waits for Miles). The engine settings mirror what Miles passes the engines it
-launches itself, and the ones it compares at attach (radixark/miles@31f1ca961,
-``sglang_engine._compute_server_args``).
+and records the addresses in ``RUN/elastic/engines/<job_id>.json`` (:func:`register`).
+
+Where Miles stands (radixark/miles, main read at 31f1ca961; miles-rl 0.0.2 from PyPI), facts that
+:func:`refusal` encodes and ``tests/backends/miles/test_miles_placement.py`` checks on Ray:
+
+- ``--rollout-external`` (store_true) and ``--rollout-external-engine-addrs`` (nargs "+") are
+  ``miles/utils/arguments.py:823-835``. Engine ``rank`` reaches ``addrs[rank]``
+  (``miles/ray/rollout/addr_allocator.py:118``).
+- Miles main lays the placement group out as ``(actor GPUs, actor GPUs)`` whenever
+  ``rollout_external`` is set, before it looks at ``--colocate`` (``miles/ray/placement_group.py:97-99``,
+  since #1735, dec268f70), so the rollout's slice of bundles is empty; ``ServerGroup.start_engines``
+  then indexes it for every engine (``miles/ray/rollout/server_group.py:90-91``,
+  ``reordered_gpu_ids[gpu_index]``): IndexError before any engine is reached, colocated or not.
+  Miles's only test of the path (``tests/test_external_rollout.py``) is colocated and marks
+  non-colocated as a TODO; at 31f1ca961 it meets the same empty slice.
+- miles-rl 0.0.2 (before #1735) ignores ``rollout_external`` in its layout
+  (``miles/ray/placement_group.py:82-122`` there): a non-colocated run reserves the rollout GPUs in
+  the trainer's own placement group and places one 0.2-GPU proxy actor per engine on them; a
+  colocated run puts them on the trainer's bundles.
+- A colocated run sends weights to its engines as CUDA IPC handles
+  (``miles/backends/megatron_utils/actor.py:253-254``: ``colocate`` -> ``UpdateWeightFromTensor``), which only
+  a process on the trainer's own GPUs can open: Miles's external test starts its engine on those GPUs.
+  An extra job's engines are on other nodes.
+
+So no Miles configuration today starts the engines an extra job brings: ``beam-hpc rollout add`` on
+a Miles run exits 2 with that line (``beam_hpc.cli.rollout``), and a segment that finds engines
+registered (by an older beam-hpc) leaves them out with the line in its log (:func:`attach`).
+:func:`attach_live` is the segment-start half that would run once Miles's layout gives an external
+rollout its bundles: the flags in the shape Miles's parser reads them (its real parser checks them
+in ``test_external_engines_real.py``), live engines only.
+
+The engines' own settings mirror what Miles passes the engines it launches itself, and the ones it
+compares at attach (31f1ca961 ``sglang_engine._compute_server_args``): among them the seed,
+``seed + rank`` (``sglang_engine.py:718``), which :func:`engine_argv` gives each engine by its rank.
 """
 
 from __future__ import annotations
@@ -72,18 +96,29 @@ class Engine:
 # -- the engines' command and ports ---------------------------------------------------------------
 
 
+# Why a Miles run takes no extra engines (radixark/miles@31f1ca961; the module docstring has the facts).
+MILES_LAYOUT = ("with --rollout-external, Miles (radixark/miles@31f1ca96) gives its rollout an empty slice of the "
+                "trainer's placement group (miles/ray/placement_group.py:97-99) and then indexes it for every engine "
+                "(miles/ray/rollout/server_group.py:90-91): IndexError before any engine is reached")
+NOT_COLOCATED = ("backend: miles: Miles cannot start engines it did not launch on a run with its own rollout group: "
+                 + MILES_LAYOUT + "; give the run more rollout nodes (topology.rollout.nodes) and resubmit it instead")
+COLOCATED = ("training.colocated: true: Miles cannot start engines on other nodes for a colocated run: "
+             + MILES_LAYOUT + "; and a colocated run updates its engines' weights by CUDA IPC "
+             "(miles/backends/megatron_utils/actor.py:253-254), which only the trainer's own GPUs can take")
+
+
 def refusal(plan: Plan) -> str | None:
-    """Why this run cannot attach extra engines (one line naming the field), or None."""
+    """Why this run cannot attach extra engines (one line naming the field and the Miles code line),
+    or None. Every Miles run today: see the module docstring."""
     if plan.recipe.backend != "miles":
         return None
     t = plan.recipe.training
     if t.colocated:
-        return ("training.colocated: true: a colocated Miles run takes its engine count from the trainer's GPUs "
-                "and offloads its engines between steps; extra engines attach only to dedicated rollout pools")
+        return COLOCATED
     if t.mode == "lora":
         return ("training.mode: lora: attached engines are started without the run's adapter settings; "
                 "extra engines serve full-weight runs only")
-    return None
+    return NOT_COLOCATED
 
 
 def gpus_per_engine(plan: Plan) -> int:
@@ -111,17 +146,29 @@ def engine_ports(site: Site, job_id: int, n: int) -> list[int]:
     return ports
 
 
-def engine_argv(plan: Plan, *, host: str, port: int, gpu_ids: list[int]) -> list[str]:
-    """``python -m sglang.launch_server ...`` for one engine on ``gpu_ids`` (consecutive, one node).
+def engine_argv(plan: Plan, *, host: str, port: int, gpu_ids: list[int], rank: int) -> list[str]:
+    """``python -m sglang.launch_server ...`` for engine ``rank`` on ``gpu_ids`` (consecutive, one node).
 
     The values Miles compares with ``/get_server_info`` when it attaches an engine (TP, host, port,
     one node, GPU step 1, memory saver off as in a dedicated pool) are set as Miles would set them;
-    so are the ones it passes its own engines without comparing (model, remote code, seed, no warm-up,
+    so are the ones it passes its own engines without comparing (model, remote code, no warm-up,
     draft-weight backup, metrics) and every ``--sglang-*`` flag of the driver, as SGLang's own flag.
+    The seed is Miles's, ``seed + rank`` (31f1ca961 ``sglang_engine.py:718``): ``rank`` is the
+    engine's slot in its job's port band (:func:`engine_rank`), distinct wherever the ports are.
+
+    Access: the server binds ``host``, the node's own address on the site's network, never every
+    interface, and gets no ``--api-key``. A key would lock Miles out: SGLang (as shipped in
+    miles-rl 0.0.2, ``srt/utils/auth.py``) then wants it on every endpoint but the health ones, and
+    Miles calls ``/get_server_info`` of an attached engine with no key at all (31f1ca961
+    ``sglang_engine.py:225-228``; its health wait sends ``api_key=None``, ``:238-242``), as it
+    sends none with its weight updates (``_make_request``). Reaching an engine therefore takes a
+    process inside the cluster's network, as reaching the run's own Ray and NCCL ports does.
     """
     why = refusal(plan)
-    if why is not None:
+    if why is not None and why != NOT_COLOCATED:  # settings no engine of this run could be started with
         raise InputError(why)
+    if rank < 0:
+        raise InputError(f"rank: {rank} is not an engine rank; give 0 or more")
     tp = gpus_per_engine(plan)
     if len(gpu_ids) != tp or gpu_ids != list(range(gpu_ids[0], gpu_ids[0] + tp)) or gpu_ids[0] < 0:
         raise InputError(f"gpu_ids: {gpu_ids} are not {tp} consecutive GPUs (topology.rollout.gpus_per_engine)")
@@ -132,9 +179,15 @@ def engine_argv(plan: Plan, *, host: str, port: int, gpu_ids: list[int]) -> list
             "--model-path", plan.recipe.model.path, "--trust-remote-code",
             "--host", host, "--port", str(port),
             "--tp-size", str(tp), "--base-gpu-id", str(gpu_ids[0]), "--gpu-id-step", "1",
-            "--random-seed", str(plan.recipe.seed + gpu_ids[0] // tp),
+            "--random-seed", str(plan.recipe.seed + rank),
             "--skip-server-warmup", "--enable-draft-weights-cpu-backup", "--enable-metrics"]
     return argv + _sglang_flags(list(plan.driver_argv))
+
+
+def engine_rank(site: Site, job_id: int, k: int) -> int:
+    """Engine ``k`` of extra job ``job_id``'s rank: its slot in the SGLang band (:func:`engine_ports`
+    takes the same slot), so two engines of the run share a seed only where they would share a port."""
+    return job_id * max(site.gpus_per_node, 1) + k
 
 
 def _sglang_flags(driver_argv: list[str]) -> list[str]:
@@ -256,7 +309,9 @@ def attach_argv(argv: list[str], engines: Sequence[Engine]) -> list[str]:
 
 def attach(plan: Plan, argv: list[str], *, running: Callable[[str], bool] = _job_running,
            probe: Callable[[Engine], bool] = healthy) -> list[str]:
-    """At segment start: the driver argv, with the live registered engines attached where they can be."""
+    """At segment start: the driver argv, with the live registered engines attached where Miles
+    starts them (:func:`refusal`: nowhere today, so each segment that finds engines registered
+    says in its log why it leaves them out and runs with the run's own rollout group)."""
     if plan.recipe.backend != "miles" or LAUNCHER_MODULE not in argv or "--" not in argv:
         return list(argv)
     engines = registered(plan.output_dir)
@@ -266,6 +321,16 @@ def attach(plan: Plan, argv: list[str], *, running: Callable[[str], bool] = _job
     if why is not None:
         logger.warning("%d registered engines left out: %s", len(engines), why)
         return list(argv)
+    return attach_live(plan, argv, engines, running=running, probe=probe)
+
+
+def attach_live(plan: Plan, argv: list[str], engines: Sequence[Engine], *,
+                running: Callable[[str], bool] = _job_running,
+                probe: Callable[[Engine], bool] = healthy) -> list[str]:
+    """``engines`` of the run's TP whose job runs and that answer, attached to ``argv`` when they
+    bring at least the run's own rollout GPUs (Miles launches none of its own once given
+    ``--rollout-external``, and fixes the set for its process); else ``argv``. Each engine left out
+    gets a line in the log."""
     tp = gpus_per_engine(plan)
     wrong = [e for e in engines if e.tp != tp]
     for e in wrong:

@@ -68,7 +68,7 @@ def plan(tmp_path: Path) -> Plan:
 
 
 def test_engine_argv_is_sglang_launch_server_with_the_runs_settings(plan: Plan) -> None:
-    argv = ee.engine_argv(plan, host="10.0.0.7", port=38001, gpu_ids=[2, 3])
+    argv = ee.engine_argv(plan, host="10.0.0.7", port=38001, gpu_ids=[2, 3], rank=5)
     assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
     contract = load_contract()
     flags = parse_flags(argv[3:])
@@ -79,8 +79,8 @@ def test_engine_argv_is_sglang_launch_server_with_the_runs_settings(plan: Plan) 
     assert flags["--tp-size"] == ["2"] == [str(plan.recipe.topology.rollout.gpus_per_engine)]
     assert (flags["--host"], flags["--port"]) == (["10.0.0.7"], ["38001"])
     assert (flags["--base-gpu-id"], flags["--gpu-id-step"]) == (["2"], ["1"])
-    # what Miles passes the engines it launches: remote code, seed + engine index, no warm-up, ...
-    assert flags["--random-seed"] == [str(plan.recipe.seed + 1)]
+    # what Miles passes the engines it launches: remote code, seed + rank, no warm-up, ...
+    assert flags["--random-seed"] == [str(plan.recipe.seed + 5)]
     for switch in ("--trust-remote-code", "--skip-server-warmup", "--enable-draft-weights-cpu-backup", "--enable-metrics"):
         assert flags[switch] == [], switch
     # ... and every --sglang-* flag of the driver as SGLang's own flag (the memory share here)
@@ -91,34 +91,64 @@ def test_engine_argv_is_sglang_launch_server_with_the_runs_settings(plan: Plan) 
 def test_sglang_flags_of_the_driver_carry_over(tmp_path: Path) -> None:
     plan = miles_plan(tmp_path, 'backend_options.extra_args=["--sglang-chunked-prefill-size", "4096", '
                                 '"--sglang-server-concurrency", "64", "--sglang-enable-dp-attention"]')
-    flags = parse_flags(ee.engine_argv(plan, host="h", port=1, gpu_ids=[0, 1])[3:])
+    flags = parse_flags(ee.engine_argv(plan, host="h", port=1, gpu_ids=[0, 1], rank=0)[3:])
     assert flags["--chunked-prefill-size"] == ["4096"] and flags["--enable-dp-attention"] == []
     assert "--server-concurrency" not in flags  # Miles's client setting, no server flag
     assert set(flags) <= set(load_contract())
 
 
-@pytest.mark.parametrize(("overrides", "recipe", "field"), [
-    ((), "colocated", "training.colocated"),
-    ((), "lora", "training.mode"),
+@pytest.mark.parametrize(("recipe", "field", "miles_lines"), [
+    ("dedicated", "backend: miles", ("placement_group.py:97-99", "server_group.py:90-91")),
+    ("colocated", "training.colocated", ("placement_group.py:97-99", "server_group.py:90-91", "actor.py:253-254")),
+    ("lora", "training.mode", ()),
 ])
-def test_runs_that_cannot_attach_engines_are_refused(tmp_path: Path, overrides: tuple[str, ...], recipe: str,
-                                                     field: str) -> None:
-    plan = miles_plan(tmp_path, *overrides, recipe=recipe)
-    assert ee.refusal(plan) is not None and ee.refusal(plan).startswith(field)
-    with pytest.raises(InputError, match=field):
-        ee.engine_argv(plan, host="h", port=1, gpu_ids=[0, 1])
+def test_every_miles_run_refuses_extra_engines_naming_the_miles_line(tmp_path: Path, recipe: str, field: str,
+                                                                     miles_lines: tuple[str, ...]) -> None:
+    """Miles main starts no engine it did not launch (test_miles_placement shows the layout on Ray):
+    one line, naming the field and the Miles code line. The colocated and LoRA engines' own commands
+    are refused too; a dedicated run's command stays buildable (an older beam-hpc's job runs it)."""
+    plan = miles_plan(tmp_path, recipe=recipe)
+    why = ee.refusal(plan)
+    assert why is not None and why.startswith(field) and "\n" not in why
+    assert all(line in why for line in miles_lines), why
+    if recipe == "dedicated":
+        assert ee.engine_argv(plan, host="h", port=1, gpu_ids=[0, 1], rank=0)
+    else:
+        with pytest.raises(InputError, match=field):
+            ee.engine_argv(plan, host="h", port=1, gpu_ids=[0, 1], rank=0)
+
+
+def test_each_engine_has_its_own_seed_seed_plus_rank(tmp_path: Path) -> None:
+    """Miles seeds engine ``rank`` with ``seed + rank``; an extra job's engine k has the rank of its
+    port slot, so no two engines of one job, or of two jobs, share a seed (the GPU-index seed that
+    came before repeated on every node)."""
+    plan = miles_plan(tmp_path, "topology.rollout.gpus_per_engine=2")
+    per_node = plan.site.gpus_per_node // 2
+
+    def seeds(job: int, nodes: int) -> list[int]:
+        out = []
+        for k in range(per_node * nodes):
+            i = k % per_node  # engine i of its node, on GPUs 2i and 2i+1, as extra_node starts them
+            argv = ee.engine_argv(plan, host="h", port=1, gpu_ids=[2 * i, 2 * i + 1],
+                                  rank=ee.engine_rank(plan.site, job, k))
+            out.append(int(argv[argv.index("--random-seed") + 1]))
+        return out
+
+    both = seeds(12, 2) + seeds(13, 2)
+    assert len(set(both)) == len(both) == 4 * per_node
+    assert seeds(12, 1)[0] == plan.recipe.seed + ee.engine_rank(plan.site, 12, 0)
 
 
 @pytest.mark.parametrize("gpu_ids", [[0], [0, 2], [1, 2, 3], [], [-1, 0]])
 def test_gpu_ids_must_be_one_engines_consecutive_gpus(plan: Plan, gpu_ids: list[int]) -> None:
     with pytest.raises(InputError, match="gpu_ids"):
-        ee.engine_argv(plan, host="h", port=1, gpu_ids=gpu_ids)
+        ee.engine_argv(plan, host="h", port=1, gpu_ids=gpu_ids, rank=0)
 
 
 def test_an_engine_across_nodes_is_refused(tmp_path: Path) -> None:
     plan = miles_plan(tmp_path, "topology.rollout.gpus_per_engine=16")
     with pytest.raises(InputError, match="gpus_per_engine: 16 spans nodes"):
-        ee.engine_argv(plan, host="h", port=1, gpu_ids=list(range(16)))
+        ee.engine_argv(plan, host="h", port=1, gpu_ids=list(range(16)), rank=0)
 
 
 # -- ports ------------------------------------------------------------------------------------------
@@ -240,7 +270,8 @@ def standins(plan: Plan, tmp_path: Path) -> Iterator[list[ee.Engine]]:
     procs, engines = [], []
     for i in range(2):
         port = free_port()
-        procs.append(start_standin(ee.engine_argv(plan, host="127.0.0.1", port=port, gpu_ids=[2 * i, 2 * i + 1]),
+        procs.append(start_standin(ee.engine_argv(plan, host="127.0.0.1", port=port, gpu_ids=[2 * i, 2 * i + 1],
+                                                  rank=i),
                                    tmp_path / "record"))
         engines.append(ee.Engine("127.0.0.1", port, 2))
     try:
@@ -282,11 +313,12 @@ def test_standin_refuses_a_flag_sglang_does_not_have(tmp_path: Path) -> None:
     assert proc.returncode == 2 and b"unrecognized arguments: --no-such-flag" in err
 
 
-def test_segment_start_attaches_live_engines_only(plan: Plan, standins: list[ee.Engine],
+def test_segment_start_selects_live_engines_only(plan: Plan, standins: list[ee.Engine],
                                                   caplog: pytest.LogCaptureFixture) -> None:
-    """What Slurm answers is a parameter here (the real question is asked in the Slurm test): job 12
-    runs two answering engines and one that does not answer, job 13 has ended, job 14's engine has
-    another TP. Only job 12's two live engines are attached, each other one gets its line."""
+    """The selection a segment would make once Miles starts engines it did not launch
+    (``attach_live``). What Slurm answers is a parameter here: job 12 runs two answering engines and
+    one that does not answer, job 13 has ended, job 14's engine has another TP. Only job 12's two
+    live engines are kept, each other one gets its line."""
     run = plan.output_dir
     ee.register(run, 12, [*standins, ee.Engine("127.0.0.1", free_port(), 2)])
     ee.register(run, 13, [ee.Engine("127.0.0.1", free_port(), 2)])
@@ -295,7 +327,7 @@ def test_segment_start_attaches_live_engines_only(plan: Plan, standins: list[ee.
     own = parse_flags(argv[argv.index("--") + 2:])["--rollout-num-gpus"]
     assert own == ["32"]  # the dedicated recipe's rollout group: 4 nodes x 8
     with caplog.at_level(logging.INFO):
-        out = ee.attach(plan, argv, running=lambda job: job in ("12", "14"))
+        out = ee.attach_live(plan, argv, ee.registered(run), running=lambda job: job in ("12", "14"))
     assert out == argv  # 2 engines (4 GPUs) would replace 32 GPUs: left out
     assert "fewer GPUs than the run's rollout group (32)" in caplog.text
     assert "of extra job 13 left out: the job is no longer running" in caplog.text
@@ -305,17 +337,23 @@ def test_segment_start_attaches_live_engines_only(plan: Plan, standins: list[ee.
     small = miles_plan(Path(run).parent, "topology.rollout.nodes=1", "topology.rollout.gpus_per_node=4")
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        out = ee.attach(small, filled(small), running=lambda job: job in ("12", "14"))
+        out = ee.attach_live(small, filled(small), ee.registered(run), running=lambda job: job in ("12", "14"))
     flags = parse_flags(out[out.index("--") + 2:])
     assert flags["--rollout-external-engine-addrs"] == [e.addr for e in standins]
     assert flags["--rollout-num-gpus"] == ["4"]
     assert "attaching 2 extra engines (4 GPUs)" in caplog.text
 
 
-def test_segment_start_leaves_other_runs_alone(tmp_path: Path) -> None:
-    colocated = miles_plan(tmp_path, recipe="colocated")
-    ee.register(colocated.output_dir, 12, [ee.Engine("127.0.0.1", 1, 2)])
-    argv = filled(colocated)
-    assert ee.attach(colocated, argv, running=lambda job: True, probe=lambda e: True) == argv
+@pytest.mark.parametrize("recipe", ["dedicated", "colocated"])
+def test_segment_start_leaves_registered_engines_out_of_a_miles_run(tmp_path: Path, recipe: str,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Live, answering engines of a running job, registered for a Miles run (by a beam-hpc that
+    still added them): the segment runs with the run's own rollout group and says why."""
+    plan = miles_plan(tmp_path, recipe=recipe)
+    ee.register(plan.output_dir, 12, [ee.Engine("127.0.0.1", 1, ee.gpus_per_engine(plan))])
+    argv = filled(plan)
+    with caplog.at_level(logging.INFO):
+        assert ee.attach(plan, argv, running=lambda job: True, probe=lambda e: True) == argv
+    assert f"1 registered engines left out: {ee.refusal(plan)}" in caplog.text
     smoke = ["python", "-m", "beam_hpc.job.smoke"]
-    assert ee.attach(colocated, smoke) == smoke
+    assert ee.attach(plan, smoke) == smoke

@@ -48,7 +48,7 @@ def test_the_contract_is_sglangs_parser() -> None:
 def test_sglangs_parser_reads_the_engine_command(tmp_path: Path) -> None:
     require_miles()
     plan = miles_plan(tmp_path)
-    argv = ee.engine_argv(plan, host="10.0.0.7", port=38001, gpu_ids=[4, 5])
+    argv = ee.engine_argv(plan, host="10.0.0.7", port=38001, gpu_ids=[4, 5], rank=2)
     (verdict,) = sglang_parser("parse", "--", *argv[3:])
     assert verdict["ok"], verdict
     got = verdict["args"]
@@ -86,7 +86,7 @@ def start_engine_job(plan: Plan, where: Path, gpu_ids: list[int]) -> tuple[str, 
     """An extra job's engine as the extra job starts it: the SGLang stand-in in a Slurm job of its
     own on the local cluster, ``engine_argv`` for the run's plan, registered once it answers."""
     port = free_port()
-    cmd = ee.engine_argv(plan, host="127.0.0.1", port=port, gpu_ids=gpu_ids)
+    cmd = ee.engine_argv(plan, host="127.0.0.1", port=port, gpu_ids=gpu_ids, rank=0)
     script = where / f"engine-{port}.sh"
     script.write_text(f"#!/bin/bash\nexport PYTHONPATH={STANDIN}\nexec {sys.executable} {' '.join(cmd[1:])}\n")
     job = client.sbatch([f"--job-name=beam-engines-{os.getpid()}", "--nodes=1", "--ntasks=1", "--cpus-per-task=1",
