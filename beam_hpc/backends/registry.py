@@ -14,7 +14,7 @@ from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
 from beam_hpc.plan.local_disk import DeclaredTmpDisk
 from beam_hpc.plan.paths import RunPaths
-from beam_hpc.plan.plan import RUN_DIR, DriverCommand, Plan, make_plan, require_absolute_paths
+from beam_hpc.plan.plan import RUN_DIR, DriverCommand, Plan, make_plan
 from beam_hpc.run import tracking
 
 REFERENCE_MODULE = "beam_hpc.backends.reference"
@@ -37,7 +37,7 @@ def driver_command(recipe: Recipe, site: Site) -> DriverCommand:
 def plan_for(recipe: Recipe, site: Site, *, measured: dict[str, float] | None = None,
              tmp_disk: DeclaredTmpDisk | None = None) -> Plan:
     """``make_plan`` with the backend's driver command: recipe + site -> Plan, or InputError (W&B
-    online with no key here is one: the job inherits this environment)."""
-    require_absolute_paths(recipe)
-    tracking.check_credentials(recipe, site, os.environ)  # first, as make_plan would: a relative model.path names no config.json
+    online with no key here is one: the job inherits this environment). The recipe's paths are
+    checked once, by ``make_plan``."""
+    tracking.check_credentials(recipe, site, os.environ)
     return make_plan(recipe, site, driver=driver_command(recipe, site), measured=measured, tmp_disk=tmp_disk)

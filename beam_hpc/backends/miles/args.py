@@ -62,11 +62,13 @@ def entry_point(recipe: Recipe) -> str:
 
 def miles_args(recipe: Recipe, site: Site) -> list[str]:
     """The Miles flags (without the entry point) for this recipe; checks run first."""
-    return _miles_args(recipe, site, architecture.resolve(recipe.model))
+    return _miles_args(recipe, site, architecture.resolve(recipe.model), tracking.settings_for(recipe, site))
 
 
-def _miles_args(recipe: Recipe, site: Site, arch: architecture.Architecture) -> list[str]:
-    """The Miles flags with the architecture flags ``arch`` (resolved once by the caller)."""
+def _miles_args(recipe: Recipe, site: Site, arch: architecture.Architecture,
+                wb: tracking.WandbSettings | None) -> list[str]:
+    """The Miles flags with the architecture flags ``arch`` and the W&B settings ``wb`` (each
+    resolved once by the caller)."""
     layout = check(recipe, site, model_args=list(arch.args))
     out = _Argv()
     _topology(out, recipe, layout)
@@ -82,15 +84,14 @@ def _miles_args(recipe: Recipe, site: Site, arch: architecture.Architecture) -> 
     _performance(out, recipe)
     _lora(out, recipe)
     _outputs(out, recipe)
-    _wandb(out, recipe, site)
+    _wandb(out, wb)
     own = architecture.reconcile(out.argv, list(arch.args))  # a model script may repeat a practice flag
     return own + list(arch.args) + list(recipe.backend_options.get(OPTION_EXTRA_ARGS, []))
 
 
-def driver_env(recipe: Recipe, site: Site) -> dict[str, str]:
+def driver_env(recipe: Recipe, wb: tracking.WandbSettings | None) -> dict[str, str]:
     """The driver's environment (the launcher adds the address and interface variables, and
     ``WANDB_RUN_ID`` from the run directory when W&B is on)."""
-    wb = tracking.settings_for(recipe, site)
     return {
         **(tracking.driver_env(wb, RUN_DIR) if wb is not None else {}),
         "TENSORBOARD_DIR": RUN.tensorboard,
@@ -116,7 +117,8 @@ def build_driver(recipe: Recipe, site: Site) -> tuple[list[str], dict[str, str]]
         launcher += ["--ifname", site.network.interface]
     arch = architecture.resolve(recipe.model)
     launcher += architecture.launcher_options(arch)  # a model script only the image can read
-    return [*launcher, "--", entry_point(recipe), *_miles_args(recipe, site, arch)], driver_env(recipe, site)
+    wb = tracking.settings_for(recipe, site)  # once: the flags and the environment say the same
+    return [*launcher, "--", entry_point(recipe), *_miles_args(recipe, site, arch, wb)], driver_env(recipe, wb)
 
 
 class _Argv:
@@ -315,12 +317,11 @@ def _outputs(out: _Argv, recipe: Recipe) -> None:
     out.add("--use-fault-tolerance")
 
 
-def _wandb(out: _Argv, recipe: Recipe, site: Site) -> None:
+def _wandb(out: _Argv, wb: tracking.WandbSettings | None) -> None:
     """W&B beside TensorBoard. Miles's ``init_wandb_primary`` (miles-rl 0.0.2 and radixark/miles
     main, e.g. 14aca060) passes ``wandb.init`` no id and no resume setting and, unless told
     otherwise, suffixes the group randomly: the suffix goes, and the id and ``resume=allow`` reach
     wandb through the environment (``WANDB_RUN_ID`` set by the launcher, ``WANDB_RESUME`` here)."""
-    wb = tracking.settings_for(recipe, site)
     if wb is None:
         return
     out.add("--use-wandb")
