@@ -19,6 +19,7 @@ from beam_hpc.backends.reference.unit_server import (
     ElasticServer,
     Service,
     ServiceError,
+    check_header,
     sign,
     verify,
 )
@@ -39,8 +40,8 @@ def _units(rollout: int = 0, n_prompts: int = 4, unit_prompts: int = 1, version:
                version=version, unit_prompts=unit_prompts)
 
 
-def _result(tag: str) -> dict[str, object]:
-    return {"reward": [1.0, 0.0], "tag": tag}
+def _result(tag: str, version: int = 0) -> dict[str, object]:
+    return {"reward": [1.0, 0.0], "tag": tag, "version": version}
 
 
 def test_units_are_cut_by_size_never_by_worker_count_and_seeded_by_prompt_index() -> None:
@@ -211,14 +212,67 @@ def test_policy_versions_are_immutable_checksummed_and_pruned(tmp_path) -> None:
     assert policy_store.prune(tmp_path, 4) == [3] and policy_store.versions(tmp_path) == [4]
 
 
-def test_signatures_bind_secret_path_body_and_time() -> None:
+def test_a_manifest_must_list_the_weights_and_name_only_files_of_its_own_directory(tmp_path) -> None:
+    import hashlib
+
+    import torch
+
+    assert policy_store.publish(tmp_path, 1, {"w": torch.ones(2)})
+    d = policy_store.version_dir(tmp_path, 1)
+    good = json.loads((d / policy_store.MANIFEST).read_text())
+    outside = tmp_path / "elsewhere.pt"
+    outside.write_bytes(b"not in the version directory")
+    sha_out = hashlib.sha256(outside.read_bytes()).hexdigest()
+    cases = {
+        "does not list weights.pt": {**good, "files": {}},
+        "not a plain file name": {**good, "files": {**good["files"], "../../elsewhere.pt": sha_out}},
+        "not a plain file name ": {**good, "files": {**good["files"], str(outside): sha_out}},
+        "no sha256": {**good, "files": {policy_store.WEIGHTS: 5}},
+        "not this version's": {**good, "version": 2},
+    }
+    for why, manifest in cases.items():
+        (d / policy_store.MANIFEST).write_text(json.dumps(manifest))
+        with pytest.raises(policy_store.PolicyVersionError, match=why.strip()):
+            policy_store.load_verified(tmp_path, 1)
+    # a listed name that is a symbolic link (here: to a file with the listed digest) is refused too
+    (d / "extra.bin").symlink_to(outside)
+    (d / policy_store.MANIFEST).write_text(json.dumps({**good, "files": {**good["files"], "extra.bin": sha_out}}))
+    with pytest.raises(policy_store.PolicyVersionError, match="extra.bin is not a plain file"):
+        policy_store.load_verified(tmp_path, 1)
+    (d / policy_store.MANIFEST).write_text(json.dumps(good))
+    assert torch.equal(policy_store.load_verified(tmp_path, 1)["w"], torch.ones(2))
+
+
+def test_signatures_bind_secret_path_body_length_digest_and_time() -> None:
     h = sign("s3cret", "/lease", b"{}", now=1000)
     assert verify("s3cret", "/lease", b"{}", h, now=1000)
     assert not verify("other", "/lease", b"{}", h, now=1000)
     assert not verify("s3cret", "/result", b"{}", h, now=1000)
     assert not verify("s3cret", "/lease", b'{"x":1}', h, now=1000)
-    assert not verify("s3cret", "/lease", b"{}", h, now=1000 + 301)  # replayed too late
+    assert not verify("s3cret", "/lease", b"{}", h, now=1000 + 301)  # too old
     assert not verify("s3cret", "/lease", b"{}", None) and not verify("s3cret", "/lease", b"{}", "garbage")
+    # the header alone vouches for the body's length and digest: checked before a byte is read
+    proof = check_header("s3cret", "/lease", h, now=1000)
+    assert proof is not None and proof.length == 2 and unit_server.body_matches(proof, b"{}")
+    assert not unit_server.body_matches(proof, b"[]")  # same length, other bytes
+    ts, nonce, length, digest, mac = h.split(":")
+    for forged in (f"{ts}:{nonce}:99:{digest}:{mac}", f"{ts}:{'0' * 32}:{length}:{digest}:{mac}",
+                   f"{int(ts) + 1}:{nonce}:{length}:{digest}:{mac}", f"{ts}:{nonce}:{length}:{'0' * 64}:{mac}"):
+        assert check_header("s3cret", "/lease", forged, now=1000) is None, forged
+    assert sign("s3cret", "/lease", b"{}", now=1000) != sign("s3cret", "/lease", b"{}", now=1000)  # a fresh nonce each
+
+
+def test_a_nonce_is_good_once_and_forgotten_only_after_the_window() -> None:
+    clock = Clock()
+    clock.now = 1000.0
+    book = unit_server.NonceBook(window_s=300, clock=clock)
+    p = check_header("k", "/lease", sign("k", "/lease", b"{}", now=1000), now=1000)
+    assert p is not None and book.first_use(p) and not book.first_use(p)
+    clock.now = 1299.0
+    assert not book.first_use(p)  # still within the window: a replay
+    clock.now = 1311.0  # swept after the window; the header itself is too old by now
+    book.first_use(check_header("k", "/lease", sign("k", "/lease", b"{}", now=1311), now=1311))
+    assert p.nonce not in book.seen
 
 
 @pytest.fixture
@@ -258,24 +312,94 @@ def test_the_service_registers_leases_takes_results_and_gives_back(service) -> N
     c = Client(f"http://127.0.0.1:{server.port}", "the-secret")
     keys = q.add(_units(n_prompts=3) + _units(rollout=1, n_prompts=1, version=1))
     with pytest.raises(ServiceError) as err:
-        c.call("/lease", worker="w1", segment="7-0")
+        c.call("/lease", worker="w1", segment="7-0", session="x")
     assert err.value.code == 409  # not registered with this segment
     hello = c.call("/register", worker="w1")
-    assert hello == {"segment": "7-0", "model_path": "/m"} and registered == ["w1"]
-    with pytest.raises(ServiceError) as err:
-        c.call("/lease", worker="w1", segment="6-0")  # an earlier segment's registration
-    assert err.value.code == 409
-    unit = Unit.from_json(c.call("/lease", worker="w1", segment="7-0")["unit"])
+    s1 = hello.pop("session")
+    assert hello == {"segment": "7-0", "model_path": "/m"} and registered == ["w1"] and len(s1) == 32
+    me = {"worker": "w1", "segment": "7-0", "session": s1}
+    for stranger in ({**me, "segment": "6-0"}, {**me, "session": "0" * 32}, {"worker": "w1", "segment": "7-0"}):
+        with pytest.raises(ServiceError) as err:  # an earlier segment's registration, or not this registration
+            c.call("/lease", **stranger)
+        assert err.value.code == 409
+    unit = Unit.from_json(c.call("/lease", **me)["unit"])
     assert unit.key == keys[0]
-    assert c.call("/result", worker="w1", segment="7-0", key=unit.key, result=_result("w1")) == {"verdict": "accepted"}
-    assert c.call("/result", worker="w1", segment="7-0", key=unit.key, result=_result("w1")) == {"verdict": "duplicate"}
-    held = [Unit.from_json(c.call("/lease", worker="w1", segment="7-0")["unit"]).key for _ in range(2)]
+    assert c.call("/result", **me, key=unit.key, result=_result("w1")) == {"verdict": "accepted"}
+    assert c.call("/result", **me, key=unit.key, result=_result("w1")) == {"verdict": "duplicate"}
+    held = [Unit.from_json(c.call("/lease", **me)["unit"]).key for _ in range(2)]
     assert held == keys[1:3]
-    assert c.call("/lease", worker="w1", segment="7-0") == {"wait_s": 0.2}  # version 1 is not for it
-    assert c.call("/heartbeat", worker="w1", segment="7-0") == {}
-    out = c.call("/deregister", worker="w1", segment="7-0", give_back=[keys[1]])
+    assert c.call("/lease", **me) == {"wait_s": 0.2}  # version 1 is not for it
+    assert c.call("/heartbeat", **me) == {}
+    out = c.call("/deregister", **me, give_back=[keys[1]])
     assert sorted(out["given_back"]) == sorted(keys[1:3])
     assert [q.lease("segment:0").key for _ in range(3)] == [keys[2], keys[1], keys[3]]  # given back: first in line
+
+
+def test_a_result_is_taken_only_from_the_leaseholder_at_the_leased_version_and_after_the_check(service) -> None:
+    """Another worker's unit, a result at another version, a result the check refuses, a unit
+    nobody leased: each is refused without ending anything, and the unit is served again."""
+    q, server, _ = service
+    checked: list[str] = []
+
+    def check(unit: Unit, result: dict) -> dict:
+        checked.append(unit.key)
+        if result.get("tag") == "bad":
+            raise unit_server.ResultRefused("reward: 2 entries; 3 samples")
+        return {**result, "checked": True}
+
+    server.service.check = check
+    c = Client(f"http://127.0.0.1:{server.port}", "the-secret")
+    keys = q.add(_units(n_prompts=2))
+    a = {"worker": "a", "segment": "7-0", "session": c.call("/register", worker="a")["session"]}
+    b = {"worker": "b", "segment": "7-0", "session": c.call("/register", worker="b")["session"]}
+    assert c.call("/lease", **a)["unit"]["index"] == 0
+    for who, result, code in ((b, _result("b"), 409), (a, _result("a", version=1), 400), (a, _result("a", version=True), 400)):
+        with pytest.raises(ServiceError) as err:
+            c.call("/result", **who, key=keys[0], result=result)
+        assert err.value.code == code, (who, result)
+        if code == 400:  # refused: the unit went back, first in line; a leases it again
+            assert q.held_by("a", keys[0]) is None and c.call("/lease", **a)["unit"]["index"] == 0
+    assert q.give_back("a", [keys[0]]) == [keys[0]] and q.lease("b").key == keys[0]
+    with pytest.raises(ServiceError) as err:
+        c.call("/result", **b, key=keys[0], result=_result("bad"))
+    assert err.value.code == 400 and "reward: 2 entries" in str(err.value)
+    assert c.call("/lease", **a)["unit"]["index"] == 0
+    assert c.call("/result", **a, key=keys[0], result={**_result("a"), "version": 0}) == {"verdict": "accepted"}
+    with pytest.raises(ServiceError) as err:  # nobody leased unit 1 to b
+        c.call("/result", **b, key=keys[1], result=_result("b"))
+    assert err.value.code == 409
+    assert q.complete("a", keys[1], _result("a")) == "not-leased"
+    assert checked == [keys[0], keys[0]]  # only the leaseholder's results at the right version reach the check
+    assert q.lease("segment:0").key == keys[1] and q.complete("segment:0", keys[1], _result("own")) == "accepted"
+    got = q.collect(keys)
+    assert got[0]["served_by"] == "a" and got[0]["checked"] and got[0]["version"] == 0
+
+
+def test_every_malformed_body_gets_a_400_and_the_service_keeps_serving(service) -> None:
+    q, server, _ = service
+    url = f"http://127.0.0.1:{server.port}"
+    sess = Client(url, "the-secret").call("/register", worker="w1")["session"]
+    me = {"worker": "w1", "segment": "7-0", "session": sess}
+
+    def post(path: str, body: bytes) -> int:
+        req = urllib.request.Request(url + path, data=body, method="POST",
+                                     headers={AUTH_HEADER: sign("the-secret", path, body)})
+        try:
+            with urllib.request.urlopen(req, timeout=10):
+                return 200
+        except urllib.error.HTTPError as e:
+            assert "error" in json.loads(e.read())
+            return e.code
+
+    bodies = [b"not json", b"\xff\xfe", b"[]", b"null", b"42", b'"w1"', b"{}", b'{"worker": 7}', b'{"worker": ""}',
+              b'{"worker": "segment:0"}', b'{"worker": "a\\nforged log line"}', json.dumps({"worker": "x" * 200}).encode()]
+    assert {post("/register", b) for b in bodies} == {400}
+    q.add(_units(n_prompts=1))
+    for body in ({**me, "key": 5, "result": {}}, {**me, "key": "train:0:0", "result": []}, {**me, "key": "train:0:0"},
+                 {**me, "give_back": "train:0:0"}, {**me, "give_back": [1]}):
+        path = "/deregister" if "give_back" in body else "/result"
+        assert post(path, json.dumps(body).encode()) == 400, body
+    assert Client(url, "the-secret").call("/heartbeat", **me) == {}  # still serving, still registered
 
 
 def test_a_lease_waits_for_a_unit_that_suits_the_worker(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -292,7 +416,7 @@ def test_a_lease_waits_for_a_unit_that_suits_the_worker(monkeypatch) -> None:  #
 
     def lease_while(make_it_suit) -> Unit:  # type: ignore[no-untyped-def]
         got: list[dict] = []
-        asking = threading.Thread(target=lambda: got.append(c.call("/lease", worker="w1", segment="7-0")))
+        asking = threading.Thread(target=lambda: got.append(c.call("/lease", **me)))
         asking.start()
         asking.join(0.3)
         assert asking.is_alive() and not got  # held open: nothing suits it yet
@@ -302,7 +426,7 @@ def test_a_lease_waits_for_a_unit_that_suits_the_worker(monkeypatch) -> None:  #
         return Unit.from_json(got[0]["unit"])
 
     try:
-        c.call("/register", worker="w1")
+        me = {"worker": "w1", "segment": "7-0", "session": c.call("/register", worker="w1")["session"]}
         q.add(_units(rollout=1, n_prompts=1, version=1))  # waiting, but not for it: version 1 is not published
         assert lease_while(lambda: q.add(_units(n_prompts=1))).version == 0
         assert lease_while(lambda: (published.add(1), q.poke())).version == 1  # as unit_service publishes
@@ -318,9 +442,9 @@ def test_many_clients_at_once_never_get_the_same_unit(service) -> None:
 
     def work(name: str) -> None:
         c = Client(f"http://127.0.0.1:{server.port}", "the-secret")
-        c.call("/register", worker=name)
+        sess = c.call("/register", worker=name)["session"]
         while True:
-            out = c.call("/lease", worker=name, segment="7-0")
+            out = c.call("/lease", worker=name, segment="7-0", session=sess)
             if "unit" not in out:
                 return
             with lock:
@@ -343,3 +467,5 @@ def test_the_worker_program_refuses_a_directory_that_is_no_run_with_exit_2(tmp_p
     (tmp_path / "plan.json").write_text("{}")
     assert main(["--run-dir", str(tmp_path), "--worker-id", "w", "--threads", "0"]) == 2
     assert capsys.readouterr().err.strip() == "--threads: 0; give 1 or more"
+    assert main(["--run-dir", str(tmp_path), "--worker-id", "segment:0"]) == 2
+    assert capsys.readouterr().err.strip().startswith("--worker-id: 'segment:0'; use letters, digits")

@@ -29,7 +29,7 @@ from beam_hpc.backends.reference import metrics_log as mlog
 from beam_hpc.backends.reference.policy import device_of, load_tokenizer, setup_process, threads_of
 from beam_hpc.backends.reference.prompt_source import DataError, Prompt, PromptOrder, encode_prompts, read_rows
 from beam_hpc.backends.reference.unit_service import UnitService
-from beam_hpc.backends.reference.units import DEFAULT_UNIT_PROMPTS, cut
+from beam_hpc.backends.reference.units import DEFAULT_UNIT_PROMPTS, SAMPLE_LISTS, cut
 from beam_hpc.backends.reference.weight_sync import TRANSPORTS
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.errors import RuntimeFailure
@@ -254,14 +254,22 @@ class Loop:
 
     @staticmethod
     def merge(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {k: [] for k, v in chunks[0].items() if isinstance(v, list)}
+        """One rollout from its units' results: the per-sample lists (``SAMPLE_LISTS``, nothing else a
+        result carries), each sample's policy version and server. A unit's ``version`` is the one it
+        was leased at (the queue sets it), and an outside worker's result was checked against its
+        unit before it was accepted (unit_service.check_result); a result whose lists still disagree
+        in length ends the segment here rather than training on misaligned samples."""
+        out: dict[str, Any] = {k: [] for k in SAMPLE_LISTS}
         out["policy_version"], out["served_by"] = [], []
         for c in chunks:
-            for k, v in c.items():
-                if isinstance(v, list):
-                    out[k].extend(v)
-            out["policy_version"].extend([c["version"]] * len(c["reward"]))
-            out["served_by"].extend([served_by(c)] * len(c["reward"]))
+            n = len(c["reward"])
+            bad = [k for k in SAMPLE_LISTS if len(c[k]) != n and not (k == "old_logp" and not c[k])]
+            if bad:
+                raise ReferenceRunError(f"unit {c.get('key')}: {', '.join(bad)} do not have one entry per sample ({n})")
+            for k in SAMPLE_LISTS:
+                out[k].extend(c[k])
+            out["policy_version"].extend([c["version"]] * n)
+            out["served_by"].extend([served_by(c)] * n)
         out["version"] = min(c["version"] for c in chunks)
         out["generate_time_s"] = sum(c.get("generate_time_s", 0.0) for c in chunks)
         out["unit_served_by"] = [served_by(c) for c in chunks]

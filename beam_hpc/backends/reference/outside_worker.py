@@ -24,7 +24,7 @@ from typing import Any
 
 from beam_hpc import fault_hooks
 from beam_hpc.backends.reference import policy_store, rendezvous
-from beam_hpc.backends.reference.unit_server import Client, ServiceError
+from beam_hpc.backends.reference.unit_server import SESSION_FIELD, Client, ServiceError, valid_worker_name
 from beam_hpc.backends.reference.units import Unit
 from beam_hpc.errors import EXIT_INPUT, BeamError, RuntimeFailure
 from beam_hpc.logging_setup import log_to_stream, module_logger
@@ -144,13 +144,14 @@ class _Session:
         self.client = Client(rv.url, rv.secret)
         self.hello = self.client.call("/register", worker=worker_id)
         self.segment = str(self.hello["segment"])
+        self.session = str(self.hello.get(SESSION_FIELD, ""))  # every later request proves it is this registration
         self.ended = threading.Event()
         self.lost = False
         self.beat = threading.Thread(target=self._beat, args=(stop,), name="elastic-heartbeat", daemon=True)
         self.beat.start()
 
     def call(self, path: str, **payload: Any) -> dict[str, Any]:
-        return self.client.call(path, worker=self.worker_id, segment=self.segment, **payload)
+        return self.client.call(path, worker=self.worker_id, segment=self.segment, session=self.session, **payload)
 
     def _beat(self, stop: threading.Event) -> None:
         while not (stop.wait(HEARTBEAT_S) or self.ended.is_set()):
@@ -287,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.run_dir / PLAN_FILE).is_file():
         print(f"--run-dir: {args.run_dir} is not a run directory (no {PLAN_FILE}); give the --output-dir of a "
               "submitted run", file=sys.stderr, flush=True)
+        return EXIT_INPUT
+    if not valid_worker_name(args.worker_id):
+        print(f"--worker-id: {args.worker_id!r}; use letters, digits and ._@+- (up to 128 characters, starting "
+              "with a letter or digit)", file=sys.stderr, flush=True)
         return EXIT_INPUT
     if args.threads < 1:
         print(f"--threads: {args.threads}; give 1 or more", file=sys.stderr, flush=True)

@@ -11,9 +11,13 @@ torch is imported only by the functions that read or write weights.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import os
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,8 @@ from beam_hpc.files import atomic_dir, sha256_file, write_json_atomic
 WEIGHTS = "weights.pt"
 MANIFEST = "manifest.json"
 _NAME = re.compile(r"^v(\d{6,})$")
+_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # a name in the version directory itself
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class PolicyVersionError(RuntimeFailure):
@@ -69,8 +75,41 @@ def publish(run_dir: str | Path, version: int, state: dict[str, Any]) -> bool:
     return True
 
 
+def _manifest_files(manifest: Any, version: int) -> dict[str, str]:
+    """The manifest's ``files`` (name -> sha256), each name a plain file name of the version
+    directory, ``weights.pt`` among them; raises PolicyVersionError on anything else."""
+    if not isinstance(manifest, dict) or manifest.get("version") != version:
+        raise PolicyVersionError(f"policy version {version}: the manifest is not this version's")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or WEIGHTS not in files:
+        raise PolicyVersionError(f"policy version {version}: the manifest does not list {WEIGHTS}; it will not be loaded")
+    for name, digest in files.items():
+        if not (isinstance(name, str) and _FILE.match(name) and name != MANIFEST):
+            raise PolicyVersionError(f"policy version {version}: manifest names {str(name)[:60]!r}, not a plain file "
+                                     "name of its directory (no '/', '..' or absolute path); it will not be loaded")
+        if not (isinstance(digest, str) and _SHA256.match(digest)):
+            raise PolicyVersionError(f"policy version {version}: manifest gives {name} no sha256")
+    return files
+
+
+def _read_plain(path: Path, version: int) -> bytes:
+    """The bytes of ``path``, refusing a symbolic link (it could point out of the directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError as e:
+        raise PolicyVersionMissing(f"policy version {version}: pruned while loading") from e
+    except OSError as e:  # ELOOP: a symbolic link
+        raise PolicyVersionError(f"policy version {version}: {path.name} is not a plain file ({e}); it will not be loaded") from e
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise PolicyVersionError(f"policy version {version}: {path.name} is not a plain file; it will not be loaded")
+        return f.read()
+
+
 def load_verified(run_dir: str | Path, version: int) -> dict[str, Any]:
-    """The weights of ``version`` after checking every file against the manifest."""
+    """The weights of ``version`` after checking every file against the manifest. The manifest must
+    list ``weights.pt``, every name must stay inside the version directory, and the weights loaded
+    are the very bytes that were checked (read once, then hashed and deserialised)."""
     import torch
 
     d = version_dir(run_dir, version)
@@ -78,18 +117,16 @@ def load_verified(run_dir: str | Path, version: int) -> dict[str, Any]:
         manifest = json.loads((d / MANIFEST).read_text())
     except (OSError, ValueError) as e:
         raise PolicyVersionMissing(f"policy version {version}: no readable manifest in {d} ({e})") from e
-    for name, digest in manifest["files"].items():
-        try:
-            got = sha256_file(d / name)
-        except FileNotFoundError as e:
-            raise PolicyVersionMissing(f"policy version {version}: pruned while loading") from e
+    weights = b""
+    for name, digest in _manifest_files(manifest, version).items():
+        data = _read_plain(d / name, version)
+        got = hashlib.sha256(data).hexdigest()
         if got != digest:
             raise PolicyVersionError(f"policy version {version}: {name} has sha256 {got[:12]}..., "
                                      f"the manifest says {digest[:12]}...; it will not be served")
-    try:
-        state: dict[str, Any] = torch.load(d / WEIGHTS, weights_only=True)
-    except FileNotFoundError as e:  # pruned between the check and the load
-        raise PolicyVersionMissing(f"policy version {version}: pruned while loading") from e
+        if name == WEIGHTS:
+            weights = data
+    state: dict[str, Any] = torch.load(io.BytesIO(weights), weights_only=True)
     return state
 
 

@@ -7,11 +7,17 @@ unit an outside worker still holds, so the driver never waits on one. While an o
 registered, the feeder publishes every version a queued unit names (``beam_hpc.backends.reference.policy_store``);
 an outside worker is offered a unit only once its version is published and within the staleness the
 run allows (0 in a ``--no-async-training`` run, 1 otherwise: rollout k+1 is generated with W_k).
+An outside worker's result is checked against its unit before the queue takes it
+(:class:`ResultCheck`): shapes and lengths, token ids within the vocabulary, log-probs finite, and
+the texts and rewards recomputed here from the tokens, so a worker cannot make the trainer train on
+misaligned samples or on a reward it made up. A result that fails is refused and its unit served again.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import threading
 import time
@@ -19,8 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from beam_hpc.backends.reference import policy_store, rendezvous
-from beam_hpc.backends.reference.policy import threads_of
-from beam_hpc.backends.reference.unit_server import ElasticServer, Service
+from beam_hpc.backends.reference.policy import load_tokenizer, threads_of
+from beam_hpc.backends.reference.unit_server import ElasticServer, ResultRefused, Service
 from beam_hpc.backends.reference.units import Unit, UnitQueue, within_staleness
 from beam_hpc.errors import RuntimeFailure
 from beam_hpc.node.ray_node import driver_job
@@ -64,6 +70,79 @@ def own_name(index: int) -> str:
     return f"{OWN_PREFIX}{index}"
 
 
+class ResultCheck:
+    """The driver's check of an outside worker's unit result (``Service``'s ``check``).
+
+    What the driver knows itself it takes from the unit, never from the result: the prompts, the
+    labels, the version (the lease's). What it can recompute from the tokens it recomputes with the
+    code the workers use (``rollout_worker.compute_unit``): the texts (its own tokenizer) and the
+    scores (:func:`beam_hpc.reward.scoring.score_response`, the run's budget and penalty). What it
+    cannot (the tokens themselves, the behaviour log-probs) it checks for shape: one response per
+    sample of at most the unit's token budget, ids within the model's vocabulary, one finite
+    log-prob <= 0 per response token for a training unit and none for an evaluation unit.
+    """
+
+    def __init__(self, recipe: Any, tokenizer: Any, vocab_size: int) -> None:
+        self.recipe, self.tok, self.vocab_size = recipe, tokenizer, vocab_size
+
+    @classmethod
+    def for_model(cls, recipe: Any, model_path: str) -> ResultCheck:
+        tok = load_tokenizer(model_path)
+        vocab = int(tok.vocab_size)
+        try:  # the model's embedding may be larger than the tokenizer's vocabulary (padded)
+            vocab = max(vocab, int(json.loads((Path(model_path) / "config.json").read_text())["vocab_size"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return cls(recipe, tok, vocab)
+
+    def __call__(self, unit: Unit, result: dict[str, Any]) -> dict[str, Any]:
+        from beam_hpc.reward.scoring import score_response
+
+        r = self.recipe
+        n = len(unit.prompts) * unit.samples_per_prompt
+        budget = r.tokens.max_response if unit.train else r.eval_max_response
+        responses = result.get("response_ids")
+        if not isinstance(responses, list) or len(responses) != n:
+            raise ResultRefused(f"response_ids: {_len_of(responses)}; unit {unit.key} has {n} samples")
+        for i, resp in enumerate(responses):
+            if not isinstance(resp, list) or len(resp) > budget:
+                raise ResultRefused(f"response_ids[{i}]: {_len_of(resp)}; at most {budget} tokens")
+            if not all(type(t) is int and 0 <= t < self.vocab_size for t in resp):
+                raise ResultRefused(f"response_ids[{i}]: a token id outside 0..{self.vocab_size - 1}")
+        logp = result.get("old_logp")
+        if unit.train:
+            if not isinstance(logp, list) or len(logp) != n:
+                raise ResultRefused(f"old_logp: {_len_of(logp)}; one list per sample ({n}) for a training unit")
+            for i, (lp, resp) in enumerate(zip(logp, responses, strict=True)):
+                if (not isinstance(lp, list) or len(lp) != len(resp)
+                        or not all(type(x) in (float, int) and math.isfinite(x) and x <= 0 for x in lp)):
+                    raise ResultRefused(f"old_logp[{i}]: one finite log-probability <= 0 per response token "
+                                        f"({len(resp)}) is required")
+        elif logp != []:
+            raise ResultRefused("old_logp: an evaluation unit has none")
+        spent = result.get("generate_time_s", 0.0)
+        if type(spent) not in (float, int) or not math.isfinite(spent) or spent < 0:
+            spent = 0.0
+        prompts = [p for p in unit.prompts for _ in range(unit.samples_per_prompt)]
+        labels = [lab for lab in unit.labels for _ in range(unit.samples_per_prompt)]
+        try:
+            texts = [self.tok.decode(resp, skip_special_tokens=True) for resp in responses]
+        except Exception as e:  # noqa: BLE001 (the tokenizer's own error types)
+            raise ResultRefused(f"response_ids: not decodable ({e})") from e
+        scores = [score_response(text, label, len(resp), max_response_tokens=budget, buffer_tokens=r.reward.overlong_buffer,
+                                 factor=r.reward.overlong_factor, apply_penalty=unit.train)
+                  for text, label, resp in zip(texts, labels, responses, strict=True)]
+        checked = {"key": unit.key, "prompt_ids": prompts, "response_ids": responses, "response_text": texts,
+                   "label": labels, "old_logp": logp, "reward": [s.reward for s in scores],
+                   "correct": [bool(s.correct) for s in scores], "pred": [s.pred for s in scores],
+                   "penalty": [s.penalty for s in scores], "version": unit.version, "generate_time_s": float(spent)}
+        return checked
+
+
+def _len_of(v: Any) -> str:
+    return f"{len(v)} entries" if isinstance(v, list) else f"a {type(v).__name__}"
+
+
 class UnitService:
     def __init__(self, loop: Loop, ray_address: str) -> None:
         import ray
@@ -92,7 +171,8 @@ class UnitService:
         r = self.loop.recipe
         hello = {"recipe": r.model_dump(mode="json"), "model_path": self.loop.model_path, "unit_threads": threads_of(r),
                  "sync": not self.loop.asynchronous, "max_staleness": self.max_staleness, "lease_s": self.queue.lease_s}
-        service = Service(self.queue, self.segment, hello, self._accept)
+        service = Service(self.queue, self.segment, hello, self._accept,
+                          check=ResultCheck.for_model(r, self.loop.model_path))
         try:
             self.server = ElasticServer(service, self.secret, self.host, self.port).start()
         except (OSError, OverflowError) as e:  # the band's port is taken (or beyond 65535): any free one will do

@@ -7,8 +7,8 @@ So any worker computes a unit bit for bit as any other would, and who served it 
 
 The queue hands units to the segment's own workers and to outside workers alike. A lease belongs
 to a worker; a worker that deregisters, or stops heartbeating within the deadline, has its units
-put back. The first result for a unit is accepted; any later one is counted as a duplicate and
-dropped. The segment's own workers may also take a unit an outside worker holds once nothing else
+put back. The first result for a unit from a worker holding its lease is accepted; any later one
+is counted as a duplicate and dropped, and one from a worker without the lease is refused. The segment's own workers may also take a unit an outside worker holds once nothing else
 is left, so the driver never waits on an outside worker. Pure Python, thread-safe, no I/O.
 """
 
@@ -23,6 +23,10 @@ from typing import Any
 # 4 prompts a unit: on the tiny recipe (32 x 8) units of 1 prompt made a rollout's generation 2.3x
 # slower than one batch, units of 4 only 1.16x, and a rollout still splits into 8 shares.
 DEFAULT_UNIT_PROMPTS = 4
+# The per-sample lists a unit's result holds (rollout_worker.compute_unit), one entry a sample
+# (``old_logp``: none for an evaluation unit). The driver merges these and only these.
+SAMPLE_LISTS = ("prompt_ids", "response_ids", "response_text", "label", "old_logp", "reward", "correct", "pred",
+                "penalty")
 
 
 @dataclass(frozen=True)
@@ -205,9 +209,18 @@ class UnitQueue:
                         return e.unit
             return None
 
-    def complete(self, worker: str, key: str, result: dict[str, Any]) -> str:
-        """``accepted`` (the first result for the unit), ``duplicate`` (dropped: it had one
-        already) or ``unknown`` (no such unit: a finished rollout's, or another segment's)."""
+    def held_by(self, worker: str, key: str) -> Unit | None:
+        """The unit ``key`` if ``worker`` holds a lease on it and it has no result yet, else None."""
+        with self.cond:
+            e = self.entries.get(key)
+            return e.unit if e is not None and e.result is None and worker in e.holders else None
+
+    def complete(self, worker: str, key: str, result: dict[str, Any] | None) -> str:
+        """``accepted`` (the first result for the unit, from a worker holding its lease),
+        ``duplicate`` (dropped: it had one already), ``unknown`` (no such unit: a finished
+        rollout's, or another segment's) or ``not-leased`` (dropped: ``worker`` holds no lease on
+        it, or ``result`` is None, meaning it was never checked against the unit). The result is
+        kept with the unit's own ``version``: the version it was leased at, whatever it says."""
         with self.cond:
             e = self.entries.get(key)
             if e is None:
@@ -215,14 +228,19 @@ class UnitQueue:
                     self.duplicates += 1
                     return "duplicate"
                 return "unknown"
-            if worker in e.holders:
+            held = worker in e.holders
+            if held:
                 e.holders.remove(worker)
             if e.result is not None:
                 self.duplicates += 1
                 return "duplicate"
+            if not held or result is None:
+                if held:  # an unchecked result: the lease is kept, as if it had not been sent
+                    e.holders.append(worker)
+                return "not-leased"
             if key in self.waiting:
                 self.waiting.remove(key)
-            e.result, e.served_by = result, worker
+            e.result, e.served_by = {**result, "version": e.unit.version}, worker
             if worker in self.workers:
                 self.workers[worker].units += 1
                 self.workers[worker].last_seen = self.clock()
