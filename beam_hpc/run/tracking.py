@@ -7,11 +7,31 @@ environment (``WANDB_RESUME=allow``, project, group, mode, directory) is static 
 in the plan's driver command; the driver itself sets ``WANDB_RUN_ID`` from the file, because
 Miles's ``init_wandb_primary`` passes no id to ``wandb.init`` (wandb then reads the environment).
 
-Offline (``mode: offline``, or a site whose nodes have no internet) each segment leaves one
-``offline-run-*`` directory; :func:`sync` uploads each finished one once with ``wandb sync`` and
-records it in ``<run>/wandb/synced.json``. History is read back with wandb's own reader
-(``wandb leet inspect --json``), which is also how a resumed segment learns what was logged.
-This module imports no wandb: the login node needs it only to upload.
+Offline (``mode: offline``, or a site whose nodes have no internet) every process that calls
+``wandb.init`` writes a *fragment* of the run: its own ``offline-run-<time>-<id>[-n]`` directory
+under ``<run>/wandb/wandb``. The reference backend has one writer per segment (its driver). Miles
+has three (radixark/miles 31f1ca96, ``miles/utils/tracking_utils/wandb_utils.py``):
+``init_wandb_primary`` in the driver, and ``init_wandb_secondary`` (same id, ``resume="allow"``,
+``reinit=True``) in the first trainer rank (``backends/megatron_utils/actor.py``) and in the rollout
+manager (``ray/rollout/rollout_manager.py``). The secondaries are Ray actors that never call
+``wandb.finish``; their fragments often end without an exit record.
+
+:func:`sync` therefore decides per *segment*, from beam-hpc's own ledger, when a fragment is
+complete: the segment that wrote it has an end line, or a later segment has started (every process
+of the earlier job is gone). A fragment of a segment that is still running is never uploaded.
+wandb 0.31's ``wandb sync`` (wandb-core ``internal/runsync/runsyncoperation.go``, ``initAndPlan``,
+read at wandb/wandb master of 2026-08, 0.28.3.dev1, and stated by 0.31.0's own ``wandb sync --help``)
+groups the files of one call by run path and replays those of one run one after another in order of
+their start time, each as a resumption of the run; a file without an exit record is closed with exit
+code 1 (``runreader.go``, ``sendExitIfNotSeen``). So all finished fragments go to W&B in one
+``wandb sync`` call, which orders them; ``wandb sync`` marks each file it uploaded with a
+``<file>.wandb.synced`` marker (``runsyncer.go``, ``markSynced``), and since it exits 0 even when an
+upload failed, :func:`sync` checks those markers and records the uploaded fragments and segments in
+``<run>/wandb/synced.json``.
+
+History is read back with wandb's own reader (``wandb leet inspect --json``), which is also how a
+resumed segment learns what was logged. This module imports no wandb: the login node needs it only
+to upload.
 """
 
 from __future__ import annotations
@@ -25,6 +45,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -32,7 +53,7 @@ from urllib.parse import urlparse
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError
-from beam_hpc.files import write_json_atomic
+from beam_hpc.files import fsync_dir, write_atomic, write_json_atomic
 
 SUBDIR = "wandb"  # <run>/wandb: the id, the sync record, and W&B's own files (its "wandb/" below)
 RUN_ID_FILE = "run_id"
@@ -78,16 +99,25 @@ def driver_env(settings: WandbSettings, run_dir: str) -> dict[str, str]:
 
 
 def run_id(run_dir: str | Path) -> str:
-    """The run's W&B id, made by the first caller and read by every later one."""
+    """The run's W&B id, made by the first caller and read by every later one.
+
+    The id is written to a private temporary file and then hard-linked onto its name: ``link``
+    fails when the name exists, as ``O_EXCL`` would, but the file appears with its content, so a
+    racing reader never sees it empty."""
     path = wandb_dir(run_dir) / RUN_ID_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
+    if path.is_file():
         return path.read_text().strip()
     new = f"beam-{secrets.token_hex(6)}"
-    with os.fdopen(fd, "w") as f:
-        f.write(new + "\n")
+    tmp = path.with_name(f".{RUN_ID_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        write_atomic(tmp, new + "\n")
+        os.link(tmp, path)
+    except FileExistsError:
+        return path.read_text().strip()
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
     return new
 
 
@@ -96,17 +126,29 @@ def existing_run_id(run_dir: str | Path) -> str | None:
     return path.read_text().strip() if path.is_file() else None
 
 
-def segment_dirs(run_dir: str | Path) -> list[Path]:
-    """W&B's per-process directories of this run (one per segment), oldest first."""
+def _fragment_key(d: Path) -> str:
+    """Sort key from the directory name: ``<time>-<id>[-n]`` (wandb adds ``-n`` when two processes
+    of one id start in the same second: ``wandb_init.py`` ``set_sync_dir_suffix``)."""
+    return d.name.split("-", 2)[-1] if d.name.startswith("offline-") else d.name[4:]
+
+
+def fragment_dirs(run_dir: str | Path) -> list[Path]:
+    """W&B's per-process directories of this run (its fragments: one per ``wandb.init``), oldest
+    first by name (second resolution: fragments of one segment may tie)."""
     root = wandb_dir(run_dir) / "wandb"
     if not root.is_dir():
         return []
     found = [d for d in root.iterdir() if d.is_dir() and d.name.startswith(("offline-run-", "run-"))]
-    return sorted(found, key=lambda d: d.name.split("-", 2)[-1] if d.name.startswith("offline-") else d.name[4:])
+    return sorted(found, key=_fragment_key)
 
 
-def transaction_log(segment_dir: Path) -> Path | None:
-    logs = sorted(segment_dir.glob("run-*.wandb"))
+# the name the reference backend's reader uses (backends/reference/metrics_log.py); it lists
+# fragments, of which a reference segment writes one
+segment_dirs = fragment_dirs
+
+
+def transaction_log(fragment: Path) -> Path | None:
+    logs = sorted(fragment.glob("run-*.wandb"))
     return logs[0] if logs else None
 
 
@@ -130,45 +172,147 @@ def history(log: Path) -> list[dict[str, Any]]:
     return [r["history"]["item"] for r in read_records(log) if r.get("type") == "history"]
 
 
-def finished(segment_dir: Path, later_exists: bool) -> bool:
-    """A segment's W&B files are complete when its run ended (an exit record) or a later segment
-    started (its driver is gone, whatever ended it)."""
-    if later_exists:
-        return True
-    log = transaction_log(segment_dir)
-    return log is not None and any(r.get("type") == "exit" for r in read_records(log))
+@dataclass(frozen=True)
+class Fragment:
+    """One process's offline directory, as its transaction log tells: when its run record says it
+    started (None before the log's first flush) and whether it holds an exit record."""
+
+    path: Path
+    log: Path | None
+    start: float | None
+    exited: bool
+
+
+def read_fragment(d: Path) -> Fragment:
+    log = transaction_log(d)
+    start, exited = None, False
+    if log is not None and log.stat().st_size > 0:
+        for r in read_records(log):
+            if r.get("type") == "run" and start is None:
+                stamp = str(r["run"].get("start_time", ""))
+                if stamp:
+                    start = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+            elif r.get("type") == "exit":
+                exited = True
+    return Fragment(d, log, start, exited)
+
+
+def _synced_marker(log: Path) -> Path:
+    """What ``wandb sync`` leaves beside a file it uploaded (wandb-core ``runsyncer.go``
+    ``markSynced``; ``cli/beta_sync.py`` ``_is_synced`` skips such files)."""
+    return log.with_name(log.name + ".synced")
 
 
 def synced(run_dir: str | Path) -> dict[str, Any]:
+    """``{"fragments": {name: {"segment", "log"}}, "segments": [id, ...]}`` of what was uploaded
+    (a record from before segments were kept is a flat ``{name: {...}}``)."""
     path = wandb_dir(run_dir) / SYNCED_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    if "fragments" not in data:
+        data = {"fragments": data, "segments": []}
+    return data
 
 
-def unsynced(run_dir: str | Path) -> list[Path]:
-    """Offline segment directories not yet uploaded (finished or not)."""
-    done = synced(run_dir)
-    return [d for d in segment_dirs(run_dir) if d.name.startswith("offline-") and d.name not in done]
+@dataclass(frozen=True)
+class SyncPlan:
+    """What :func:`sync` would do now: the fragments to upload, by segment; the ended segments that
+    left nothing to upload; and what is left for later, each with the reason."""
+
+    upload: dict[str, list[Fragment]]
+    empty: list[str]
+    later: list[tuple[str, str]]
+
+    @property
+    def fragments(self) -> list[Fragment]:
+        return sorted((f for fs in self.upload.values() for f in fs), key=lambda f: f.start or 0.0)
 
 
-def sync(run_dir: str | Path, *, echo: Any = print) -> tuple[list[str], list[str]]:
-    """Upload each finished, not yet synced offline segment with ``wandb sync``, oldest first, and
-    record it. Returns (synced now, left for later: still running)."""
-    pending = unsynced(run_dir)
-    all_dirs = segment_dirs(run_dir)
-    done, later = [], []
+def _segment_of(start: float, segments: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ledger segment a fragment that started at ``start`` belongs to: the last one started
+    before it (a segment's driver, and with it every W&B writer, starts after its start line)."""
+    owner = None
+    for rec in segments:
+        t = (rec.get("start") or {}).get("time")
+        if t is not None and t <= start:
+            owner = rec
+    return owner
+
+
+def _ended(rec: dict[str, Any], segments: list[dict[str, Any]]) -> bool:
+    """A segment has ended when its end line is written, or when a later segment has started (its
+    job is gone, whatever ended it: a segment killed hard writes no end line)."""
+    if rec.get("end") is not None:
+        return True
+    after = segments[segments.index(rec) + 1:]
+    return any(r.get("start") is not None for r in after)
+
+
+def plan_sync(run_dir: str | Path, segments: list[dict[str, Any]]) -> SyncPlan:
+    """Group the offline fragments not yet uploaded by the ledger segment that wrote them
+    (``segments``: :func:`beam_hpc.run.ledger.read_ledger`'s records) and keep those of ended
+    segments. Without a ledger (W&B used outside a beam-hpc segment) a fragment counts as finished
+    only when it has an exit record."""
     record = synced(run_dir)
-    for d in pending:
-        if not finished(d, later_exists=d != all_dirs[-1]):
-            later.append(d.name)
+    upload: dict[str, list[Fragment]] = {}
+    later: list[tuple[str, str]] = []
+    open_segments: set[str] = set()
+    for d in fragment_dirs(run_dir):
+        if not d.name.startswith("offline-") or d.name in record["fragments"]:
             continue
-        proc = subprocess.run([*wandb_command(), "sync", str(d)], capture_output=True, text=True, check=False)
+        frag = read_fragment(d)
+        if frag.start is None:
+            later.append((d.name, "its transaction log has no run record yet"))
+            continue
+        rec = _segment_of(frag.start, segments)
+        if rec is None:
+            if frag.exited:
+                upload.setdefault(d.name, []).append(frag)  # no ledger: a group of its own
+            else:
+                later.append((d.name, "no segment of the ledger wrote it and it has no exit record"))
+            continue
+        if not _ended(rec, segments):
+            open_segments.add(rec["segment"])
+            later.append((d.name, f"segment {rec['segment']} is still running"))
+            continue
+        upload.setdefault(rec["segment"], []).append(frag)
+    empty = [r["segment"] for r in segments if _ended(r, segments) and r["segment"] not in upload
+             and r["segment"] not in record["segments"] and r["segment"] not in open_segments]
+    return SyncPlan(upload, empty, later)
+
+
+def sync(run_dir: str | Path, segments: list[dict[str, Any]], *, dry_run: bool = False,
+         echo: Any = print) -> SyncPlan:
+    """Upload the fragments of every ended, not yet uploaded segment in one ``wandb sync`` call
+    (wandb replays one run's files in order of their start time: see the module docstring), check
+    wandb's own markers, and record what was uploaded. With ``dry_run``, ``wandb sync --dry-run``
+    lists what it would upload (it needs no server and no key) and nothing is recorded."""
+    plan = plan_sync(run_dir, segments)
+    frags = plan.fragments
+    if frags:
+        argv = [*wandb_command(), "sync", *(["--dry-run", "--verbose"] if dry_run else []),
+                *(str(f.path) for f in frags)]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=wandb_dir(run_dir) / "wandb")
+        said = "\n".join(x for x in (proc.stdout.strip(), proc.stderr.strip()) if x)
         if proc.returncode != 0:
-            raise RuntimeError(f"wandb sync {d}: exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-800:]}")
-        record[d.name] = {"log": str(transaction_log(d))}
+            raise RuntimeError(f"wandb sync: exit {proc.returncode}: {said[-800:]}")
+        if dry_run:
+            echo(said)
+            return plan
+        missing = [f.path.name for f in frags if f.log is None or not _synced_marker(f.log).exists()]
+        if missing:
+            raise RuntimeError(f"wandb sync did not upload {', '.join(missing)} (no .wandb.synced marker); "
+                               f"it said: {said[-800:]}")
+    if dry_run:
+        return plan
+    record = synced(run_dir)
+    for segment, fs in plan.upload.items():
+        for f in fs:
+            record["fragments"][f.path.name] = {"segment": segment, "log": str(f.log)}
+            echo(f"synced {f.path.name} (segment {segment})")
+    record["segments"] = [*record["segments"], *(s for s in [*plan.upload, *plan.empty] if s not in record["segments"])]
+    if plan.upload or plan.empty:
         write_json_atomic(wandb_dir(run_dir) / SYNCED_FILE, record)
-        done.append(d.name)
-        echo(f"synced {d.name}")
-    return done, later
+    return plan
 
 
 def has_api_key(environ: Mapping[str, str]) -> bool:
@@ -197,17 +341,19 @@ def check_credentials(recipe: Recipe, site: Site, environ: Mapping[str, str]) ->
     )
 
 
-def summary(run_dir: str | Path) -> dict[str, Any] | None:
-    """For ``beam-hpc status``: the W&B run id and which offline segments are not yet uploaded
-    (cheap: file names only). None where the run has no W&B files."""
+def summary(run_dir: str | Path, segments: list[str]) -> dict[str, Any] | None:
+    """For ``beam-hpc status``: the W&B run id and which of the run's segments (``segments``: the
+    ledger's ids, in order) are not yet uploaded, from file names and ``synced.json`` only (cheap;
+    a segment counts once, however many processes wrote fragments of it). None where the run has
+    no W&B files."""
     rid = existing_run_id(run_dir)
     if rid is None:
         return None
-    dirs = segment_dirs(run_dir)
-    done = synced(run_dir)
-    offline = [d.name for d in dirs if d.name.startswith("offline-")]
-    return {"run_id": rid, "segments": len(dirs), "offline": len(offline),
-            "synced": [n for n in offline if n in done], "unsynced": [n for n in offline if n not in done]}
+    dirs = fragment_dirs(run_dir)
+    offline = any(d.name.startswith("offline-") for d in dirs)
+    done = synced(run_dir)["segments"] if offline else []
+    return {"run_id": rid, "segments": len(segments), "fragments": len(dirs), "offline": len(segments) if offline else 0,
+            "synced": [s for s in segments if s in done], "unsynced": [s for s in segments if s not in done] if offline else []}
 
 
 def describe(s: dict[str, Any] | None, run_dir: str) -> str | None:
@@ -219,4 +365,4 @@ def describe(s: dict[str, Any] | None, run_dir: str) -> str | None:
     if not s["unsynced"]:
         return f"W&B run {s['run_id']}: all {s['offline']} offline segment(s) synced"
     return (f"W&B run {s['run_id']}: {len(s['unsynced'])} of {s['offline']} offline segment(s) not yet synced; "
-            f"upload them: beam-hpc sync {run_dir}")
+            f"upload the ended ones: beam-hpc sync {run_dir}")

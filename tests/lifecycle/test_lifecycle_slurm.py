@@ -293,12 +293,20 @@ def assert_one_wandb_run(run: Path, plan: Plan, n: int) -> None:
     """Every segment of the chain (first, resubmitted, requeued, resumed with a new total) logged to
     one W&B run, read back with wandb's own reader from the segments' offline transaction logs:
     every rollout once and in order (a rollout re-done after a preemption keeps the values logged
-    first), each evaluation at its step, and every offline segment waiting for `beam-hpc sync`."""
+    first), each evaluation at its step. The reference backend has one writer a segment (its
+    driver), so each segment left at most one fragment (none when cancelled in bring-up), and the
+    real `wandb sync --dry-run` lists every fragment of the ended chain for one upload."""
+    from beam_hpc.run.ledger import read_ledger
+
     assert plan.driver_env["WANDB_RESUME"] == "allow" and plan.driver_env["WANDB_MODE"] == "offline"
-    dirs = tracking.segment_dirs(run)  # one per driver that started (a segment cancelled in bring-up has none)
+    dirs = tracking.fragment_dirs(run)
     assert len(dirs) >= 3 and all(d.name.startswith("offline-run-") for d in dirs), [d.name for d in dirs]
     rid = tracking.existing_run_id(run)
-    logs = [tracking.transaction_log(d) for d in dirs]
+    segments, _ = read_ledger(run / "ledger.jsonl")
+    frags = [tracking.read_fragment(d) for d in dirs]
+    owners = [tracking._segment_of(f.start, segments)["segment"] for f in frags]
+    assert len(owners) == len(set(owners)), owners  # the reference backend's single writer
+    logs = [f.log for f in frags]
     runs_seen = {r["run"]["run_id"] for log in logs for r in tracking.read_records(log) if r.get("type") == "run"}
     assert runs_seen == {rid}
     rows = [h for log in logs for h in tracking.history(log)]
@@ -314,7 +322,13 @@ def assert_one_wandb_run(run: Path, plan: Plan, n: int) -> None:
             first_logged.setdefault(m["rollout_id"], m[metric_names.ROLLOUT_REWARD])
     assert {h[ROLLOUT_STEP]: h[metric_names.ROLLOUT_REWARD] for h in rows if metric_names.ROLLOUT_REWARD in h} == \
         pytest.approx(first_logged)
-    assert tracking.summary(run)["unsynced"] == [d.name for d in dirs]  # for `beam-hpc sync` (tests/run/test_tracking.py)
+    summary = tracking.summary(run, [r["segment"] for r in segments])
+    assert summary["segments"] == len(segments) and summary["unsynced"] == [r["segment"] for r in segments]
+    listing: list[str] = []
+    tracking.sync(run, segments, dry_run=True, echo=listing.append)  # the real `wandb sync --dry-run`
+    assert f"Would sync {len(dirs)} run(s)" in listing[0], listing
+    assert sorted(x.split()[-1] for x in listing[0].splitlines() if x.rstrip().endswith(".wandb")) == \
+        sorted(f"{d.name}/run-{rid}.wandb" for d in dirs)
 
 
 def interval_after(seg: dict) -> int:

@@ -193,6 +193,26 @@ def test_status_midway_eta_and_table(run_dir: Path, tmp_path: Path) -> None:
     assert "AIME" not in table
 
 
+def test_status_counts_wandb_segments_not_fragments(run_dir: Path, tmp_path: Path) -> None:
+    """Offline, Miles leaves three fragments a segment (its driver, first trainer rank and rollout
+    manager each write one: beam_hpc.run.tracking): status counts the ledger's segments, and a
+    segment is uploaded once `beam-hpc sync` recorded it, whatever its fragments number."""
+    from beam_hpc.run import tracking
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    rid = tracking.run_id(run)
+    for i, _segment in enumerate(SEGMENTS):
+        for writer in range(3):  # names only: status reads no transaction log
+            (run / "wandb" / "wandb" / f"offline-run-2026010{i + 1}_00000{writer}-{rid}").mkdir(parents=True)
+    (run / "wandb" / "synced.json").write_text(json.dumps({"fragments": {}, "segments": ["100-0"]}))
+    w = gather(run, slurm=False)["wandb"]
+    assert (w["segments"], w["fragments"], w["offline"]) == (3, 9, 3)
+    assert (w["synced"], w["unsynced"]) == (["100-0"], ["101-0", "101-1"])
+    assert (f"tracking   W&B run {rid}: 2 of 3 offline segment(s) not yet synced; upload the ended ones: "
+            f"beam-hpc sync {run}") in format_status(gather(run, slurm=False))
+
+
 def test_status_refuses_a_directory_that_is_no_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["status", str(tmp_path)]) == 2
     assert "no plan.json and no ledger.jsonl" in capsys.readouterr().err

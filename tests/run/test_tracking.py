@@ -5,7 +5,6 @@ three driver processes of one run logging every rollout and evaluation once to o
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -106,18 +105,36 @@ def test_the_run_id_flag_is_owned() -> None:
     assert "--wandb-run-id" in OWNED_NOT_EMITTED
 
 
-def test_status_says_what_is_not_yet_synced(tmp_path: Path) -> None:
-    assert tracking.summary(tmp_path) is None and tracking.describe(None, str(tmp_path)) is None
-    rid = tracking.run_id(tmp_path)
-    for stamp in ("20260101_000002", "20260101_000001"):
-        (tmp_path / "wandb" / "wandb" / f"offline-run-{stamp}-{rid}").mkdir(parents=True)
-    first = f"offline-run-20260101_000001-{rid}"
-    assert [d.name for d in tracking.segment_dirs(tmp_path)][0] == first  # oldest first
-    (tmp_path / "wandb" / "synced.json").write_text(json.dumps({first: {}}))
-    s = tracking.summary(tmp_path)
-    assert s["unsynced"] == [f"offline-run-20260101_000002-{rid}"] and s["synced"] == [first]
-    assert tracking.describe(s, "RUN") == (f"W&B run {rid}: 1 of 2 offline segment(s) not yet synced; "
-                                           "upload them: beam-hpc sync RUN")
+def test_the_run_id_file_is_never_seen_empty(tmp_path: Path) -> None:
+    """The id file appears whole (a hard link of a written temporary), so two processes making the
+    id at once agree, and a reader racing them never reads an empty id."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(4) as pool:
+        ids = pool.map(tracking.run_id, [tmp_path] * 16)
+    assert len(set(ids)) == 1 and ids[0].startswith("beam-")
+    assert [p.name for p in (tmp_path / "wandb").iterdir()] == ["run_id"]  # no temporary left behind
+
+
+def test_a_fragment_is_placed_in_the_segment_that_wrote_it(tmp_path: Path) -> None:
+    """Which fragments ``sync`` may upload: those of ended segments, placed by their start time
+    in the ledger (a fragment written before a segment's start line is an earlier segment's)."""
+    from beam_hpc.run import ledger
+
+    segs = []
+    for job, start in (("7", 100.0), ("8", 200.0)):
+        ledger.append(tmp_path / "ledger.jsonl", ledger.start_record(
+            job_id=job, restart=0, host="n", rollouts_at_start=0, num_rollout=9, resume=False,
+            walltime_s=600, lead_s=60, now=start))
+    segs, _ = ledger.read_ledger(tmp_path / "ledger.jsonl")
+    assert tracking._segment_of(150.0, segs)["segment"] == "7-0" and tracking._segment_of(99.0, segs) is None
+    assert tracking._ended(segs[0], segs) and not tracking._ended(segs[1], segs)  # 7-0 killed hard, 8-0 runs
+    ledger.append(tmp_path / "ledger.jsonl", ledger.end_record(
+        job_id="8", restart=0, rollouts_at_end=3, reason="walltime", detail="", next_action="resubmit",
+        next_job_id="9", rollout_s=1.0, save_s=1.0, now=300.0))
+    segs, _ = ledger.read_ledger(tmp_path / "ledger.jsonl")
+    assert tracking._ended(segs[1], segs)
 
 
 def test_logged_steps_per_tag() -> None:
@@ -147,19 +164,34 @@ SEGMENT = textwrap.dedent("""
 """)
 
 
+def wandb_listing(out: str) -> list[str]:
+    """The files ``wandb sync --dry-run --verbose`` says it would upload (one indented line each)."""
+    return sorted(line.split()[-1] for line in out.splitlines() if line.rstrip().endswith(".wandb"))
+
+
 @pytest.mark.slow  # three wandb processes (offline), each start reads the earlier logs: ~1 min on 2 cores
-def test_three_segments_log_every_rollout_once_to_one_run_then_sync_each_once(tmp_path: Path) -> None:
+def test_three_segments_log_every_rollout_once_to_one_run_then_sync_the_ended_ones(tmp_path: Path) -> None:
     require_wandb()
+    from beam_hpc.run import ledger
+
     run = tmp_path / "run"
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}
     env.pop("WANDB_API_KEY", None)
     # segment 1: rollouts 0-4; segment 2 resumes from checkpoint 2 and re-does 3-4 before going on
-    # to 7; segment 3 resumes from checkpoint 5 and re-does 6-7
+    # to 7; segment 3 resumes from checkpoint 5 and re-does 6-7. The ledger says what a segment
+    # would: a start line before its driver, an end line after (none for the third: still running)
     for seg, (start, end) in enumerate([(0, 5), (3, 8), (6, 10)], start=1):
+        ledger.append(run / "ledger.jsonl", ledger.start_record(
+            job_id=str(seg), restart=0, host="n", rollouts_at_start=start, num_rollout=10, resume=seg > 1,
+            walltime_s=600, lead_s=60))
         subprocess.run([sys.executable, "-c", SEGMENT, str(run), str(seg), str(start), str(end)],
                        env=env, check=True, timeout=240)
-    dirs = tracking.segment_dirs(run)
-    assert len(dirs) == 3 and all(d.name.startswith("offline-run-") for d in dirs)
+        if seg < 3:
+            ledger.append(run / "ledger.jsonl", ledger.end_record(
+                job_id=str(seg), restart=0, rollouts_at_end=end, reason="walltime", detail="",
+                next_action="resubmit", next_job_id=str(seg + 1), rollout_s=1.0, save_s=1.0))
+    dirs = tracking.fragment_dirs(run)
+    assert len(dirs) == 3 and all(d.name.startswith("offline-run-") for d in dirs)  # the reference: one writer
     rid = tracking.existing_run_id(run)
     records = [r for d in dirs for r in tracking.read_records(tracking.transaction_log(d))]
     assert {r["run"]["run_id"] for r in records if r.get("type") == "run"} == {rid}  # one W&B run
@@ -175,28 +207,18 @@ def test_three_segments_log_every_rollout_once_to_one_run_then_sync_each_once(tm
     # TensorBoard stays as it is: every scalar, re-done rollouts included
     assert len((run / "dumps" / "metrics.jsonl").read_text().splitlines()) == 9 + 9 + 7
 
-    assert tracking.summary(run)["unsynced"] == [d.name for d in dirs]
-    assert "3 of 3 offline segment(s) not yet synced" in tracking.describe(tracking.summary(run), str(run))
-    # `wandb sync` needs the W&B server, which cannot exist here: a `wandb` first on PATH records the
-    # sync calls (wandb's contract: `wandb sync DIR`, exit 0 once uploaded) and hands every other
-    # command (the reader) to the real wandb
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    calls = tmp_path / "calls"
-    (bindir / "wandb").write_text(f"#!/bin/sh\nif [ \"$1\" = sync ]; then echo \"$@\" >> {calls}; exit 0; fi\n"
-                                  f"exec {sys.executable} -m wandb \"$@\"\n")
-    (bindir / "wandb").chmod(0o755)
-    env_path = f"{bindir}{os.pathsep}{os.environ['PATH']}"
-    out = subprocess.run([sys.executable, "-m", "beam_hpc.cli.app", "sync", str(run)], env={**env, "PATH": env_path},
+    segs, _ = ledger.read_ledger(run / "ledger.jsonl")
+    assert tracking.summary(run, [r["segment"] for r in segs])["unsynced"] == ["1-0", "2-0", "3-0"]
+    # what would be uploaded, said by the real `wandb sync --dry-run` (no server, no key): the two
+    # ended segments' fragments in one call; the running third segment's fragment (whose driver has
+    # written its exit record: the ledger decides, not the file) is left
+    out = subprocess.run([sys.executable, "-m", "beam_hpc.cli.app", "sync", "--dry-run", str(run)], env=env,
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
-    assert calls.read_text().splitlines() == [f"sync {d}" for d in dirs]  # oldest first, each once
-    assert set(json.loads((run / "wandb" / "synced.json").read_text())) == {d.name for d in dirs}
-    again = subprocess.run([sys.executable, "-m", "beam_hpc.cli.app", "sync", str(run)], env={**env, "PATH": env_path},
-                           capture_output=True, text=True, timeout=240)
-    assert again.returncode == 0 and "nothing to sync" in again.stdout
-    assert len(calls.read_text().splitlines()) == 3
-    assert tracking.summary(run)["unsynced"] == []
+    assert "Would sync 2 run(s)" in out.stdout, out.stdout
+    assert wandb_listing(out.stdout) == [f"{d.name}/run-{rid}.wandb" for d in dirs[:2]]
+    assert f"left {dirs[2].name}: segment 3-0 is still running" in out.stdout
+    assert not (run / "wandb" / "synced.json").exists()  # a dry run records nothing
 
 
 MILES_INIT = textwrap.dedent("""
@@ -231,7 +253,7 @@ def test_miles_own_init_takes_the_runs_id_from_the_launcher(tmp_path: Path) -> N
                              capture_output=True, text=True, timeout=240, check=True).stdout
         seen.append(next(line for line in out.splitlines() if line.startswith("RUN ")))
     assert seen == [f"RUN {tracking.existing_run_id(tmp_path)} tiny"] * 2
-    assert len(tracking.segment_dirs(tmp_path)) == 2
+    assert len(tracking.fragment_dirs(tmp_path)) == 2
 
 
 def test_sync_refuses_a_run_without_wandb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
