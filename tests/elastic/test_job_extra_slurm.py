@@ -11,6 +11,7 @@ The baseline is the same recipe and seed through the backend alone, while the ch
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from run_watch import chain_finished, diagnostics
 
 from beam_hpc.cli.app import main
 from beam_hpc.elastic import registry
+from beam_hpc.fault_hooks import SLOW_UNITS_VAR
 from beam_hpc.lifecycle import quarantine
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.ports import ELASTIC, band_port
@@ -37,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny.yaml"
 SITE = ROOT / "env" / "local.yaml"
 TIMEOUT_S = 300
+SLOW_FROM = 10  # the rollout from which the extra job's units are slowed, and it is preempted in one
 
 
 @pytest.fixture
@@ -68,6 +71,16 @@ def _trained(run: Path) -> list[int]:
 
 def _served(run: Path, job: str) -> list[dict]:
     return [e for e in _events(run, job) if e["event"] == "unit" and "node" in e]
+
+
+def _started_slow_unit(run: Path, job: str) -> str | None:
+    """The unit (``train:<rollout>:<index>``) the extra job's worker says it started serving, from
+    rollout SLOW_FROM on, in its node logs; None before it starts one."""
+    for log in sorted(registry.logs_dir(run).glob(f"node-{job}-*.log")):
+        for m in re.finditer(r"serving unit (train:(\d+):\d+)", log.read_text(errors="replace")):
+            if int(m.group(2)) >= SLOW_FROM:
+                return m.group(1)
+    return None
 
 
 def _ends_with_left(run: Path, job: str, reason: str | None = None) -> bool:
@@ -147,17 +160,29 @@ def test_an_extra_job_joins_is_preempted_and_the_run_ends_bitwise_as_without_it(
     alone = ThreadPoolExecutor(1).submit(run_backend, whole_plan.paths.plan, reference_ray)
 
     wait_for("rollout 2 trained", lambda: len(_trained(run)) >= 2, run)  # it joins some rollouts later
-    assert main(["rollout", "add", str(run), "--nodes", "1", "--partition", "spot", "--time", "00:10:00"]) == 0
+    # the extra job's units from rollout SLOW_FROM on take seconds (BEAM_TEST_SLOW_UNITS, sbatch passes
+    # the environment on): a rollout then waits for the unit it holds, so the preemption that follows
+    # lands in the middle of that unit, before the run can end
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(SLOW_UNITS_VAR, f"{SLOW_FROM}:0.5")
+        assert main(["rollout", "add", str(run), "--nodes", "1", "--partition", "spot", "--time", "00:10:00"]) == 0
     (job,) = [j.job_id for j in registry.extra_jobs(run)]
     wait_for("the extra job to serve a unit", lambda: _served(run, job), run)
-    # preempt it in the middle of a rollout: right after it served a unit of rollout >= 10
-    wait_for("the extra job to serve rollout 10", lambda: any(e["rollout"] >= 10 for e in _served(run, job)), run)
+    # preempt it in the middle of a unit: as it starts serving one of rollout >= SLOW_FROM
+    held = wait_for(f"the extra job to start a unit of rollout {SLOW_FROM} or later",
+                    lambda: _started_slow_unit(run, job), run)
     node = next(e["node"] for e in _events(run, job) if e["event"] == "started")
     urgent = slurm_cluster.run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={node}", "--exclusive",
                                f"--output={runs}/urgent-%j.out", "--wrap", "sleep 25").stdout.strip()
     wait_for("the extra node to leave, preempted",
              lambda: any(e["event"] == "left" and e.get("reason") == "preempted" for e in _events(run, job)), run, 120)
     wait_for("the run to complete", lambda: chain_finished(run), run)
+    # the preempted node gave the unit it held back to the run while the run was still going
+    chain_end_at = run_watch.segments(run)[-1]["end"]["time"]
+    preempted = next(e for e in _events(run, job) if e["event"] == "left" and "node" in e
+                     and e.get("reason") == "preempted")
+    assert held in preempted.get("given_back", []) and preempted["time"] < chain_end_at, (held, preempted, chain_end_at)
+    assert [e["key"] for e in _served(run, job)].count(held) <= 1, _events(run, job)  # served again once, by anyone
     # rejoined after its requeue, or still pending (then it starts and finds the run over): it leaves
     # by itself, well before its own 10-minute limit, and Slurm counts the job completed
     wait_for("the extra job to leave by itself", lambda: _ends_with_left(run, job, "run-ended"), run, timeout=180)
