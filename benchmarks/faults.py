@@ -37,7 +37,8 @@ how many seconds (from the fault to that line), the rollouts re-done (from ``dum
 rollouts trained before the next segment that it trains again), and the GPU-hours lost by cause
 as :mod:`beam_hpc.run.accounting` attributes them (the struck segment's re-done rollouts, walltime
 tail and failed time, the next segment's bring-up, and the rollouts trained again after a
-damaged checkpoint). Then the campaign's goodput (useful / held GPU-hours, the same module) and
+damaged checkpoint). Then the campaign's goodput (useful / held GPU-hours, the same module), its
+ETTR (:mod:`beam_hpc.observe.ettr`: training on kept rollouts over the wall time held), and
 whether the final checkpoint equals an uninterrupted run's bitwise (the reference backend alone,
 on a local Ray head: ``--reference DIR`` reuses one, since it depends on the recipe only).
 
@@ -268,11 +269,15 @@ def table(record: dict[str, Any]) -> str:
 
 def summary(record: dict[str, Any]) -> dict[str, Any]:
     """Goodput and the bar's three parts, from the record."""
+    from beam_hpc.observe.ettr import ettr
+
     h = _hours(record)
+    e = ettr(record["ledger"], now=record["ended_at"])
     rs = rows(record)
     checks = record["checks"]
     return {
         "held_h": h.held_h, "useful_h": h.useful_h, "goodput": h.goodput, "lost_h": dict(h.lost_h),
+        "ettr": e.ratio, "ettr_span": e.span_ratio,
         "partial": h.partial,
         "every_fault_survived": bool(rs) and all(r["survived"] for r in rs) and checks.get("completed", False)
                                 and len(rs) == record["planned_faults"],
@@ -301,6 +306,8 @@ def report(record: dict[str, Any]) -> str:
         "", table(record), "",
         f"GPU-hours: held {s['held_h']:.4f}, useful {s['useful_h']:.4f}, goodput {s['goodput']:.3f}"
         + (" (partial: some ledger lines lack fields)" if s["partial"] else ""),
+        f"ETTR (training on kept rollouts over wall time held, beam_hpc.observe.ettr): {s['ettr'] or 0:.3f}"
+        f" ({s['ettr_span'] or 0:.3f} over the chain's wall span, queue waits included)",
         "lost by cause: " + "; ".join(f"{c} {v:.4f}" for c, v in s["lost_h"].items())
         + f" (of which no fault's: the first segment's bring-up {first_bringup(record):.4f})",
         f"final weights vs an uninterrupted run: {'bitwise equal' if s['bitwise_equal'] else 'DIFFERENT'} "

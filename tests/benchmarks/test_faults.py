@@ -106,6 +106,11 @@ def test_each_faults_row_says_how_it_was_found_what_it_cost_and_the_goodput_is_t
     assert s["every_fault_survived"] and s["nothing_lost"] and s["bitwise_equal"]
     text = faults.report(record)
     assert "| 2 | torn-checkpoint |" in text and f"goodput {hours.goodput:.3f}" in text
+    from beam_hpc.observe.ettr import ettr
+
+    kept = ettr(record["ledger"], now=record["ended_at"])
+    assert s["ettr"] == kept.ratio and 0 < kept.ratio < s["goodput"]  # ETTR counts no bring-up, save or re-done step
+    assert f"ETTR (training on kept rollouts over wall time held, beam_hpc.observe.ettr): {kept.ratio:.3f}" in text
 
 
 def test_the_bar_fails_on_a_fault_that_ended_the_wrong_way_or_a_missing_rollout(tmp_path: Path) -> None:
