@@ -23,15 +23,15 @@ REFERENCE_MODULE = "beam_hpc.backends.reference"
 def driver_command(recipe: Recipe, site: Site) -> DriverCommand:
     """The backend's driver argv (with Plan placeholders such as ``{ray_address}``) and the
     environment it needs; a backend's own checks (Miles's layout rules) raise InputError here."""
-    if recipe.backend == "reference":
-        wb = tracking.settings_for(recipe, site)
-        return DriverCommand((site.node_python, "-m", REFERENCE_MODULE, "--plan", RunPaths(RUN_DIR).plan,
-                              "--ray-address", "{ray_address}", "--num-rollout", "{num_rollout}"),
-                             tracking.driver_env(wb, RUN_DIR) if wb is not None else {})
-    from beam_hpc.backends.miles import args  # pure argv builder, no Miles import
+    if recipe.backend == "miles":
+        from beam_hpc.backends.miles import args  # pure argv builder, no Miles import
 
-    argv, env = args.build_driver(recipe, site)
-    return DriverCommand(tuple(argv), env)
+        argv, env = args.build_driver(recipe, site)
+        return DriverCommand(tuple(argv), env)
+    wb = tracking.settings_for(recipe, site)
+    return DriverCommand((site.node_python, "-m", REFERENCE_MODULE, "--plan", RunPaths(RUN_DIR).plan,
+                          "--ray-address", "{ray_address}", "--num-rollout", "{num_rollout}"),
+                         tracking.driver_env(wb, RUN_DIR) if wb is not None else {})
 
 
 def plan_for(recipe: Recipe, site: Site, *, measured: dict[str, float] | None = None,
@@ -39,5 +39,6 @@ def plan_for(recipe: Recipe, site: Site, *, measured: dict[str, float] | None = 
     """``make_plan`` with the backend's driver command: recipe + site -> Plan, or InputError (W&B
     online with no key here is one: the job inherits this environment). The recipe's paths are
     checked once, by ``make_plan``."""
+    driver = driver_command(recipe, site)
     tracking.check_credentials(recipe, site, os.environ)
-    return make_plan(recipe, site, driver=driver_command(recipe, site), measured=measured, tmp_disk=tmp_disk)
+    return make_plan(recipe, site, driver=driver, measured=measured, tmp_disk=tmp_disk)

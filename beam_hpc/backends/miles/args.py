@@ -93,13 +93,13 @@ def driver_env(recipe: Recipe, wb: tracking.WandbSettings | None) -> dict[str, s
     """The driver's environment (the launcher adds the address and interface variables, and
     ``WANDB_RUN_ID`` from the run directory when W&B is on)."""
     return {
-        **(tracking.driver_env(wb, RUN_DIR) if wb is not None else {}),
         "TENSORBOARD_DIR": RUN.tensorboard,
         "PYTHONUNBUFFERED": "1",
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",  # what Miles's own launcher sets for Megatron
         "RAY_ADDRESS": "{ray_address}",
         ENV_OVERLONG_BUFFER: str(recipe.reward.overlong_buffer),
         ENV_OVERLONG_FACTOR: _num(recipe.reward.overlong_factor),
+        **(tracking.driver_env(wb, RUN_DIR) if wb is not None else {}),  # no name in common with the above
     }
 
 
