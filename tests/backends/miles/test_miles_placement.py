@@ -553,3 +553,57 @@ def test_legacy_layout_split_is_older_miless() -> None:
                                                  critic_num_gpus_per_node=4)) == 12
     assert legacy_rollout_offset(SimpleNamespace(**{**base, "colocate": True})) == 0
     assert legacy_rollout_offset(SimpleNamespace(**base, debug_rollout_only=True)) == 0
+
+
+# -- engines Miles did not launch (--rollout-external), on its placement --------------------------
+
+
+def external(args: SimpleNamespace, per_engine: int = 1, rollout_external: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(**vars(args), rollout_external=rollout_external, rollout_num_gpus_per_engine=per_engine,
+                           debug_train_only=False, debug_rollout_only=False, use_critic=False)
+
+
+def engine_gpus(module: ModuleType, args: SimpleNamespace) -> tuple[list, list, list[int]]:
+    """Miles's placement group for ``args`` made, then each engine's base GPU taken from its rollout
+    slice as Miles's server group takes it (the double's engine_base_gpus: the IndexError is Miles's);
+    (training bundles, rollout bundles, engine GPUs). The group is removed after."""
+    from ray.util.placement_group import remove_placement_group
+    from standin_driver import engine_base_gpus
+
+    pgs = module.create_placement_groups(args)
+    try:
+        return pgs["actor"][1], pgs["rollout"][1], engine_base_gpus(args, pgs)
+    finally:
+        remove_placement_group(pgs["actor"][0])
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_miles_main_starts_no_external_engine_colocated_or_not(miles_pg: ModuleType) -> None:
+    """Miles main's layout (the double keeps 31f1ca961 placement_group.py:97-99): with
+    --rollout-external the group holds the trainer's GPUs only, colocated or not, so the rollout's
+    slice is empty and its server group's first engine is an IndexError (server_group.py:90-91).
+    This is why beam-hpc refuses extra engines for a Miles run (external_engines.refusal). Without
+    --rollout-external the same runs leave their engines a slice (the layout check can pass; the
+    engines placed on a slice are in the miles-rl test below)."""
+    dedicated, colocated = topology(2, 2, 2), topology(2, 2, 4, colocate=True)
+    layout = miles_pg._get_placement_group_layout
+    assert [layout(external(a)) for a in (dedicated, colocated)] == [(4, 4), (4, 4)]  # nothing left to roll out
+    assert [layout(external(a, rollout_external=False)) for a in (dedicated, colocated)] == [(6, 4), (4, 0)]
+    apply_placement_patch(miles_pg)  # as the launcher runs Miles, on Ray
+    with pytest.raises(IndexError):
+        engine_gpus(miles_pg, external(dedicated))
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_miles_rl_places_external_engines_on_the_trainers_own_group(real_miles_pg: ModuleType) -> None:
+    """miles-rl 0.0.2's own placement code (before Miles #1735) ignores --rollout-external: a
+    non-colocated run reserves its rollout GPUs inside the trainer's placement group and its engine
+    proxies take them; a colocated run's take the trainer's own GPUs (where Miles's external test,
+    tests/test_external_rollout.py, starts its engine). Either way Miles starts an attached engine
+    only on GPUs of the trainer's own job, never on an extra job's nodes."""
+    train, rollout, engines = engine_gpus(real_miles_pg, external(topology(2, 2, 2)))
+    assert len(rollout) == len(engines) == 2 and set(rollout).isdisjoint(train[:4])
+    train, rollout, engines = engine_gpus(real_miles_pg, external(topology(2, 2, 4, colocate=True), per_engine=2))
+    assert rollout == train and len(train) == 4 and len(engines) == 2

@@ -69,6 +69,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--actor-num-gpus-per-node", type=int, required=True)
     p.add_argument("--rollout-num-gpus", type=int, default=0)
     p.add_argument("--colocate", action="store_true")
+    p.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
+    p.add_argument("--rollout-external", action="store_true")  # arguments.py:823-835 at 31f1ca961
+    p.add_argument("--rollout-external-engine-addrs", nargs="+", default=None)
     p.add_argument("--fully-async", action="store_true")
     p.add_argument("--dump-details", required=True)
     p.add_argument("--save", default=None)
@@ -125,6 +128,15 @@ def _where(env_names: list[str]) -> tuple[str, list, dict]:
     return ray.util.get_node_ip_address(), ray.get_gpu_ids(), {k: os.environ.get(k) for k in env_names}
 
 
+def engine_base_gpus(args: Any, pgs: dict) -> list[int]:
+    """Each rollout engine's base GPU as Miles's server group takes it from the rollout slice of the
+    placement group (31f1ca961 ``server_group.py:90-91``, miles-rl 0.0.2 ``rollout.py:121-122``:
+    ``reordered_gpu_ids[gpu_offset + i * num_gpu_per_engine]``): an empty slice is an IndexError."""
+    per_engine = args.rollout_num_gpus_per_engine  # Miles: min(that, GPUs per node); one-node engines here
+    _, _, rollout_gpu_ids = pgs["rollout"]
+    return [int(rollout_gpu_ids[i * per_engine]) for i in range(args.rollout_num_gpus // per_engine)]
+
+
 def probe_placement(args: argparse.Namespace, create_placement_groups: Callable[[Any], dict]) -> dict:
     """Create Miles's placement group and report where a GPU task on each bundle really runs
     (0.4 GPU, as Miles's train actors ask); the placement group is left to the process's end."""
@@ -133,6 +145,7 @@ def probe_placement(args: argparse.Namespace, create_placement_groups: Callable[
 
     where = ray.remote(num_gpus=0.4, num_cpus=0.4)(_where)
     pgs = create_placement_groups(args)
+    engine_gpus = engine_base_gpus(args, pgs)
     env_names = ["TENSORBOARD_DIR", "BEAM_REWARD_OVERLONG_BUFFER", "MILES_HOST_IP"]
     report: dict[str, list] = {}
     for role in ("actor", "rollout"):
@@ -142,7 +155,7 @@ def probe_placement(args: argparse.Namespace, create_placement_groups: Callable[
             placement_group=pg, placement_group_bundle_index=b)).remote(env_names) for b in indices[:n]]
         report[role] = [{"node": ip, "gpus": gpus, "expected_gpu": gpu_ids[i], "worker_env": env}
                         for i, (ip, gpus, env) in enumerate(ray.get(refs))]
-    return report
+    return {**report, "engine_base_gpus": engine_gpus}
 
 
 # -- checkpoints in Miles's layout ---------------------------------------------------------------
@@ -272,10 +285,15 @@ def run(argv: list[str], entry: str, create_placement_groups: Callable[[Any], di
     sentinel = Path(args.save_trigger_sentinel) if args.save_trigger_sentinel else None
     num_rollout = args.num_rollout if args.num_rollout is not None else start + 1
     metrics = Metrics(args)
+    import standin_wandb  # W&B as Miles writes it: a primary here, secondaries in their own processes
+
+    writers = standin_wandb.start(argv)
     for rollout_id in range(start, num_rollout):
         t0 = time.monotonic()
         time.sleep(pace)  # "generate + train"
         metrics.rollout(rollout_id, time.monotonic() - t0)
+        if writers is not None:
+            writers.rollout(rollout_id)
         record.data["rollouts"].append(rollout_id)
         why = []
         if args.save_interval and (rollout_id + 1) % args.save_interval == 0:
@@ -296,4 +314,6 @@ def run(argv: list[str], entry: str, create_placement_groups: Callable[[Any], di
         record.flush()
         if requested and args.save:
             sentinel.unlink(missing_ok=True)  # Miles: "a checkpoint is saved and the file is removed"
+    if writers is not None:
+        writers.close()
     record.update(finished=True)

@@ -9,7 +9,11 @@ left out. The contract:
   ``create_placement_groups``;
 - one PACK placement group of ``{"GPU": 1, "CPU": 1}`` bundles, awaited with ``ray.get(pg.ready())``;
 - a one-GPU probe actor per bundle reports ``(node IP, GPU id)``; bundles are sorted with
-  ``sort_key((bundle_index, node_ip, gpu_id))``; the first ``rollout_offset`` sorted bundles train.
+  ``sort_key((bundle_index, node_ip, gpu_id))``; the first ``rollout_offset`` sorted bundles train;
+- the layout (``_get_placement_group_layout``, lines 92-105 there): with ``rollout_external`` it is
+  ``(actor GPUs, actor GPUs)`` before ``colocate`` is looked at (lines 97-99), so the rollout's slice
+  is empty; colocated ``(max(actor, rollout), 0)``; else ``(actor + rollout, actor)`` (Miles adds
+  ``eval_num_gpus``, which beam-hpc never sets).
 """
 
 import ray
@@ -49,6 +53,8 @@ def _create_placement_group(num_gpus):
 
 def _get_placement_group_layout(args):
     actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
+    if getattr(args, "rollout_external", False):
+        return actor_gpus, actor_gpus
     if args.colocate:
         return max(actor_gpus, args.rollout_num_gpus), 0
     return actor_gpus + args.rollout_num_gpus, actor_gpus
