@@ -6,9 +6,17 @@ its arguments (no I/O, no process, no clock, no environment): what only the disk
 script can tell (the backend's driver command, Slurm's TmpDisk) the caller computes and hands in as
 data (``beam_hpc.backends.registry.plan_for`` does it for the driver). Values that exist only once
 Slurm has started the job (job id, node addresses, the run directory as the job reads it) appear as
-``{placeholders}`` that :func:`fill` expands there. ``inputs_sha`` records what the derived fields
-were computed from, so a hand edit of the recipe or site in a plan is refused on load instead of
-being applied in part; the run directory and the rollout total are the edits it honours.
+``{placeholders}`` that :func:`fill` expands there.
+
+plan.json keeps make_plan's inputs (the recipe, the site, the measured :class:`Facts` and the
+driver command) beside what it derived from them (groups, walltime, lead, NVMe plan, ids). A
+derived value is baked into more than one place (the script's ``#SBATCH`` lines, the ``--signal``
+lead, the driver's argv), so an edit of one copy would apply only in part. Loading therefore runs
+make_plan again on the inputs and refuses (InputError, one line per field: the field, its value,
+the fix) a derived field that differs from what make_plan gives, and ``inputs_sha`` refuses an
+edit of an input the others were computed from (the driver command was computed from the recipe
+and site by the backend, which this pure module cannot run again). The run directory and the
+rollout total are the edits it honours: what derives from them is derived again.
 """
 
 from __future__ import annotations
@@ -25,10 +33,10 @@ from beam_hpc.config.recipe import Recipe, format_walltime, parse_walltime, reci
 from beam_hpc.config.site import Site, site_from_dict
 from beam_hpc.errors import InputError, shorten
 from beam_hpc.plan import local_disk
-from beam_hpc.plan.local_disk import DeclaredTmpDisk
+from beam_hpc.plan.local_disk import DeclaredTmpDisk, TmpDisk
 from beam_hpc.plan.paths import PLAN_FILE, RunPaths
 
-PLAN_VERSION = 2  # 2: inputs_sha, and the run directory reaches the driver command as {run_dir}
+PLAN_VERSION = 3  # 3: facts, and every derived field is checked against make_plan on load
 
 # Placeholders a job fills in (beam_hpc.plan.plan.fill); nothing else is templated. ``num_rollout``
 # is the total the segment runs to: the plan's, or the segment's own ``--num-rollout`` (a resume may
@@ -49,6 +57,46 @@ class DriverCommand:
 
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What was measured when the plan was made: make_plan's inputs besides the recipe and site,
+    kept in the plan so that loading it can derive the same fields again. ``measured``: per-step
+    timings (``rollout_s``, ``save_s``) that raise the lead; ``tmp_disk``: what Slurm (sinfo) said
+    the staging partitions' nodes declare as TmpDisk, per partition as the site names it (None:
+    not asked; an asked partition missing from it: Slurm could not say)."""
+
+    measured: dict[str, float] | None = None
+    tmp_disk: tuple[tuple[str | None, TmpDisk], ...] | None = None
+
+    @classmethod
+    def of(cls, measured: dict[str, float] | None, tmp_disk: DeclaredTmpDisk | None) -> Facts:
+        declared = None if tmp_disk is None else tuple(
+            sorted(tmp_disk.items(), key=lambda kv: (kv[0] is not None, kv[0] or "")))
+        return cls(None if measured is None else {k: float(v) for k, v in sorted(measured.items())}, declared)
+
+    def declared(self) -> dict[str | None, TmpDisk] | None:
+        return None if self.tmp_disk is None else dict(self.tmp_disk)
+
+    def to_dict(self) -> dict[str, Any]:
+        disk = None if self.tmp_disk is None else [
+            {"asked": asked, "partition": t.partition, "node_mb": list(t.node_mb)} for asked, t in self.tmp_disk]
+        return {"measured": self.measured, "tmp_disk": disk}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Facts:
+        """The facts of plan.json; InputError when they are not what a plan writes."""
+        try:
+            measured = d["measured"]
+            disk = d["tmp_disk"]
+            return cls.of(None if measured is None else {str(k): float(v) for k, v in measured.items()},
+                          None if disk is None else {e["asked"]: TmpDisk(str(e["partition"]), tuple(int(n) for n in e["node_mb"]))
+                                                     for e in disk})
+        except (TypeError, KeyError, ValueError, AttributeError):
+            raise InputError(f"facts: {shorten(d, 60)} is not what a plan records of Slurm's answers and the "
+                             "measured timings; render the script again (beam-hpc render -o FILE) or submit "
+                             "the run again") from None
 
 
 @dataclass(frozen=True)
@@ -104,6 +152,7 @@ class Plan:
     driver_argv: tuple[str, ...]
     driver_env: dict[str, str] = field(default_factory=dict)
     inputs_sha: dict[str, str] = field(default_factory=dict)  # section -> digest (:func:`inputs_sha`)
+    facts: Facts = field(default_factory=Facts)
 
     @property
     def paths(self) -> RunPaths:
@@ -135,6 +184,7 @@ class Plan:
         d["groups"] = [asdict(g) for g in self.groups]
         d["nvme"] = asdict(self.nvme)
         d["driver_argv"] = list(self.driver_argv)
+        d["facts"] = self.facts.to_dict()
         return d
 
     def to_json(self) -> str:
@@ -142,33 +192,42 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
-        """A Plan from plan.json's mapping. The recipe and site are validated again, so a plan
-        edited by hand into something invalid is refused here, naming the field; an edit of a
-        field the derived ones came from is refused too (:func:`edited_inputs`). The run directory
-        may be edited (both ``output_dir`` lines): what is derived from it is derived again here."""
+        """A Plan from plan.json's mapping: make_plan run again on the inputs it keeps (recipe,
+        site, facts, driver command). The recipe and site are validated again, so a plan edited by
+        hand into something invalid is refused here, naming the field; so is an edit of an input
+        the others were computed from (:func:`edited_inputs`) and an edit of a derived field
+        (:func:`edited_derived`). The run directory may be edited (both ``output_dir`` lines): what
+        derives from it is derived again, but the job name, which the script's ``--job-name``
+        carries, stays."""
         if d.get("version") != PLAN_VERSION:
             raise InputError(f"plan.json version {d.get('version')} is not {PLAN_VERSION}; re-render the run")
-        d = dict(d)
-        d["recipe"] = recipe = recipe_from_dict(d["recipe"], "plan.json recipe")
-        d["site"] = site = site_from_dict(d["site"], "plan.json site")
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise InputError(f"{unknown[0]}: not a field of a plan; remove it, or render the script again "
+                             "(beam-hpc render -o FILE)")
+        recipe = recipe_from_dict(d["recipe"], "plan.json recipe")
+        site = site_from_dict(d["site"], "plan.json site")
         recorded = d.get("inputs_sha")
         if not isinstance(recorded, dict):
             raise InputError(f"inputs_sha: {shorten(recorded, 60)} is not the plan's record of what it was made "
                              "from; render the script again (beam-hpc render -o FILE) or submit the run again")
-        problems = edited_inputs(recorded, recipe, site)
+        facts = Facts.from_dict(d.get("facts"))
+        driver = DriverCommand(tuple(str(a) for a in d["driver_argv"]), dict(d.get("driver_env") or {}))
+        problems = edited_inputs(recorded, recipe, site, driver=driver, facts=facts)
         output_dir = os.path.normpath(recipe.output_dir)
         if os.path.normpath(str(d["output_dir"])) != output_dir:
             problems.append(f"output_dir: {shorten(d['output_dir'])} but recipe.output_dir {shorten(recipe.output_dir)}; "
                             "the run directory is written twice in the plan: give both the same value")
         if problems:
             raise InputError("\n".join(problems))
-        d["output_dir"] = output_dir
-        d["run_id"] = run_id_for(output_dir)
-        d["groups"] = tuple(GroupPlan(**{**g, "roles": tuple(g["roles"])}) for g in d["groups"])
-        nvme = NvmePlan(**d["nvme"])
-        d["nvme"] = replace(nvme, job_dir=nvme_job_dir(nvme.root, d["run_id"]))
-        d["driver_argv"] = tuple(d["driver_argv"])
-        return cls(**d)
+        made = make_plan(recipe, site, driver=driver, measured=facts.measured, tmp_disk=facts.declared())
+        moved = recorded.get(OUTPUT_DIR_SHA) != made.inputs_sha[OUTPUT_DIR_SHA]
+        if moved:
+            made = replace(made, job_name=str(d["job_name"]))
+        problems = edited_derived(d, made, moved=moved)
+        if problems:
+            raise InputError("\n".join(problems))
+        return made
 
     def with_num_rollout(self, n: int) -> Plan:
         """The same plan with another total ``num_rollout`` (the seed lets a resume change it)."""
@@ -226,25 +285,47 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def inputs_sha(recipe: Recipe, site: Site) -> dict[str, str]:
-    """A digest of each recipe section (but :data:`FREE_RECIPE_FIELDS`) and of the site: what the
-    derived fields (the driver command, groups, lead, NVMe plan) were computed from."""
+# inputs_sha's record of the run directory: not an input a plan refuses an edit of, but how a load
+# tells an output_dir edit (then run_id, job_name and the NVMe directory follow it) from an edit of
+# a field derived from it.
+OUTPUT_DIR_SHA = "output_dir"
+
+
+def inputs_sha(recipe: Recipe, site: Site, *, driver: DriverCommand, facts: Facts) -> dict[str, str]:
+    """A digest of each recipe section (but :data:`FREE_RECIPE_FIELDS`), of the site, of the
+    driver command and of the facts: what the derived fields were computed from. Plus the run
+    directory's (:data:`OUTPUT_DIR_SHA`)."""
     sections: dict[str, Any] = {f"recipe.{k}": v for k, v in recipe.model_dump(mode="json").items()
                                 if k not in FREE_RECIPE_FIELDS}
     sections["site"] = site.model_dump(mode="json")
+    sections["driver"] = {"argv": list(driver.argv), "env": dict(driver.env)}
+    sections["facts"] = facts.to_dict()
+    sections[OUTPUT_DIR_SHA] = os.path.normpath(recipe.output_dir)
     return {k: _digest(v) for k, v in sorted(sections.items())}
 
 
-def edited_inputs(recorded: dict[str, str], recipe: Recipe, site: Site) -> list[str]:
-    """One line per section of ``recipe``/``site`` whose digest is not the ``recorded`` one: the
-    plan was edited after it was made, and its derived fields still hold the old values."""
-    now = inputs_sha(recipe, site)
+def edited_inputs(recorded: dict[str, str], recipe: Recipe, site: Site, *, driver: DriverCommand,
+                  facts: Facts) -> list[str]:
+    """One line per input section whose digest is not the ``recorded`` one: the plan was edited
+    after it was made, and what was computed from that section still holds the old value."""
+    now = inputs_sha(recipe, site, driver=driver, facts=facts)
     dump = recipe.model_dump(mode="json")
     lines = []
-    for key in sorted(now.keys() | recorded.keys()):
+    for key in sorted((now.keys() | recorded.keys()) - {OUTPUT_DIR_SHA}):
         if now.get(key) == recorded.get(key):
             continue
         name = key.removeprefix("recipe.")
+        again = "render again (`beam-hpc render RECIPE --site SITE -o FILE`) or submit the run again"
+        if key == "driver":
+            lines.append(f"driver_argv: {shorten(' '.join(driver.argv), 80)} (or driver_env) edited after the plan "
+                         "was made; the backend computes the driver command from the recipe and site, so the edit "
+                         f"would disagree with them: change the recipe (`--set FIELD=VALUE`) and {again}")
+            continue
+        if key == "facts":
+            lines.append(f"facts: {shorten(facts.to_dict(), 80)} edited after the plan was made; they are what "
+                         f"Slurm said and what was measured when it was made, and the groups' --tmp and the lead "
+                         f"were derived from them: {again}, which asks again")
+            continue
         how = ("change the site file and render again (`beam-hpc render RECIPE --site SITE -o FILE`)"
                if key == "site" else
                f"render again with the change (`beam-hpc render RECIPE --site SITE --set "
@@ -252,6 +333,67 @@ def edited_inputs(recorded: dict[str, str], recipe: Recipe, site: Site) -> list[
         lines.append(f"{key}: edited after the plan was made, but the driver command, groups and lead were "
                      f"computed from the old value, so the edit would apply only in part; {how}, or submit "
                      f"the run again (only {' and '.join(FREE_RECIPE_FIELDS)} may be edited in a plan)")
+    return lines
+
+
+# The derived fields a load compares with make_plan's, and (per field) where their value comes from.
+DERIVED = ("run_id", "job_name", "identity_sha", "groups", "walltime_s", "lead_s", "nvme")
+FOLLOW_OUTPUT_DIR = ("run_id", "job_name", "nvme.job_dir")  # derived from the run directory
+_GROUP_SOURCE = {"nodes": "topology.{g}.nodes", "gpus_per_node": "topology.{g}.gpus_per_node",
+                 "cpus_per_node": "topology.{g}.cpus_per_node", "partition": "site:partitions",
+                 "constraint": "site:constraints", "tmp": "training.offload.min_free_gb",
+                 "tmp_why": "training.offload.min_free_gb", "stage_nvme": "training.offload.target",
+                 "roles": "training.colocated"}
+_SOURCE = {"walltime_s": "lifecycle.walltime", "lead_s": "lifecycle.lead_s", "identity_sha": "topology",
+           "run_id": "output_dir", "job_name": "output_dir", "nvme": "training.offload"}
+
+
+def _leaves(path: str, stored: Any, made: Any) -> list[tuple[str, Any, Any]]:
+    """(path, stored, made) for each leaf where the two JSON values differ."""
+    if isinstance(stored, dict) and isinstance(made, dict):
+        return [x for k in sorted(stored.keys() | made.keys())
+                for x in _leaves(f"{path}.{k}", stored.get(k), made.get(k))]
+    if isinstance(stored, list) and isinstance(made, list) and len(stored) == len(made) and (
+            any(isinstance(x, (dict, list)) for x in made)):
+        return [x for i, (a, b) in enumerate(zip(stored, made, strict=True)) for x in _leaves(f"{path}[{i}]", a, b)]
+    return [] if stored == made else [(path, stored, made)]
+
+
+def _source_of(path: str, made: Plan) -> str:
+    """The recipe field (or ``site:`` field) a derived field's value comes from."""
+    top = path.split(".")[0].split("[")[0]
+    if top == "groups" and "[" in path:
+        index = int(path.split("[")[1].split("]")[0])
+        key = path.split(".")[-1]
+        name = made.groups[index].name if index < len(made.groups) else "trainer"
+        return _GROUP_SOURCE.get(key, "topology").format(g=name)
+    return _SOURCE.get(top, "topology")
+
+
+def edited_derived(stored: dict[str, Any], made: Plan, *, moved: bool) -> list[str]:
+    """One line per derived field of the ``stored`` plan.json mapping that is not what make_plan
+    ``made`` of its inputs: a hand edit that would apply only in part (the script's ``#SBATCH``
+    lines, its ``--signal`` lead and the driver's argv were made from the old value). ``moved``:
+    the run directory was edited, and the fields that follow it are not compared."""
+    want = json.loads(made.to_json())
+    lines = []
+    for key in DERIVED:
+        for path, have, should in _leaves(key, stored.get(key), want[key]):
+            if moved and path in FOLLOW_OUTPUT_DIR:
+                continue
+            source = _source_of(path, made)
+            if source.startswith("site:"):
+                fix = (f"change {source.removeprefix('site:')} in the site file and render again "
+                       "(`beam-hpc render RECIPE --site SITE -o FILE`)")
+            elif source == "output_dir":
+                fix = "edit output_dir (both of its lines) instead, or render again (`beam-hpc render RECIPE --site SITE --set output_dir=DIR -o FILE`)"
+            else:
+                fix = (f"set {source} instead and render again (`beam-hpc render RECIPE --site SITE --set "
+                       f"{source}=VALUE -o FILE`)")
+            lines.append(f"{path}: {shorten(have, 60)} in the plan, but its recipe and site make it "
+                         f"{shorten(should, 60)}; a derived field cannot be edited (the script's #SBATCH lines, "
+                         f"its --signal and the driver command keep the old value, so the edit would apply "
+                         f"only in part): {fix}, or submit the run again")
     return lines
 
 
@@ -324,6 +466,8 @@ def make_plan(recipe: Recipe, site: Site, *, driver: DriverCommand, measured: di
         job_dir=nvme_job_dir(nvme_root, run_id),
         min_free_gb=off.min_free_gb,
     )
+    facts = Facts.of(measured, tmp_disk)
+    driver = DriverCommand(tuple(driver.argv), dict(driver.env))
     return Plan(
         version=PLAN_VERSION,
         run_id=run_id,
@@ -336,9 +480,10 @@ def make_plan(recipe: Recipe, site: Site, *, driver: DriverCommand, measured: di
         walltime_s=walltime_s,
         lead_s=lead_s,
         nvme=nvme,
-        driver_argv=tuple(driver.argv),
-        driver_env=dict(driver.env),
-        inputs_sha=inputs_sha(recipe, site),
+        driver_argv=driver.argv,
+        driver_env=driver.env,
+        inputs_sha=inputs_sha(recipe, site, driver=driver, facts=facts),
+        facts=facts,
     )
 
 

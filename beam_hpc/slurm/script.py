@@ -11,18 +11,34 @@ applies them to the whole heterogeneous job. Per-component options (nodes, GPUs,
 account, constraint, ``--tmp``) and the site's extra lines are repeated after each ``#SBATCH hetjob``.
 A hand-submitted job's output goes to the submit directory (``%x-%j.out``); beam-hpc's own
 submissions put it under the run's logs/ with ``--output`` on the sbatch line.
+
+The submitit path (``beam_hpc.submission.via_submitit``) takes each component's options from the
+same :meth:`Component.options`, and ``beam_hpc.slurm.submitit_het`` writes its ``#SBATCH`` lines
+with :func:`sbatch_option` and :func:`directive`: there is one writer of option text.
 """
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError, shorten
 from beam_hpc.plan.plan import GroupPlan, Plan, sbatch_time
 from beam_hpc.version import __version__
+
+HETJOB = "#SBATCH hetjob"  # the line between two components of a heterogeneous job
+
+
+def sbatch_option(name: str, value: str | int | bool) -> str:
+    """One sbatch option as every beam-hpc script writes it: ``--name=value``, or ``--name`` for a
+    flag (``True``). An empty value stays (``--dependency=`` clears an inherited one)."""
+    return f"--{name}" if value is True else f"--{name}={value}"
+
+
+def directive(option: str) -> str:
+    """An option as a batch script's ``#SBATCH`` line."""
+    return f"#SBATCH {option}"
 
 
 @dataclass(frozen=True)
@@ -42,16 +58,21 @@ class Component:
     tmp: str | None = None
     exclusive: bool = False
 
-    def sbatch_flags(self) -> list[str]:
-        flags = [f"--nodes={self.nodes}", "--ntasks-per-node=1"]
+    def options(self) -> dict[str, str | int | bool]:
+        """The component's sbatch options by name, in the order the script writes them: the
+        values both the rendered script and the submitit path use."""
+        opts: dict[str, str | int | bool] = {"nodes": self.nodes, "ntasks-per-node": 1}
         for name, value in (("partition", self.partition), ("account", self.account), ("qos", self.qos),
                             ("gres", self.gres), ("cpus-per-task", self.cpus_per_task), ("mem", self.mem),
                             ("constraint", self.constraint), ("tmp", self.tmp)):
             if value is not None and value != "":
-                flags.append(f"--{name}={value}")
+                opts[name] = value
         if self.exclusive:
-            flags.append("--exclusive")
-        return flags
+            opts["exclusive"] = True
+        return opts
+
+    def sbatch_flags(self) -> list[str]:
+        return [sbatch_option(name, value) for name, value in self.options().items()]
 
 
 def site_component(site: Site, *, nodes: int, gpus_per_node: int, partition: str | None = None,
@@ -130,11 +151,11 @@ def render_batch(job: BatchJob) -> str:
     lines = ["#!/bin/bash", *(f"# {note}" for note in job.notes)]
     for i, comp in enumerate(job.components):
         if i:
-            lines.append("#SBATCH hetjob")
+            lines.append(HETJOB)
         if job.labels:
             lines.append(f"# {job.labels[i]}")
         flags = (job.job_flags() if i == 0 else []) + comp.sbatch_flags() + list(job.site.sbatch_extra)
-        lines.extend(f"#SBATCH {f}" for f in flags)
+        lines.extend(directive(f) for f in flags)
     lines += ["", "set -eo pipefail", *site_lines(job.site), *job.body]
     return "\n".join(lines) + "\n"
 
@@ -203,10 +224,3 @@ def render_script(plan: Plan, *, source: str = "") -> str:
     body = (segment_command(plan), plan_json, PLAN_HEREDOC)
     return render_batch(batch_job(plan, body=body, source=source))
 
-
-def write_script(plan: Plan, path: str | Path, *, source: str = "") -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(render_script(plan, source=source))
-    p.chmod(0o755)
-    return p

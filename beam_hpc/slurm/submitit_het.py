@@ -31,6 +31,7 @@ from submitit.slurm import slurm
 from beam_hpc.slurm import client
 from beam_hpc.slurm.client import JobState
 from beam_hpc.slurm.environment import SlurmEnvironment
+from beam_hpc.slurm.script import HETJOB, directive, sbatch_option
 
 CLUSTER_NAME = "beamhet"
 """The name to pass to `submitit.AutoExecutor(cluster=...)` and the prefix of its parameters."""
@@ -86,15 +87,13 @@ def validate_het_components(components: tp.Any) -> list[dict[str, tp.Any]]:
     return checked
 
 
-def _sbatch_flag(key: str, value: tp.Any) -> str:
-    key = key.replace("_", "-")
-    return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"
-
-
 def _component_lines(comp: dict[str, tp.Any]) -> list[str]:
+    """``#SBATCH hetjob`` and one component's lines, written by beam-hpc's one option writer
+    (:func:`beam_hpc.slurm.script.sbatch_option`): an ``additional_parameters`` key replaces the
+    same option named by the component (``ntasks_per_node`` and ``ntasks-per-node`` are one)."""
     flags = {k: v for k, v in comp.items() if k != "additional_parameters" and v is not None}
-    flags.update(comp.get("additional_parameters") or {})
-    return ["#SBATCH hetjob"] + [_sbatch_flag(k, v) for k, v in flags.items()]
+    flags.update({k.replace("-", "_"): v for k, v in (comp.get("additional_parameters") or {}).items()})
+    return [HETJOB] + [directive(sbatch_option(k.replace("_", "-"), v)) for k, v in flags.items()]
 
 
 def _task_path(template: Path) -> str:
@@ -161,8 +160,21 @@ def make_het_sbatch_text(command: str, folder: str | Path,
             # Slurm propagates the dependency to every component, and a propagated `singleton`
             # waits for component 0 (same name) forever. Component 0's dependency already holds
             # back the whole hetjob (its components start together), so clear it here.
-            extra.append("#SBATCH --dependency=")
+            extra.append(directive(sbatch_option("dependency", "")))
     return "\n".join(lines[:end] + extra + lines[end:])
+
+
+def submission_text(folder: str | Path, python: str, parameters: dict[str, tp.Any]) -> str:
+    """The script ``HetSlurmExecutor(folder, python=python)`` submits with ``parameters``, made
+    without an executor (submitit refuses to build one where there is no ``srun``, and a dry run
+    may be on a laptop): the parameters as its ``update_parameters`` keeps them, and the command as
+    submitit 1.5.4's ``SlurmExecutor._submitit_command_str`` writes it (submitit/slurm/slurm.py)."""
+    params = dict(parameters)
+    if params.get("het_components") is not None:
+        params["het_components"] = validate_het_components(params["het_components"])
+    where = Path(folder).expanduser().absolute()
+    command = " ".join([python, "-u -m submitit.core._submit", shlex.quote(str(where))])
+    return make_het_sbatch_text(command, where, params)
 
 
 def _result_outcome(result_pickle: Path) -> str | None:

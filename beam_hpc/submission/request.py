@@ -38,6 +38,9 @@ class SubmitRequest:
     via: Via = Via.SUBMITIT
     dependency: str | None = None
     source: str = ""  # what the plan was made from, for the script's header
+    # nodes the job must not get: the run's failed nodes (resuming) and the site's quarantine,
+    # decided before the dry run returns so that it prints them (--exclude, in every component)
+    exclude: tuple[str, ...] = ()
 
     @property
     def script(self) -> Path:
@@ -58,6 +61,8 @@ class SubmitRequest:
         cmd = ["sbatch", "--parsable"]
         if self.dependency:
             cmd.append(f"--dependency={self.dependency}")
+        if self.exclude:
+            cmd.append(f"--exclude={','.join(self.exclude)}")
         cmd.append(f"--output={self.plan.paths.batch_log('%j')}")
         return [*cmd, str(self.script), *self.segment.argv()]
 
@@ -83,5 +88,7 @@ class SubmitRequest:
             f"{self.segment.num_rollout or p.recipe.num_rollout} rollouts in total ({{num_rollout}} above)\n"
             + (f"Ray: the site's running cluster at {p.site.ray_address} (the job starts none)\n"
                if p.site.ray_address else "")
+            + (f"excluded nodes: {','.join(self.exclude)} (the run's failed nodes and the site's quarantine)\n"
+               if self.exclude else "")
             + f"would run: {shlex.join(self.command())}"
         )

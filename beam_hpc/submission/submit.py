@@ -195,12 +195,10 @@ def submit(
     # --num-rollout is the recipe's total for a new plan and, as a segment argument, what the job
     # runs to and passes on to its resubmissions (plan.json is never rewritten in the job)
     plan = plan_for(rec, st, tmp_disk=tmp_disk.declared_tmp_disk(rec, st))  # a --tmp Slurm can place
-    request = SubmitRequest(plan=plan,
-                            segment=SegmentArgs(resume=resume, num_rollout=num_rollout, smoke=smoke),
-                            via=how, dependency=dependency, source=source)
     extra_parameters(st)  # the site's sbatch_extra must be sbatch options submitit can take too
     if include_nodes and not resume:
         raise InputError("--include-node: only a resumed run has excluded nodes; add --resume")
+    segment = SegmentArgs(resume=resume, num_rollout=num_rollout, smoke=smoke)
     if dry_run:
         check_run_dir(rec.output_dir)
     if dry_run and not smoke and checkpoint_layout.latest_iteration(RunPaths(rec.output_dir).checkpoints) is not None:
@@ -210,17 +208,38 @@ def submit(
         # dry run for a directory without checkpoints only shows the command (so a resume line can
         # be prepared in advance).
         check_resume(rec, resume=resume)
+    # the nodes the job must not get, decided before the dry run returns: it prints the request
+    # that is then submitted (a --include-node clearing is recorded only when it is submitted)
+    exclude = excluded_nodes(plan, st, resume=resume, include=include_nodes or [])
+    request = SubmitRequest(plan=plan, segment=segment, via=how, dependency=dependency, source=source,
+                            exclude=tuple(exclude))
     cost = gpu_hours_estimate(request.plan, resume=resume)
     if dry_run:
         return Submission(request=request, estimate=cost)
     check_paths(rec, st)
     if not smoke:  # a smoke run touches no checkpoint, lock or ledger
         check_before_submit(rec, resume=resume)
-    exclude = exclusions.for_submission(request.plan.output_dir, include_nodes or []) if resume else []
-    exclude = quarantine.for_submission(st, request.plan.groups, exclude)  # the site's bad nodes, every run
-    sub = schedule(request, exclude=exclude)
+    if include_nodes:
+        exclusions.record_cleared(plan.output_dir, include_nodes)
+    sub = schedule(request)
     sub.estimate = cost
     return sub
+
+
+def excluded_nodes(plan: Plan, site: Site, *, resume: bool, include: list[str]) -> list[str]:
+    """What the submission excludes: resuming, the run's failed nodes (but those ``include``
+    clears: a name, or ``all``), then the site's quarantine. Reads the run directory and the
+    quarantine, writes nothing (the clearing is recorded at submission); a name in ``include``
+    that is not excluded is refused, so that a typo does not pass silently."""
+    exclude: list[str] = []
+    if resume:
+        current = exclusions.for_submission(plan.output_dir)  # no clearing given: nothing recorded
+        unknown = [n for n in include if n != "all" and n not in current]
+        if unknown:
+            raise InputError(f"--include-node: {', '.join(unknown)} not excluded in this run "
+                             f"(excluded now: {', '.join(current) or 'none'})")
+        exclude = [] if "all" in include else [n for n in current if n not in include]
+    return quarantine.for_submission(site, plan.groups, exclude)  # the site's bad nodes, every run
 
 
 def lift_cancel(plan: Plan) -> None:
@@ -253,27 +272,21 @@ def gpu_hours_estimate(plan: Plan, *, resume: bool) -> Estimate:
                                basis=basis, bringup_s=bringup_s)
 
 
-def schedule(request: SubmitRequest, *, exclude: list[str] | None = None) -> Submission:
+def schedule(request: SubmitRequest) -> Submission:
     """Write the request's plan and script into the run directory, then hand it to its scheduler
-    (sbatch or submitit; ``beam-hpc execute`` runs local requests itself). ``exclude``: the run's
-    failed nodes: ``--exclude`` on the sbatch line; through submitit, the job's ExcNodeList set
-    right after submission (submitit takes no such option here; a job scheduled within that
-    moment may still land on one, and then fails and excludes it again). A controller that does not
-    answer is found before anything is written (SlurmUnavailable)."""
+    (sbatch or submitit; ``beam-hpc execute`` runs local requests itself), exactly as its dry run
+    printed it: the excluded nodes are ``--exclude`` on the sbatch line, and through submitit an
+    ``--exclude`` line in every component of the script. A controller that does not answer is
+    found before anything is written (SlurmUnavailable)."""
     if request.uses_sbatch or request.via is Via.SUBMITIT:
         slurm_client.ping(timeout=10)
     prepare_run(request)
     if request.uses_sbatch:
-        cmd = request.sbatch_argv()
-        if exclude:
-            cmd.insert(1, f"--exclude={','.join(exclude)}")
-        return Submission(request=request, job_id=run_sbatch(cmd))
+        return Submission(request=request, job_id=run_sbatch(request.sbatch_argv()))
     if request.via is Via.SUBMITIT:
         from beam_hpc.submission.via_submitit import submit_request
 
         job = submit_request(request)
-        if exclude:
-            slurm_client.set_excluded_nodes(str(job.job_id), exclude)
         return Submission(request=request, job_id=str(job.job_id), job=job)
     raise InputError(f"--via: {request.via.value!r} cannot be scheduled by submit; use `beam-hpc execute`")
 

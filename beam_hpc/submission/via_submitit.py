@@ -10,10 +10,18 @@ one task per node, of which only task 0 runs); later segments are in the ledger.
 The site reaches this job through submitit's own parameters rather than by editing its text
 (:func:`executor_parameters`). :func:`submission_text` is the exact script the executor submits
 (``--dry-run`` prints it; tests/submission/golden/ holds the seed recipes').
+
+Which submitit: 1.5.4 (``submitit/slurm/slurm.py``, ``_make_sbatch_string``). What this relies on:
+it writes ``#SBATCH --<key>=<value>`` for every parameter, keys sorted, ``_`` written as ``-``,
+values through ``shlex.quote``, a ``True`` value as a bare flag; ``additional_parameters`` are
+merged into the same mapping last (so a key there replaces submitit's own, e.g. ``nodes``); it
+always writes ``--time`` as whole minutes, and its own ``--signal`` (replaced here), ``--output``,
+``--error``, ``--open-mode=append`` and ``--wckey``; ``setup`` lines come before the command.
 """
 
 from __future__ import annotations
 
+import math
 import shlex
 from typing import Any
 
@@ -22,22 +30,15 @@ from beam_hpc.slurm.script import Component, component, extra_parameters, site_l
 from beam_hpc.submission.request import SubmitRequest
 
 
-def _component_parameters(c: Component, extra_site: dict[str, Any]) -> dict[str, Any]:
-    """One component's submitit parameters, from its values (submitit names the common ones;
-    the rest go to ``additional_parameters`` as sbatch flags)."""
-    out: dict[str, Any] = {"nodes": c.nodes, "ntasks_per_node": 1}
-    for key in ("partition", "account", "mem", "constraint"):
-        value = getattr(c, key)
-        if value is not None:
-            out[key] = value
-    if c.cpus_per_task is not None:
-        out["cpus_per_task"] = c.cpus_per_task
-    extra = {key: getattr(c, key) for key in ("qos", "gres", "tmp") if getattr(c, key) is not None}
-    if c.exclusive:
-        extra["exclusive"] = True
-    extra.update(extra_site)  # the site's sbatch_extra, in every component as the rendered script has it
-    out["additional_parameters"] = extra
-    return out
+def _component_options(c: Component, extra_site: dict[str, Any], exclude: tuple[str, ...]) -> dict[str, Any]:
+    """One component's sbatch options as submitit's ``additional_parameters``: the rendered
+    script's own (:meth:`Component.options`), then the site's ``sbatch_extra`` (in every
+    component, as the rendered script has it) and the excluded nodes. Keys take submitit's
+    spelling (``ntasks_per_node``), so that one replaces the same option submitit writes itself."""
+    options: dict[str, Any] = {**c.options(), **extra_site}
+    if exclude:
+        options["exclude"] = ",".join(exclude)
+    return {name.replace("-", "_"): value for name, value in options.items()}
 
 
 def executor_parameters(request: SubmitRequest) -> dict[str, Any]:
@@ -52,8 +53,9 @@ def executor_parameters(request: SubmitRequest) -> dict[str, Any]:
     """
     plan = request.plan
     site_extra = extra_parameters(plan.site)
-    first, *rest = [_component_parameters(component(plan, g), site_extra) for g in plan.groups]
-    extra = dict(first.pop("additional_parameters"))
+    comps = [component(plan, g) for g in plan.groups]
+    first, *rest = [_component_options(c, site_extra, request.exclude) for c in comps]
+    extra = dict(first)
     extra.update({
         "signal": f"USR1@{plan.lead_s}",
         "requeue" if plan.recipe.lifecycle.requeue_on_preemption else "no_requeue": True,
@@ -62,15 +64,17 @@ def executor_parameters(request: SubmitRequest) -> dict[str, Any]:
         extra["dependency"] = request.dependency
     params: dict[str, Any] = {
         "job_name": plan.job_name,
-        "time": max(1, plan.walltime_s // 60),
+        # submitit counts minutes: rounded up, so the job never has less time than the plan's walltime
+        "time": max(1, math.ceil(plan.walltime_s / 60)),
+        "nodes": comps[0].nodes,  # submitit counts the tasks from it; the option itself is the script's
         "additional_parameters": extra,
         # one task on the first node of the trainer group; it starts the node steps itself
         "srun_args": ["--het-group=0", "--nodes=1", "--ntasks=1", "--overlap"] if rest else ["--nodes=1", "--ntasks=1", "--overlap"],
         "setup": site_lines(plan.site),
-        **first,
     }
     if rest:
-        params["het_components"] = rest
+        params["het_components"] = [{"nodes": c.nodes, "additional_parameters": options}
+                                    for c, options in zip(comps[1:], rest, strict=True)]
     return params
 
 
@@ -85,9 +89,11 @@ def make_executor(request: SubmitRequest):  # type: ignore[no-untyped-def]
 
 
 def submission_text(request: SubmitRequest) -> str:
-    """The exact batch script submitit submits for this request (its own writer, our parameters)."""
-    executor = make_executor(request)
-    return executor._make_submission_file_text(executor._submitit_command_str, uid="dry-run")
+    """The exact batch script submitit submits for this request (its own writer, our parameters),
+    made without an executor, so that a dry run needs no Slurm on this machine."""
+    from beam_hpc.slurm.submitit_het import submission_text as het_text
+
+    return het_text(request.plan.paths.submitit, shlex.quote(request.plan.site.python), executor_parameters(request))
 
 
 def submit_request(request: SubmitRequest):  # type: ignore[no-untyped-def]

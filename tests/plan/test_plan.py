@@ -5,7 +5,10 @@
 - the JSON writer puts a list of scalars on one line and reads back as ``json.dumps`` would;
 - an edit of a recipe or site field the derived fields came from is refused on load, one line
   per edited section naming it and the fix; the run directory and the total are honoured: the
-  loaded plan is the one a fresh render with those values makes.
+  loaded plan is the one a fresh render with those values makes;
+- an edit of a derived field (nodes, lead, walltime) or of the driver command is refused, one line
+  naming the field, its value and the input to change instead; loading runs make_plan again on
+  the inputs the plan keeps (recipe, site, facts, driver command).
 """
 
 from __future__ import annotations
@@ -134,8 +137,11 @@ def edited(plan: Plan, *edits: tuple[str, Any]) -> dict[str, Any]:
         *path, last = key.split(".")
         node = d
         for part in path:
-            node = node[part]
-        node[last] = value
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
     return d
 
 
@@ -160,6 +166,51 @@ def test_an_edited_recipe_field_is_refused_naming_its_section_and_the_fix() -> N
     assert Plan.from_dict(edited(plan, ("recipe.training.optimizer.lr", 0.000001))) == plan
 
 
+@pytest.mark.parametrize(("edit", "field", "fix"), [
+    (("groups.0.nodes", 99), "groups[0].nodes: 99 in the plan, but its recipe and site make it 8",
+     "--set topology.trainer.nodes=VALUE"),
+    (("groups.1.gpus_per_node", 4), "groups[1].gpus_per_node: 4 in the plan, but its recipe and site make it 8",
+     "--set topology.rollout.gpus_per_node=VALUE"),
+    (("lead_s", 30), "lead_s: 30 in the plan, but its recipe and site make it ", "--set lifecycle.lead_s=VALUE"),
+    (("walltime_s", 99999), "walltime_s: 99999 in the plan, but its recipe and site make it 86400",
+     "--set lifecycle.walltime=VALUE"),
+    (("groups.0.partition", "elsewhere"), "groups[0].partition: 'elsewhere' in the plan", "change partitions in the site"),
+    (("run_id", "0123456789"), "run_id: '0123456789' in the plan", "edit output_dir (both of its lines) instead"),
+    (("nvme.min_free_gb", 1), "nvme.min_free_gb: 1 in the plan", "--set training.offload=VALUE"),
+])
+def test_an_edited_derived_field_is_refused_naming_it_its_value_and_the_input_to_change(
+        edit: tuple[str, Any], field: str, fix: str) -> None:
+    """make_plan runs again on load: a derived value that is not what it gives is an edit the
+    script's header (nodes, --signal lead, time) and the driver argv would not follow."""
+    plan = plan_for(recipe("dedicated"), example_site())
+    assert plan.group("trainer").nodes == 8 and plan.group("rollout").gpus_per_node == 8  # what the cases say
+    [line] = refusal(edited(plan, edit))
+    assert line.startswith(field), line
+    assert fix in line and "apply only in part" in line and "submit the run again" in line
+
+
+def test_an_edited_driver_argv_is_refused_and_an_unedited_plan_is_make_plans() -> None:
+    plan = plan_for(recipe("dedicated"), example_site())
+    argv = list(plan.driver_argv)
+    at = argv.index("--actor-num-nodes") + 1
+    argv[at] = "99"
+    [line] = refusal(edited(plan, ("driver_argv", argv)))
+    assert line.startswith("driver_argv: 'python3 -m beam_hpc.backends.miles.launch --plan {run_dir}/plan.json")
+    assert "edited after the plan was made" in line
+    assert "change the recipe" in line and "beam-hpc render" in line
+    [line] = refusal(edited(plan, ("driver_env", {"X": "1"})))
+    assert line.startswith("driver_argv: ") and "(or driver_env)" in line
+    [line] = refusal(edited(plan, ("facts.measured", {"rollout_s": 1.0})))
+    assert line.startswith("facts: ") and "asks again" in line
+    [line] = refusal(edited(plan, ("extra", 1)))
+    assert line.startswith("extra: not a field of a plan")
+    # every field of an unedited plan is what make_plan derives, the facts included
+    measured = {"rollout_s": 400.0, "save_s": 100.0}
+    declared = {"gpu-h200": TmpDisk("gpu-h200", (4_000_000,) * 16)}
+    full = plan_for(recipe("dedicated"), example_site(), measured=measured, tmp_disk=declared)
+    assert full.lead_s == 1030 and Plan.from_dict(json.loads(full.to_json())) == full
+
+
 def test_a_plan_without_its_record_or_of_another_version_is_refused() -> None:
     plan = plan_for(recipe("lora"), example_site())
     d = edited(plan)
@@ -167,7 +218,7 @@ def test_a_plan_without_its_record_or_of_another_version_is_refused() -> None:
     [line] = refusal(d)
     assert line.startswith("inputs_sha: None is not the plan's record") and "render the script again" in line
     [line] = refusal(edited(plan, ("version", 1)))
-    assert "version 1 is not 2; re-render" in line
+    assert "version 1 is not 3; re-render" in line
 
 
 @pytest.mark.parametrize("name", [*SEED, "tiny"])

@@ -1,11 +1,15 @@
 """One submission request, three schedulers (issue 13 item 5): what --dry-run prints is what
 sbatch, submitit and `beam-hpc execute` are given, and refusals come before anything is written.
 
-Fast: nothing here submits; the Slurm paths themselves run in tests/submission/test_submit_slurm.py.
+Fast: nothing here submits, and nothing asks Slurm (no Slurm command is on PATH here, so the
+answers do not depend on which cluster this machine reaches); the Slurm paths themselves run in
+tests/submission/test_submit_slurm.py.
 """
 
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,17 @@ from beam_hpc.submission.via_submitit import executor_parameters, submission_tex
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "env" / "example-site.yaml"
 GOLDEN = Path(__file__).parent / "golden"  # `submit --dry-run` of the seed configurations
+
+
+@pytest.fixture(autouse=True)
+def no_slurm_here(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No sinfo, scontrol, sbatch or srun on PATH (bash and python3 only): what a dry run asks Slurm
+    (the staging partition's TmpDisk) is answered "cannot say", as on a laptop, whatever cluster
+    this machine is configured for."""
+    bin_dir = tmp_path_factory.mktemp("no-slurm")
+    (bin_dir / "bash").symlink_to(shutil.which("bash") or "/bin/bash")
+    (bin_dir / "python3").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", str(bin_dir))
 
 
 def _submit(tmp_path: Path, name: str = "dedicated", **kw):  # type: ignore[no-untyped-def]
@@ -46,20 +61,84 @@ def test_segment_arguments_round_trip_through_the_batch_scripts_parser() -> None
 
 
 def test_submitit_gets_the_same_components_as_the_script(tmp_path: Path) -> None:
-    plan = _submit(tmp_path, dry_run=True).plan
-    params = executor_parameters(SubmitRequest(plan=plan, segment=SegmentArgs(), dependency="afterany:7"))
-    comps = [component(plan, g) for g in plan.groups]
-    first, second = comps
-    assert (params["nodes"], params["partition"], params["additional_parameters"]["gres"]) == (
-        first.nodes, first.partition, first.gres)
-    assert params["het_components"][0]["nodes"] == second.nodes
-    assert params["het_components"][0]["additional_parameters"]["gres"] == second.gres
+    """submitit's script carries each component's options as the one renderer makes them
+    (Component.options): the rollout component's lines are the rendered script's, in its order;
+    the trainer's are the same options, written by submitit's own writer (keys sorted, values
+    shell-quoted). The walltime is rounded up to submitit's whole minutes, never down."""
+    plan = _submit(tmp_path, dry_run=True, overrides=["lifecycle.walltime=01:00:30"]).plan
+    request = SubmitRequest(plan=plan, segment=SegmentArgs(), dependency="afterany:7", exclude=("n4", "n9"))
+    params = executor_parameters(request)
+    assert params["time"] == 61 and plan.walltime_s == 3630
     assert params["additional_parameters"]["dependency"] == "afterany:7"
     assert params["additional_parameters"]["signal"] == f"USR1@{plan.lead_s}"
-    script = render_script(plan)
-    for c in comps:
-        for flag in c.sbatch_flags():
-            assert f"#SBATCH {flag}" in script
+    first, second = (component(plan, g) for g in plan.groups)
+    rendered = render_script(plan).split("#SBATCH hetjob\n")[1].splitlines()
+    rollout_lines = [x for x in rendered if x.startswith("#SBATCH ")]
+    text = submission_text(request)
+    trainer, rollout = text.split("#SBATCH hetjob\n")
+    assert [x for x in rollout.splitlines() if x.startswith("#SBATCH ")] == [
+        *rollout_lines, "#SBATCH --exclude=n4,n9", "#SBATCH --dependency="]
+    quoted = {f"#SBATCH {f}" if "&" not in f else "#SBATCH {}='{}'".format(*f.split("=", 1))
+              for f in first.sbatch_flags()}
+    assert quoted | {"#SBATCH --exclude=n4,n9", "#SBATCH --time=61"} <= set(trainer.splitlines())
+    assert all(f"#SBATCH {f}" in rollout_lines for f in second.sbatch_flags())
+
+
+def test_the_dry_run_carries_the_exclusions_it_would_submit_and_records_nothing(tmp_path: Path) -> None:
+    """Resuming a run whose ledger excluded n3 and n5, with ``--include-node n3`` and a site
+    quarantine of n9: the request the dry run returns excludes n5 and n9, on the sbatch line and in
+    every component of submitit's script, and the clearing of n3 is not recorded (nothing written)."""
+    from beam_hpc.config.recipe import load_yaml
+    from beam_hpc.config.site import site_from_dict
+    from beam_hpc.lifecycle import quarantine
+    from beam_hpc.run import ledger
+    from beam_hpc.submission.submit import describe
+
+    run = tmp_path / "run"
+    for job, at, nodes in (("1", 100.0, ("n3",)), ("2", 200.0, ("n5",))):
+        ledger.append(run / "ledger.jsonl", ledger.start_record(
+            job_id=job, restart=0, host="h", rollouts_at_start=0, num_rollout=10, resume=False, walltime_s=600,
+            lead_s=60, now=at - 10))
+        ledger.append(run / "ledger.jsonl", ledger.end_record(
+            job_id=job, restart=0, rollouts_at_end=0, reason="node-failure", detail="d", next_action="resubmit",
+            next_job_id=None, rollout_s=None, save_s=None, now=at, failed_nodes=[{"node": n, "why": "x"} for n in nodes]))
+    qfile = tmp_path / "quarantine.json"
+    quarantine.record(qfile, [{"node": "n9", "why": "test"}], run="other", run_dir="/x", segment="1-0", days=1)
+    site = site_from_dict({**load_yaml(SITE), "quarantine": str(qfile)}, "test site")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for via in ("sbatch", "submitit"):
+        sub = beam_hpc.submit(REPO / "recipes" / "dedicated.yaml", site, output_dir=str(run), resume=True,
+                              include_nodes=["n3"], via=via, dry_run=True)
+        assert sorted(sub.request.exclude) == ["n5", "n9"]
+        printed = describe(sub)
+        assert "excluded nodes: " in printed
+        if via == "sbatch":
+            assert any(a.startswith("--exclude=") and sorted(a[10:].split(",")) == ["n5", "n9"] for a in sub.command)
+        else:
+            trainer, rollout = submission_text(sub.request).split("#SBATCH hetjob")
+            assert trainer.count("#SBATCH --exclude=") == rollout.count("#SBATCH --exclude=") == 1
+            assert submission_text(sub.request) in printed
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no node-exclusions.json
+    with pytest.raises(InputError, match="--include-node: n7 not excluded in this run"):
+        beam_hpc.submit(REPO / "recipes" / "dedicated.yaml", site, output_dir=str(run), resume=True,
+                        include_nodes=["n7"], dry_run=True)
+
+
+def test_the_dry_run_text_is_the_executors_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The submitit script a dry run prints (made without an executor) is the one beam-hpc's
+    executor writes when it submits (an ``srun`` stand-in lets submitit build one here; nothing runs it)."""
+    from beam_hpc.submission.via_submitit import make_executor
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake))
+    for name in ("dedicated", "colocated"):
+        sub = _submit(tmp_path / name, name, dry_run=True)
+        request = SubmitRequest(plan=sub.plan, segment=SegmentArgs(resume=True), exclude=("n2",), dependency="afterany:3")
+        executor = make_executor(request)
+        assert executor._make_submission_file_text(executor._submitit_command_str, "uid") == submission_text(request)
 
 
 def test_smoke_with_resume_is_refused_before_anything_is_written(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from reference_harness import TinyAssets
 from beam_hpc.backends.registry import plan_for
 from beam_hpc.config.recipe import apply_overrides, load_yaml, recipe_from_dict
 from beam_hpc.config.site import site_from_dict
-from beam_hpc.plan.plan import Plan
+from beam_hpc.plan.plan import DriverCommand, Plan, make_plan
 
 ROOT = Path(__file__).resolve().parents[3]
 HOLD_DRIVER = ROOT / "tests" / "support" / "programs" / "ray_hold_driver.py"
@@ -77,7 +77,8 @@ def make_test_plan(output_dir: Path, *, trainer_nodes: int | None = None, rollou
         site_data["ray"] = {**site_data["ray"], **LOCAL_RUN_PORTS}
     plan = plan_for(recipe_from_dict(d, "test recipe"), site_from_dict(site_data, "test site"))
     if driver is not None:
-        plan = dataclasses.replace(plan, driver_argv=tuple(driver))
+        # the plan records its driver command (a hand edit of it is refused on load): make it with this one
+        plan = make_plan(plan.recipe, plan.site, driver=DriverCommand(tuple(driver), plan.driver_env))
     plan.write()
     Path(plan.paths.logs).mkdir(parents=True, exist_ok=True)  # Slurm opens --output before the job
     return plan
