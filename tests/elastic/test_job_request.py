@@ -54,11 +54,15 @@ def test_the_script_has_the_rollout_groups_shape_requeue_lead_site_lines_and_exc
     assert lines[-1].startswith("exec") and order[-1] < len(lines) - 1
 
 
-def test_dry_run_prints_the_script_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_prints_the_script_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     plan = _plan(tmp_path)
     before = sorted(p.name for p in Path(plan.output_dir).rglob("*"))
-    # the partition's shape is asked of Slurm; debug and spot exist on the local cluster, and where
-    # no Slurm answers the question is left to sbatch: either way the dry run goes through
+    # the partition's shape is asked of Slurm: here no Slurm command is on PATH, so whichever cluster
+    # this machine reaches is not asked and the question is left to sbatch (what Slurm answers is
+    # tested on the local cluster, in test_job_slurm.py)
+    (tmp_path / "no-slurm").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm"))
     assert main(["rollout", "add", plan.output_dir, "--nodes", "1", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "#SBATCH --requeue" in out and "dry run: nothing written, nothing submitted" in out
