@@ -28,7 +28,7 @@ from typing import Any
 from beam_hpc.data.convert import AIME, DAPO, PrepareError, aime_records, dapo_records
 from beam_hpc.data.sources import PreparePathError, Source, hub_source, iter_rows, local_source
 from beam_hpc.errors import shorten
-from beam_hpc.run.files import atomic_path, sha256_file, write_json_atomic
+from beam_hpc.files import atomic_path, sha256_file, write_json_atomic
 
 DAPO_REPO = "BytedTsinghua-SIA/DAPO-Math-17k"
 AIME_REPO = "opencompass/AIME2025"

@@ -15,7 +15,7 @@ import random
 import uuid
 from pathlib import Path
 
-from beam_hpc.run.files import atomic_path
+from beam_hpc.files import atomic_path
 
 TRAIN_NAME = "dapo-math-17k-tiny.parquet"
 EVAL_NAME = "aime2025-tiny.jsonl"  # the AIME2025-shaped source file

@@ -1,4 +1,4 @@
-"""beam_hpc.run.files: atomic writes (old or new content, never torn) and the flock helper."""
+"""beam_hpc.files (the leaf every layer uses): atomic writes (old or new content, never torn) and the flock helper."""
 
 from __future__ import annotations
 
