@@ -49,7 +49,8 @@ REQUIRED_BINARIES = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatc
                      "squeue", "scontrol", "scancel", "sinfo", "unshare", "runuser")
 _MUNGE_PIDFILE = Path("/run/munge/munged.pid")
 _ETC_SLURM = Path("/etc/slurm")
-# The pyxis stand-in (a SPANK plugin: pyxis's srun options, recorded per task, no container), built
+# The pyxis stand-in (a SPANK plugin: pyxis's srun options, enroot's private /tmp and named containers as
+# mount namespaces, the image's environment; recorded per task), built
 # from its C source against libslurm-dev's spank.h into LAB/lib and loaded through plugstack.conf.
 PYXIS_STANDIN_SRC = Path(__file__).resolve().parents[1] / "standins" / "spank" / "pyxis_standin.c"
 
@@ -93,8 +94,9 @@ class ClusterSpec:
     # finds it). False for a private second cluster, whose clients always get SLURM_CONF.
     link_etc: bool = True
     # The first job id (slurm.conf FirstJobId): a second cluster's ids far from the first's, since
-    # some per-job names on this host (Ray temp dirs) carry the job id alone.
-    first_job_id: int = 1
+    # some per-job names on this host (Ray temp dirs) carry the job id alone. BEAM_SLURM_FIRST_JOB_ID
+    # sets it for a second cluster started by the tests' fixture (with BEAM_SLURM_LAB and _CTLD_PORT).
+    first_job_id: int = int(os.environ.get("BEAM_SLURM_FIRST_JOB_ID", "1"))
 
     @property
     def first_slurmd_port(self) -> int:
@@ -424,12 +426,15 @@ class LocalSlurmCluster:
 
     def _write_plugstack(self) -> None:
         """plugstack.conf: the stand-in when it builds, else nothing (a machine without a compiler
-        still runs every other test; the pyxis tests then find srun without its options and say so)."""
+        still runs every other test; the pyxis tests then find srun without its options and say so).
+        ``required``, as pyxis's own line: a task whose container cannot be set up fails instead of
+        running outside it."""
         with contextlib.suppress(SlurmClusterError, OSError):
             self.build_pyxis_plugin()
         self.pyxis_records.mkdir(parents=True, exist_ok=True)
         self.pyxis_records.chmod(0o1777)
-        line = f"optional {self.pyxis_plugin} record_dir={self.pyxis_records}\n" if self.pyxis_plugin.exists() else ""
+        line = (f"required {self.pyxis_plugin} record_dir={self.pyxis_records} image_files={':'.join(image_files())}\n"
+                if self.pyxis_plugin.exists() else "")
         write_atomic(self.lab / "etc" / "plugstack.conf", line)
 
     def _remove_etc_links(self) -> None:
@@ -615,6 +620,15 @@ class LocalSlurmCluster:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def image_files() -> list[str]:
+    """What stands for the image's own files in the stand-in's containers: the repository (beam-hpc,
+    installed editable), this venv and its base interpreter. The stand-in mounts those under /tmp into
+    each container's fresh /tmp (where a checkout under /tmp would otherwise vanish); the rest of the
+    host's filesystem is visible as it is."""
+    repo = Path(__file__).resolve().parents[3]
+    return sorted({str(repo), sys.prefix, sys.base_prefix})
+
+
 # -- sites for the cluster ---------------------------------------------------------------------
 def spot_site(site: Path, dst: Path) -> Path:
     """A copy of beam-hpc site profile ``site`` (env/local.yaml or one made from it) whose groups
@@ -682,7 +696,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = LocalSlurmCluster(ClusterSpec(lab=args.lab))
     try:
         if args.action == "plugin":
+            # a running cluster takes it at its next step: each slurmstepd (one per step) and each srun
+            # reads plugstack.conf and loads the .so afresh; only slurmd's own context keeps the old one
             print(f"built {cluster.build_pyxis_plugin()}")
+            if (cluster.lab / "etc").is_dir():
+                cluster._write_plugstack()
             return 0
         if args.action == "up":
             t0 = time.monotonic()

@@ -1,25 +1,66 @@
 /*
- * A stand-in for NVIDIA's pyxis SPANK plugin, for beam-hpc's tests on the local Slurm cluster.
+ * A stand-in for NVIDIA's pyxis SPANK plugin (and the part of enroot it drives), for beam-hpc's tests
+ * on the local Slurm cluster.
  *
- * pyxis and enroot cannot run where the tests run, but Slurm's SPANK interface can. This plugin
- * registers the srun/sbatch options pyxis registers (the names, argument forms and flag values of
- * pyxis 0.24.0's option table, args.c), checks their arguments by pyxis's documented rules, and on
- * each node writes one JSON file per task saying what the task received. It starts NO container:
- * the task runs on the host as it is. That is the end of the seam beam-hpc tests
- * (beam_hpc/node/container.py): that Slurm accepts every option beam-hpc passes and that each step
- * gets the image, the mounts and the container name.
+ * Read from: NVIDIA/pyxis 0.24.0 (commit 1075199, args.c and pyxis_slurmstepd.c) and NVIDIA/enroot
+ * (commit 8ea147d, conf/mounts/10-system.fstab, src/runtime.sh, conf/hooks/extra/50-slurm-pytorch.sh).
+ * What they do that beam-hpc depends on, and what this stand-in does for each:
  *
- * plugstack.conf:  optional /path/pyxis_standin.so record_dir=/some/dir
+ *  1. Options (args.c): the names, argument forms and flag values of pyxis's table; malformed values
+ *     are refused. Same here (one value per option, mounts SRC:DST[:FLAGS] comma-separated).
+ *  2. /tmp is per container (10-system.fstab: "tmpfs /tmp tmpfs x-create=dir,rw,nosuid,nodev,mode=755");
+ *     /dev/shm is the host's (a bind in the same file). Here: a task that names an image or a
+ *     container gets a private mount namespace (slave of the host's) with a fresh tmpfs on /tmp;
+ *     under /tmp it then sees only its --container-mounts and, standing for the image's own files,
+ *     the plugstack paths image_files= (the venv, when it lives under /tmp). Everything outside /tmp
+ *     is the host's own: there is no image root filesystem, so a mount whose target is outside /tmp
+ *     and missing on the host is not made (its entry is listed under "unmounted" in the record).
+ *  3. Named containers (pyxis_slurmstepd.c, slurm_spank_user_init): the name is pyxis_<NAME> (scope
+ *     global, pyxis's default); unnamed ones are pyxis_<job>.<step>. A name that is RUNNING on the node
+ *     (a process is in it: `enroot list -f` shows a PID) is joined: setns into its namespaces
+ *     ("reusing existing container namespaces"), and --container-mounts is ignored ("ignoring
+ *     --container-mounts when attaching to a running container"). One that exists but runs nothing is
+ *     started afresh on its old filesystem: a new /tmp. The flags: create (error if it exists), exec
+ *     (error unless it runs), no_exec (never join), auto. Here a container is a mount namespace whose
+ *     inode is recorded under record_dir/containers/<node>/; it runs while any process is in that
+ *     namespace (a scan of /proc/PID/ns/mnt), and joining is setns(/proc/PID/ns/mnt). Every task of
+ *     one step on one node shares one container, as pyxis's first task starts it for the others.
+ *  4. Environment (spank_import_container_env): the container's environment (the step's, with the
+ *     image's ENV over it: enroot's runtime.sh reads the rootfs's /etc/environment) is imported over
+ *     the task's, so the image's values win, except for the names in --container-env; LANG, LANGUAGE
+ *     and LC_ALL are dropped unless named there. Here the image's ENV is the NAME=VALUE lines of the
+ *     image file (a path; a registry image has none here), or of the joined container's image.
+ *  5. PyTorch (pytorch_setup): when PYTORCH_VERSION is in the task's environment after that import
+ *     (NGC images set it), RANK=SLURM_PROCID and LOCAL_RANK=SLURM_LOCALID for each task. Same here.
+ *     (enroot's optional hook 50-slurm-pytorch.sh also sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE in
+ *     the container's environment; not represented: it is a site's choice.)
+ *  6. chdir to --container-workdir (else to the container's own directory: here the task's path).
+ * Not represented: the image's root filesystem (the task runs the host's programs), user namespaces
+ * and root remapping (the tests' jobs run as root, which the mount namespace needs), home hiding
+ * (--no-container-mount-home: enroot's 10-home.sh hook), --container-save and --container-unshare.
+ *
+ * On each node it also writes one JSON file per task saying what the task received and got
+ * (record_dir/<job>.<step>.<node>.<task>.json): options, whether it joined a running container, and
+ * the values of the variables the image or --container-env touch, as the task will see them.
+ *
+ * plugstack.conf:  optional /path/pyxis_standin.so record_dir=/some/dir [image_files=/a:/b]
  * Build (CI):      gcc -shared -fPIC -Wall -Werror -o pyxis_standin.so pyxis_standin.c
  * A task whose step used none of the options is left alone and nothing is written.
  */
 
+#define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <slurm/spank.h>
@@ -33,9 +74,10 @@ static char *mounts[MAX_ITEMS];
 static int n_mounts;
 static char *env_names[MAX_ITEMS];
 static int n_env_names;
-static char *unshare;
+static char *unshare_ns;
 static int mount_home = -1, remap_root = -1, entrypoint = -1, entrypoint_log = -1, writable = -1;
 static char record_dir[1024];
+static char image_files[4096];
 
 /* One value per option: Slurm may hand the same option over twice, a different value is an error. */
 static int set_once(char **slot, const char *what, const char *value)
@@ -140,7 +182,7 @@ static int opt_name(int val, const char *optarg, int remote)
 static int opt_image(int val, const char *optarg, int remote) { return set_once(&image, "container-image", optarg); }
 static int opt_workdir(int val, const char *optarg, int remote) { return set_once(&workdir, "container-workdir", optarg); }
 static int opt_save(int val, const char *optarg, int remote) { return set_once(&save, "container-save", optarg); }
-static int opt_unshare(int val, const char *optarg, int remote) { return set_once(&unshare, "container-unshare", optarg); }
+static int opt_unshare(int val, const char *optarg, int remote) { return set_once(&unshare_ns, "container-unshare", optarg); }
 static int opt_home(int val, const char *optarg, int remote) { return set_flag(&mount_home, val, "container-mount-home"); }
 static int opt_remap(int val, const char *optarg, int remote) { return set_flag(&remap_root, val, "container-remap-root"); }
 static int opt_entry(int val, const char *optarg, int remote) { return set_flag(&entrypoint, val, "container-entrypoint"); }
@@ -177,6 +219,8 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	for (int i = 0; i < ac; ++i)
 		if (strncmp(av[i], "record_dir=", 11) == 0)
 			snprintf(record_dir, sizeof(record_dir), "%s", av[i] + 11);
+		else if (strncmp(av[i], "image_files=", 12) == 0)
+			snprintf(image_files, sizeof(image_files), "%s", av[i] + 12);
 	for (int i = 0; options[i].name != NULL; ++i) {
 		spank_err_t rc = spank_option_register(sp, &options[i]);
 
@@ -187,6 +231,369 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	}
 	return 0;
 }
+
+
+/* ---- the container: a mount namespace with enroot's fresh /tmp ------------------------------------ */
+
+struct image_env {
+	char *names[MAX_ITEMS], *values[MAX_ITEMS];
+	int n;
+};
+
+static int read_image_env(const char *path, char **names, char **values, int max);
+
+#define TMP_DIR "/tmp"
+#define IMAGE_ENV_MAX 65536  /* the stand-in image's ENV lines are at its start; a real squashfs has none */
+
+struct container {
+	char key[320];           /* pyxis_<NAME> (scope global) or pyxis_<job>.<step> */
+	const char *flags;       /* auto, create, exec, no_exec */
+	ino_t ino;               /* the recorded mount namespace, 0 when none is recorded */
+	char creator[64];        /* <job>.<step> that started it */
+	char image[PATH_MAX];    /* its image ("-": none) */
+	int joined;
+};
+
+static int under_tmp(const char *path)
+{
+	return strcmp(path, TMP_DIR) == 0 || strncmp(path, TMP_DIR "/", sizeof(TMP_DIR)) == 0;
+}
+
+/* mkdir -p (0755); the last component an empty file when leaf_file. */
+static int make_path(const char *path, int leaf_file)
+{
+	char buf[PATH_MAX];
+	int fd;
+
+	if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf))
+		return -1;
+	for (char *p = buf + 1; *p; ++p) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+			return -1;
+		*p = '/';
+	}
+	if (!leaf_file)
+		return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
+	fd = open(buf, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -1;
+	close(fd);
+	return 0;
+}
+
+static ino_t mnt_ns(const char *pid)
+{
+	char path[64];
+	struct stat st;
+
+	snprintf(path, sizeof(path), "/proc/%s/ns/mnt", pid);
+	return stat(path, &st) == 0 ? st.st_ino : 0;
+}
+
+/* A process inside mount namespace `ino`, 0 when none is left: whether the container is running
+ * (what `enroot list -f` answers with its PID column). */
+static pid_t running_in(ino_t ino)
+{
+	DIR *proc = opendir("/proc");
+	struct dirent *e;
+	pid_t found = 0;
+
+	if (proc == NULL || ino == 0) {
+		if (proc)
+			closedir(proc);
+		return 0;
+	}
+	while (found == 0 && (e = readdir(proc)) != NULL) {
+		char *end;
+		long pid = strtol(e->d_name, &end, 10);
+
+		if (*end == '\0' && pid > 0 && mnt_ns(e->d_name) == ino)
+			found = (pid_t)pid;
+	}
+	closedir(proc);
+	return found;
+}
+
+static void read_container(int state_fd, struct container *c)
+{
+	int fd = openat(state_fd, c->key, O_RDONLY | O_CLOEXEC);
+	FILE *f = fd < 0 ? NULL : fdopen(fd, "r");
+	unsigned long ino = 0;
+
+	c->ino = 0;
+	if (f == NULL) {
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	if (fscanf(f, "%lu %63s %4095[^\n]", &ino, c->creator, c->image) == 3)
+		c->ino = (ino_t)ino;
+	fclose(f);
+}
+
+static int write_container(int state_fd, const struct container *c)
+{
+	char tmp[400];
+	int fd;
+	FILE *f;
+
+	snprintf(tmp, sizeof(tmp), ".%s.%d", c->key, (int)getpid());
+	fd = openat(state_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	f = fd < 0 ? NULL : fdopen(fd, "w");
+	if (f == NULL)
+		return -1;
+	fprintf(f, "%lu %s %s\n", (unsigned long)c->ino, c->creator, c->image);
+	if (fclose(f) != 0)
+		return -1;
+	return renameat(state_fd, tmp, state_fd, c->key);
+}
+
+/* Mount `src_fd` (a path opened O_PATH before /tmp was covered) at `dst`, read-only when the
+ * mount's flags (joined by +) hold "ro". */
+static int bind_at(int src_fd, const char *dst, const char *flags)
+{
+	char src[64];
+	struct stat st;
+
+	if (fstat(src_fd, &st) != 0 || (under_tmp(dst) && make_path(dst, !S_ISDIR(st.st_mode)) != 0))
+		return -1;
+	snprintf(src, sizeof(src), "/proc/self/fd/%d", src_fd);
+	if (mount(src, dst, NULL, MS_BIND | MS_REC, NULL) != 0)
+		return -1;
+	if (flags != NULL) {
+		char copy[256], *rest = copy, *flag;
+
+		snprintf(copy, sizeof(copy), "%s", flags);
+		while ((flag = strsep(&rest, "+")) != NULL)
+			if (strcmp(flag, "ro") == 0 && mount(NULL, dst, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) != 0)
+				return -1;
+	}
+	return 0;
+}
+
+/* Start the container: a new mount namespace, enroot's tmpfs on /tmp, the image's own files under
+ * /tmp (image_files), then the --container-mounts. Targets outside /tmp that the host lacks are listed
+ * in `unmounted` (there is no image root filesystem to create them in). */
+static int start_container(char **unmounted, int *n_unmounted)
+{
+	int src_fds[MAX_ITEMS], file_fds[MAX_ITEMS], n_files = 0, rv = -1;
+	char *file_paths[MAX_ITEMS], files[sizeof(image_files)], *rest = files, *path;
+
+	for (int i = 0; i < n_mounts; ++i)
+		src_fds[i] = -1;
+	if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0) {
+		slurm_error("pyxis stand-in: cannot make the container's mount namespace: %s", strerror(errno));
+		goto out;
+	}
+	/* The sources, opened in the new namespace before its /tmp is covered: a bind may take a path of
+	 * this namespace only, and an over-mounted one stays reachable through its descriptor. */
+	for (int i = 0; i < n_mounts; ++i) {
+		char src[PATH_MAX];
+		size_t len = strcspn(mounts[i], ":");
+
+		snprintf(src, sizeof(src), "%.*s", (int)len, mounts[i]);
+		if (strcmp(src, "tmpfs") == 0 || strcmp(src, "umount") == 0)
+			continue;
+		src_fds[i] = open(src, O_PATH | O_CLOEXEC);
+		if (src_fds[i] < 0) {
+			slurm_error("pyxis: mount source %s: %s", src, strerror(errno));
+			goto out;
+		}
+	}
+	snprintf(files, sizeof(files), "%s", image_files);
+	while ((path = strsep(&rest, ":")) != NULL && n_files < MAX_ITEMS) {
+		if (*path == '\0' || !under_tmp(path) || (file_fds[n_files] = open(path, O_PATH | O_CLOEXEC)) < 0)
+			continue;
+		file_paths[n_files++] = path;
+	}
+	if (mount("tmpfs", TMP_DIR, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755") != 0) {
+		slurm_error("pyxis stand-in: cannot mount the container's /tmp: %s", strerror(errno));
+		goto out;
+	}
+	for (int i = 0; i < n_files; ++i)
+		if (bind_at(file_fds[i], file_paths[i], NULL) != 0) {
+			slurm_error("pyxis stand-in: cannot mount the image's %s: %s", file_paths[i], strerror(errno));
+			goto out;
+		}
+	for (int i = 0; i < n_mounts; ++i) {
+		char entry[PATH_MAX], *colon, *dst, *flags;
+
+		snprintf(entry, sizeof(entry), "%s", mounts[i]);
+		colon = strchr(entry, ':');
+		dst = colon ? colon + 1 : entry;
+		if (colon)
+			*colon = '\0';
+		flags = strchr(dst, ':');
+		if (flags)
+			*flags++ = '\0';
+		if (!under_tmp(dst) && access(dst, F_OK) != 0) {
+			unmounted[(*n_unmounted)++] = mounts[i];
+			continue;
+		}
+		if (strcmp(entry, "umount") == 0 ? umount2(dst, MNT_DETACH) != 0 :
+		    strcmp(entry, "tmpfs") == 0 ? (under_tmp(dst) && make_path(dst, 0) != 0) ||
+						  mount("tmpfs", dst, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755") != 0 :
+		    bind_at(src_fds[i], dst, flags) != 0) {
+			slurm_error("pyxis: cannot mount %s: %s", mounts[i], strerror(errno));
+			goto out;
+		}
+	}
+	rv = 0;
+out:
+	for (int i = 0; i < n_mounts; ++i)
+		if (src_fds[i] >= 0)
+			close(src_fds[i]);
+	for (int i = 0; i < n_files; ++i)
+		close(file_fds[i]);
+	return rv;
+}
+
+/* Find, join or start the task's container (pyxis_slurmstepd.c: slurm_spank_user_init's decision,
+ * taken under a lock so that every task of a step on a node ends up in one container). */
+static int enter_container(int state_fd, const char *step_key, struct container *c, char **unmounted,
+			   int *n_unmounted, struct image_env *env)
+{
+	char lock_name[340];
+	int lock_fd, rv = -1;
+	pid_t pid;
+
+	snprintf(lock_name, sizeof(lock_name), ".%s.lock", c->key);
+	lock_fd = openat(state_fd, lock_name, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	if (lock_fd < 0 || flock(lock_fd, LOCK_EX) != 0) {
+		slurm_error("pyxis stand-in: cannot lock container %s: %s", c->key, strerror(errno));
+		goto out;
+	}
+	read_container(state_fd, c);
+	/* the image's ENV, read on the host (a joined container without --container-image: its own image) */
+	env->n = read_image_env(image ? image : c->image, env->names, env->values, MAX_ITEMS - 2);
+	/* pyxis: -1 no such container, 0 it exists and runs nothing, >0 a PID inside it */
+	pid = c->ino == 0 ? -1 : running_in(c->ino);
+	if (pid > 0 && strcmp(c->creator, step_key) == 0) {
+		;  /* a later task of the step that started it: pyxis's tasks share the first task's container */
+	} else if (strcmp(c->flags, "create") == 0 && pid >= 0) {
+		slurm_error("pyxis: error: \"create\" flag was passed to --container-name but the container already exists");
+		goto out;
+	} else if (strcmp(c->flags, "exec") == 0 && pid <= 0) {
+		slurm_error("pyxis: error: \"exec\" flag was passed to --container-name but the container is not running");
+		goto out;
+	} else if (strcmp(c->flags, "no_exec") == 0 && pid > 0) {
+		pid = 0;
+	}
+	if (pid < 0 && image == NULL) {
+		slurm_error("pyxis: error: a container with name \"%s\" does not exist, and --container-image is not set",
+			    c->key);
+		goto out;
+	}
+	if (pid > 0) {
+		char ns[64];
+		int ns_fd;
+
+		if (n_mounts > 0 && strcmp(c->creator, step_key) != 0)
+			slurm_info("pyxis: ignoring --container-mounts when attaching to a running container");
+		snprintf(ns, sizeof(ns), "/proc/%d/ns/mnt", (int)pid);
+		ns_fd = open(ns, O_RDONLY | O_CLOEXEC);
+		if (ns_fd < 0 || setns(ns_fd, CLONE_NEWNS) != 0) {
+			slurm_error("pyxis: couldn't join mount namespace of %s: %s", c->key, strerror(errno));
+			if (ns_fd >= 0)
+				close(ns_fd);
+			goto out;
+		}
+		close(ns_fd);
+		c->joined = strcmp(c->creator, step_key) != 0;
+		rv = 0;
+		goto out;
+	}
+	if (start_container(unmounted, n_unmounted) != 0)
+		goto out;
+	c->ino = mnt_ns("self");
+	snprintf(c->creator, sizeof(c->creator), "%s", step_key);
+	if (image != NULL)  /* a container reused without --container-image keeps its image */
+		snprintf(c->image, sizeof(c->image), "%s", image);
+	if (write_container(state_fd, c) != 0) {
+		slurm_error("pyxis stand-in: cannot record container %s: %s", c->key, strerror(errno));
+		goto out;
+	}
+	rv = 0;
+out:
+	if (lock_fd >= 0)
+		close(lock_fd);
+	return rv;
+}
+
+/* ---- the environment -------------------------------------------------------------------------------- */
+
+static int listed(const char *var)
+{
+	for (int i = 0; i < n_env_names; ++i)
+		if (strcmp(env_names[i], var) == 0)
+			return 1;
+	return 0;
+}
+
+/* The image's ENV: NAME=VALUE lines of the stand-in image file (none for a registry image). */
+static int read_image_env(const char *path, char **names, char **values, int max)
+{
+	char line[4096];
+	int n = 0;
+	FILE *f;
+
+	if (path == NULL || strcmp(path, "-") == 0 || (path[0] != '/' && path[0] != '.') || (f = fopen(path, "re")) == NULL)
+		return 0;
+	while (n < max && ftell(f) < IMAGE_ENV_MAX && fgets(line, sizeof(line), f) != NULL) {
+		char *eq = strchr(line, '=');
+		size_t len = strcspn(line, "\n");
+
+		line[len] = '\0';
+		if (eq == NULL || eq == line || strspn(line, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+		    != (size_t)(eq - line) || (line[0] >= '0' && line[0] <= '9'))
+			continue;
+		*eq = '\0';
+		names[n] = strdup(line);
+		values[n] = strdup(eq + 1);
+		if (names[n] == NULL || values[n] == NULL) {
+			free(names[n]);
+			free(values[n]);
+			break;
+		}
+		n++;
+	}
+	fclose(f);
+	return n;
+}
+
+/* spank_import_container_env, then pytorch_setup. */
+static int import_env(spank_t sp, const struct image_env *env)
+{
+	static const char *deny[] = { "LANG", "LANGUAGE", "LC_ALL", NULL };
+	char buf[256];
+
+	for (int i = 0; deny[i] != NULL; ++i)
+		if (!listed(deny[i]))
+			spank_unsetenv(sp, deny[i]);
+	for (int i = 0; i < env->n; ++i) {
+		spank_err_t rc = spank_setenv(sp, env->names[i], env->values[i], !listed(env->names[i]));
+
+		if (rc != ESPANK_SUCCESS && rc != ESPANK_ENV_EXISTS) {
+			slurm_error("pyxis: failed to set %s: %s", env->names[i], spank_strerror(rc));
+			return -1;
+		}
+	}
+	if (spank_getenv(sp, "PYTORCH_VERSION", buf, sizeof(buf)) != ESPANK_SUCCESS)
+		return 0;
+	if (spank_getenv(sp, "SLURM_PROCID", buf, sizeof(buf)) != ESPANK_SUCCESS ||
+	    spank_setenv(sp, "RANK", buf, 1) != ESPANK_SUCCESS ||
+	    spank_getenv(sp, "SLURM_LOCALID", buf, sizeof(buf)) != ESPANK_SUCCESS ||
+	    spank_setenv(sp, "LOCAL_RANK", buf, 1) != ESPANK_SUCCESS) {
+		slurm_error("pyxis: pytorch: couldn't remap SLURM_PROCID/SLURM_LOCALID");
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- the record ------------------------------------------------------------------------------------- */
 
 static void json_string(FILE *f, const char *s)
 {
@@ -217,29 +624,41 @@ static void json_list(FILE *f, char **items, int n)
 	fputc(']', f);
 }
 
-/* In each task, before it execs: record what it received (only when a container was asked for). */
-int slurm_spank_task_init(spank_t sp, int ac, char **av)
+/* "NAME": value as the task will see it (null: unset), for each name. */
+static void json_env(FILE *f, spank_t sp, char **names, int n, int *first)
 {
+	char value[4096];
+
+	for (int i = 0; i < n; ++i) {
+		fputs(*first ? "" : ",", f);
+		*first = 0;
+		json_string(f, names[i]);
+		fputc(':', f);
+		json_string(f, spank_getenv(sp, names[i], value, sizeof(value)) == ESPANK_SUCCESS ? value : NULL);
+	}
+}
+
+static int write_record(int record_fd, spank_t sp, const char *node, const struct container *c,
+			char **image_names, int n_image_names, char **unmounted, int n_unmounted)
+{
+	static char *torch_names[] = { "RANK", "LOCAL_RANK" };
 	uint32_t job = 0, step = 0, task = 0;
-	int argc = 0;
+	int argc = 0, first = 1, fd;
 	char **argv = NULL;
-	char node[256] = "", het_job[32] = "", path[1400], tmp[1408];
+	char het_job[32] = "", name_buf[300], tmp[310];
 	FILE *f;
 
-	if (!spank_remote(sp) || (image == NULL && name == NULL) || record_dir[0] == '\0')
-		return 0;
 	spank_get_item(sp, S_JOB_ID, &job);
 	spank_get_item(sp, S_JOB_STEPID, &step);
 	spank_get_item(sp, S_TASK_GLOBAL_ID, &task);
 	spank_get_item(sp, S_JOB_ARGV, &argc, &argv);
-	if (spank_getenv(sp, "SLURMD_NODENAME", node, sizeof(node)) != ESPANK_SUCCESS)
-		gethostname(node, sizeof(node) - 1);
 	spank_getenv(sp, "SLURM_HET_JOB_ID", het_job, sizeof(het_job));
-	snprintf(path, sizeof(path), "%s/%u.%u.%s.%u.json", record_dir, job, step, node, task);
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	f = fopen(tmp, "w");
+	snprintf(name_buf, sizeof(name_buf), "%u.%u.%s.%u.json", job, step, node, task);
+	snprintf(tmp, sizeof(tmp), ".%s.tmp", name_buf);
+	fd = openat(record_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	f = fd < 0 ? NULL : fdopen(fd, "w");
 	if (f == NULL) {
-		slurm_error("pyxis stand-in: cannot write %s: %s", tmp, strerror(errno));
+		slurm_error("pyxis stand-in: cannot write %s/%s: %s", record_dir, tmp, strerror(errno));
 		return -1;
 	}
 	fprintf(f, "{\"job_id\":%u,\"het_job_id\":", job);
@@ -252,17 +671,81 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	json_list(f, mounts, n_mounts);
 	fputs(",\"name\":", f);
 	json_string(f, name);
+	fputs(",\"container\":", f);
+	json_string(f, c->key);
+	fprintf(f, ",\"joined\":%s,\"unmounted\":", c->joined ? "true" : "false");
+	json_list(f, unmounted, n_unmounted);
 	fputs(",\"workdir\":", f);
 	json_string(f, workdir);
 	fputs(",\"env\":", f);
 	json_list(f, env_names, n_env_names);
-	fprintf(f, ",\"mount_home\":%d,\"remap_root\":%d,\"entrypoint\":%d,\"writable\":%d,\"argv\":",
+	fputs(",\"environ\":{", f);
+	json_env(f, sp, image_names, n_image_names, &first);
+	json_env(f, sp, env_names, n_env_names, &first);
+	json_env(f, sp, torch_names, 2, &first);
+	fprintf(f, "},\"mount_home\":%d,\"remap_root\":%d,\"entrypoint\":%d,\"writable\":%d,\"argv\":",
 		mount_home, remap_root, entrypoint, writable);
 	json_list(f, argv, argc);
 	fputs("}\n", f);
-	if (fclose(f) != 0 || rename(tmp, path) != 0) {
-		slurm_error("pyxis stand-in: cannot write %s: %s", path, strerror(errno));
+	if (fclose(f) != 0 || renameat(record_fd, tmp, record_fd, name_buf) != 0) {
+		slurm_error("pyxis stand-in: cannot write %s/%s: %s", record_dir, name_buf, strerror(errno));
 		return -1;
 	}
 	return 0;
+}
+
+/* ---- each task, before it execs ---------------------------------------------------------------------- */
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	uint32_t job = 0, step = 0;
+	char node[256] = "", step_key[64], cwd[PATH_MAX] = "", state[1400];
+	char *unmounted[MAX_ITEMS];
+	int n_unmounted = 0, record_fd = -1, state_fd = -1, rv = -1;
+	struct image_env env = { .n = 0 };
+	struct container c = { .flags = "auto", .image = "-" };
+
+	if (!spank_remote(sp) || (image == NULL && name == NULL) || record_dir[0] == '\0')
+		return 0;
+	spank_get_item(sp, S_JOB_ID, &job);
+	spank_get_item(sp, S_JOB_STEPID, &step);
+	if (spank_getenv(sp, "SLURMD_NODENAME", node, sizeof(node)) != ESPANK_SUCCESS)
+		gethostname(node, sizeof(node) - 1);
+	snprintf(step_key, sizeof(step_key), "%u.%u", job, step);
+	if (name != NULL) {
+		const char *colon = strchr(name, ':');
+
+		snprintf(c.key, sizeof(c.key), "pyxis_%.*s", (int)(colon ? colon - name : (long)strlen(name)), name);
+		c.flags = colon ? colon + 1 : "auto";
+	} else {
+		snprintf(c.key, sizeof(c.key), "pyxis_%s", step_key);
+	}
+	/* host paths, opened before the task's /tmp is replaced: the records and the containers' state */
+	snprintf(state, sizeof(state), "%s/containers/%s", record_dir, node);
+	if (getcwd(cwd, sizeof(cwd)) == NULL)
+		snprintf(cwd, sizeof(cwd), "/");
+	record_fd = open(record_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (record_fd < 0 || make_path(state, 0) != 0 || (state_fd = open(state, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+		slurm_error("pyxis stand-in: cannot open %s: %s", state, strerror(errno));
+		goto out;
+	}
+	if (enter_container(state_fd, step_key, &c, unmounted, &n_unmounted, &env) != 0)
+		goto out;
+	if (chdir(workdir ? workdir : cwd) != 0) {
+		slurm_error("pyxis: couldn't chdir to %s: %s", workdir ? workdir : cwd, strerror(errno));
+		goto out;
+	}
+	if (import_env(sp, &env) != 0)
+		goto out;
+	rv = write_record(record_fd, sp, node, &c, env.names, env.n, unmounted, n_unmounted);
+out:
+	for (int i = 0; i < env.n; ++i) {
+		free(env.names[i]);
+		free(env.values[i]);
+	}
+	if (record_fd >= 0)
+		close(record_fd);
+	if (state_fd >= 0)
+		close(state_fd);
+	return rv;
 }
