@@ -13,6 +13,7 @@ import socket
 import stat
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -304,6 +305,59 @@ def test_standin_serves_what_miles_probes_and_records_its_argv(standins: list[ee
     assert get(e.url + "/model_info")[1]["weight_version"] == "default"
     recorded = json.loads((tmp_path / "record" / f"{e.port}.json").read_text())["argv"]
     assert recorded[recorded.index("--port") + 1] == str(e.port)
+
+
+def post(url: str, body: object) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def test_standin_generates_and_takes_the_weight_updates_miles_sends(standins: list[ee.Engine], tmp_path: Path) -> None:
+    """Bodies as Miles writes them (miles-rl 0.0.2: ``miles/rollout/sglang_rollout.py:165-184`` for
+    /generate, which reads ``meta_info.output_token_logprobs`` as ``[logprob, token_id, _]`` and
+    ``finish_reason.type``, ``:200-209, 235``; ``sglang_engine.py:462-542`` for the weight updates),
+    answered as SGLang's http_server answers them."""
+    a, b = standins  # engine_argv gave them ranks 0 and 1: seeds seed+0 and seed+1
+    ask = {"input_ids": [11, 12, 13], "sampling_params": {"max_new_tokens": 5, "temperature": 1.0},
+           "return_logprob": True}
+    status, out = post(a.url + "/generate", ask)
+    assert status == 200
+    meta = out["meta_info"]
+    tokens = [t[1] for t in meta["output_token_logprobs"]]
+    assert tokens == out["output_ids"] and len(tokens) == meta["completion_tokens"] == 5
+    assert all(t[0] <= 0 and t[2] is None for t in meta["output_token_logprobs"])
+    assert meta["finish_reason"]["type"] == "length" and meta["prompt_tokens"] == 3
+    assert meta["weight_version"] == "default" and isinstance(out["text"], str)
+    assert post(a.url + "/generate", ask)[1]["output_ids"] == tokens  # one seed, one answer
+    assert post(b.url + "/generate", ask)[1]["output_ids"] != tokens  # the other engine's own seed
+    assert post(a.url + "/generate", {"sampling_params": {}})[0] == 400  # neither input_ids nor text
+
+    group = {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3,
+             "group_name": "miles", "backend": "nccl"}
+    update = {"names": ["a.w", "b.w"], "dtypes": ["bfloat16", "float32"], "shapes": [[2, 3], [4]],
+              "group_name": "miles", "flush_cache": False, "weight_version": "3"}
+    assert post(a.url + "/update_weights_from_distributed", update) == (
+        400, {"success": False, "message": "Group miles not in the update groups"})  # no group yet
+    assert post(a.url + "/init_weights_update_group", group)[1]["success"] is True
+    assert post(a.url + "/pause_generation", {"mode": "retract"})[1]["status"] == "ok"
+    assert post(a.url + "/update_weights_from_distributed", {**update, "shapes": [[2, 3]]})[0] == 400
+    assert post(a.url + "/update_weights_from_distributed", update)[1]["success"] is True
+    assert post(a.url + "/continue_generation", {})[1]["status"] == "ok"
+    assert get(a.url + "/model_info")[1]["weight_version"] == "3"
+    assert post(a.url + "/generate", ask)[1]["meta_info"]["weight_version"] == "3"
+    assert post(a.url + "/update_weight_version", {"new_version": "4"})[1]["new_version"] == "4"
+    assert get(a.url + "/model_info")[1]["weight_version"] == "4"
+    assert post(a.url + "/init_weights_update_group", {"master_address": "x"})[0] == 422  # FastAPI's: fields missing
+    assert post(a.url + "/pause_generation", {"mode": "sometimes"})[0] == 422
+    assert post(a.url + "/destroy_weights_update_group", {"group_name": "miles"})[1]["success"] is True
+    assert post(a.url + "/destroy_weights_update_group", {"group_name": "miles"})[0] == 400
+    calls = [json.loads(line)["path"] for line in (tmp_path / "record" / f"{a.port}-calls.jsonl").read_text().splitlines()]
+    assert calls[:3] == ["/update_weights_from_distributed", "/init_weights_update_group", "/pause_generation"]
 
 
 def test_standin_refuses_a_flag_sglang_does_not_have(tmp_path: Path) -> None:
