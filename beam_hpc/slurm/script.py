@@ -156,7 +156,9 @@ def render_batch(job: BatchJob) -> str:
             lines.append(f"# {job.labels[i]}")
         flags = (job.job_flags() if i == 0 else []) + comp.sbatch_flags() + list(job.site.sbatch_extra)
         lines.extend(directive(f) for f in flags)
-    lines += ["", "set -eo pipefail", *site_lines(job.site), *job.body]
+    # sbatch (22.05, checked on the local cluster) drops the empty lines of a heterogeneous job's
+    # script: writing none there makes the script on disk, and the dry run, the one Slurm keeps
+    lines += [*([""] if len(job.components) == 1 else []), "set -eo pipefail", *site_lines(job.site), *job.body]
     return "\n".join(lines) + "\n"
 
 

@@ -161,7 +161,12 @@ def make_het_sbatch_text(command: str, folder: str | Path,
             # waits for component 0 (same name) forever. Component 0's dependency already holds
             # back the whole hetjob (its components start together), so clear it here.
             extra.append(directive(sbatch_option("dependency", "")))
-    return "\n".join(lines[:end] + extra + lines[end:])
+    out = lines[:end] + extra + lines[end:]
+    if components:
+        # sbatch (22.05, checked on the local cluster) drops the empty lines of a heterogeneous
+        # job's script: without them, the text submitted (and a dry run's) is the one Slurm keeps
+        return "\n".join(line for line in out if line) + "\n"
+    return "\n".join(out)
 
 
 def submission_text(folder: str | Path, python: str, parameters: dict[str, tp.Any]) -> str:

@@ -41,12 +41,14 @@ def test_a_hetjob_has_job_flags_once_and_each_components_own_lines() -> None:
         "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gres=gpu:8", "#SBATCH --comment=x",
         "#SBATCH hetjob", "# second",
         "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=p", "#SBATCH --comment=x",
-        "",
+        # no empty line: sbatch drops a hetjob script's empty lines, so the script is what Slurm keeps
         "set -eo pipefail",
         # the site block: environment, then setup (which may define `module`), then module loads
         "export A=1", "export B='two words'", "source /etc/profile.d/modules.sh", "module load cuda/12.4",
         "exec python3 -m x",
     ]
+    one = BatchJob(name="j", time="1", output="o", components=job.components[:1], site=job.site, body=job.body)
+    assert "#SBATCH --comment=x\n\nset -eo pipefail\n" in render_batch(one)  # a plain job keeps its empty line
 
 
 def test_a_job_without_components_or_with_stray_labels_is_a_programming_error() -> None:
