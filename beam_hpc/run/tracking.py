@@ -174,27 +174,29 @@ def history(log: Path) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Fragment:
-    """One process's offline directory, as its transaction log tells: when its run record says it
-    started (None before the log's first flush) and whether it holds an exit record."""
+    """One process's offline directory, as its transaction log tells: the run id and start time of
+    its run record (None before the log's first flush) and whether it holds an exit record."""
 
     path: Path
     log: Path | None
     start: float | None
     exited: bool
+    run_id: str | None = None
 
 
 def read_fragment(d: Path) -> Fragment:
     log = transaction_log(d)
-    start, exited = None, False
+    start, exited, rid = None, False, None
     if log is not None and log.stat().st_size > 0:
         for r in read_records(log):
             if r.get("type") == "run" and start is None:
+                rid = r["run"].get("run_id")
                 stamp = str(r["run"].get("start_time", ""))
                 if stamp:
                     start = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
             elif r.get("type") == "exit":
                 exited = True
-    return Fragment(d, log, start, exited)
+    return Fragment(d, log, start, exited, rid)
 
 
 def _synced_marker(log: Path) -> Path:
@@ -216,11 +218,13 @@ def synced(run_dir: str | Path) -> dict[str, Any]:
 @dataclass(frozen=True)
 class SyncPlan:
     """What :func:`sync` would do now: the fragments to upload, by segment; the ended segments that
-    left nothing to upload; and what is left for later, each with the reason."""
+    left nothing to upload; what is left for later, each with the reason; and the fragments that
+    hold nothing W&B can replay (recorded as such, never uploaded)."""
 
     upload: dict[str, list[Fragment]]
     empty: list[str]
     later: list[tuple[str, str]]
+    no_record: list[str]  # fragments of ended segments whose log holds no run record: nothing to upload
 
     @property
     def fragments(self) -> list[Fragment]:
@@ -255,15 +259,14 @@ def plan_sync(run_dir: str | Path, segments: list[dict[str, Any]]) -> SyncPlan:
     record = synced(run_dir)
     upload: dict[str, list[Fragment]] = {}
     later: list[tuple[str, str]] = []
+    empties: list[str] = []
     open_segments: set[str] = set()
     for d in fragment_dirs(run_dir):
         if not d.name.startswith("offline-") or d.name in record["fragments"]:
             continue
         frag = read_fragment(d)
-        if frag.start is None:
-            later.append((d.name, "its transaction log has no run record yet"))
-            continue
-        rec = _segment_of(frag.start, segments)
+        # a log without a run record yet: placed by its directory's time (wandb makes it at init)
+        rec = _segment_of(frag.start if frag.start is not None else d.stat().st_mtime, segments)
         if rec is None:
             if frag.exited:
                 upload.setdefault(d.name, []).append(frag)  # no ledger: a group of its own
@@ -273,11 +276,16 @@ def plan_sync(run_dir: str | Path, segments: list[dict[str, Any]]) -> SyncPlan:
         if not _ended(rec, segments):
             open_segments.add(rec["segment"])
             later.append((d.name, f"segment {rec['segment']} is still running"))
-            continue
-        upload.setdefault(rec["segment"], []).append(frag)
+        elif frag.start is None:
+            # its process was killed before wandb first flushed the log (every 15 s offline): W&B's
+            # sync cannot replay a log without a run record, and one such file fails the whole call
+            # (wandb-core runsyncoperation.go: initAndPlan returns the first Init error)
+            empties.append(d.name)
+        else:
+            upload.setdefault(rec["segment"], []).append(frag)
     empty = [r["segment"] for r in segments if _ended(r, segments) and r["segment"] not in upload
              and r["segment"] not in record["segments"] and r["segment"] not in open_segments]
-    return SyncPlan(upload, empty, later)
+    return SyncPlan(upload, empty, later, empties)
 
 
 def sync(run_dir: str | Path, segments: list[dict[str, Any]], *, dry_run: bool = False,
@@ -309,8 +317,11 @@ def sync(run_dir: str | Path, segments: list[dict[str, Any]], *, dry_run: bool =
         for f in fs:
             record["fragments"][f.path.name] = {"segment": segment, "log": str(f.log)}
             echo(f"synced {f.path.name} (segment {segment})")
+    for name in plan.no_record:
+        record["fragments"][name] = {"segment": None, "log": None, "skipped": "no run record"}
+        echo(f"skipped {name}: its log holds no run record (its process was killed before wandb's first flush)")
     record["segments"] = [*record["segments"], *(s for s in [*plan.upload, *plan.empty] if s not in record["segments"])]
-    if plan.upload or plan.empty:
+    if plan.upload or plan.empty or plan.no_record:
         write_json_atomic(wandb_dir(run_dir) / SYNCED_FILE, record)
     return plan
 

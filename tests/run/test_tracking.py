@@ -259,3 +259,71 @@ def test_miles_own_init_takes_the_runs_id_from_the_launcher(tmp_path: Path) -> N
 def test_sync_refuses_a_run_without_wandb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sync", str(tmp_path)]) == 2
     assert "has no W&B files" in capsys.readouterr().err
+
+
+# -- Miles's writers: the stand-in's primary and two secondaries, the real wandb offline ----------------
+
+STANDIN = ROOT / "tests" / "support" / "standins" / "miles_standin"
+
+
+def miles_segment_argv(run: Path, num_rollout: int) -> tuple[list[str], dict[str, str]]:
+    """The Miles flags and driver environment beam-hpc builds for the seed's dedicated recipe with W&B
+    offline, placeholders filled, minus the checkpoint and TensorBoard flags (this test is about W&B),
+    and the environment the launcher adds (``WANDB_RUN_ID``: beam_hpc.backends.miles.launch)."""
+    from beam_hpc.backends.miles.launch import wandb_environment
+
+    cmd = driver_command(load_recipe(DEDICATED, ["tracking.wandb.project=beam-test", "tracking.wandb.mode=offline"]),
+                         SITE)
+    flags = list(cmd.argv[cmd.argv.index("train_async.py") + 1:])
+    for flag in ("--save", "--load", "--save-trigger-sentinel"):
+        i = flags.index(flag)
+        del flags[i:i + 2]
+    flags.remove("--use-tensorboard")
+    flags = [f.replace("{run_dir}", str(run)).replace("{num_rollout}", str(num_rollout)) for f in flags]
+    env = {k: v.replace("{run_dir}", str(run)) for k, v in cmd.env.items() if k.startswith("WANDB_")}
+    return flags, {**env, **wandb_environment(run, env)}
+
+
+@pytest.mark.slow  # two stand-in segments, three wandb processes each: ~40 s on 2 busy cores
+def test_miles_writes_three_fragments_a_segment_and_sync_takes_only_ended_segments(tmp_path: Path) -> None:
+    """The Miles stand-in's driver (primary) and its trainer and rollout-manager processes
+    (secondaries) each write a fragment of the run's one W&B id in every segment; the secondaries,
+    killed as Ray ends actors, leave no exit record. `beam-hpc sync --dry-run` (the real `wandb sync
+    --dry-run`) lists the ended segment's three fragments for one call and none of the open one's,
+    and status counts two segments."""
+    require_wandb()
+    from beam_hpc.run import ledger
+
+    run = tmp_path / "run"
+    env = {**os.environ, "WANDB_SILENT": "true", "PYTHONPATH": f"{STANDIN}{os.pathsep}{ROOT}",
+           "BEAM_STANDIN_ROLLOUT_S": "0.1",
+           # wandb writes an offline log every 15 s; a segment here lasts less, so the secondaries'
+           # logs would hold their header only when killed. A short interval stands for a long segment
+           "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL": "0.2"}
+    env.pop("WANDB_API_KEY", None)
+    for seg, num_rollout in ((1, 2), (2, 4)):
+        flags, wandb_env = miles_segment_argv(run, num_rollout)
+        ledger.append(run / "ledger.jsonl", ledger.start_record(
+            job_id=str(seg), restart=0, host="n", rollouts_at_start=0, num_rollout=num_rollout, resume=seg > 1,
+            walltime_s=600, lead_s=60))
+        subprocess.run([sys.executable, str(STANDIN / "train_async.py"), *flags], env={**env, **wandb_env},
+                       check=True, timeout=300)
+        if seg == 1:  # the second segment has no end line: it is still running
+            ledger.append(run / "ledger.jsonl", ledger.end_record(
+                job_id="1", restart=0, rollouts_at_end=2, reason="walltime", detail="", next_action="resubmit",
+                next_job_id="2", rollout_s=0.1, save_s=None))
+    rid = tracking.existing_run_id(run)
+    dirs = tracking.fragment_dirs(run)
+    assert len(dirs) == 6 and all(d.name.startswith("offline-run-") and rid in d.name for d in dirs), dirs
+    segs, _ = ledger.read_ledger(run / "ledger.jsonl")
+    assert tracking.summary(run, [r["segment"] for r in segs])["segments"] == 2  # not 6
+    said: list[str] = []
+    plan = tracking.sync(run, segs, dry_run=True, echo=said.append)  # as `beam-hpc sync --dry-run RUN`
+    ended = plan.upload["1-0"]
+    assert list(plan.upload) == ["1-0"] and [f.run_id for f in ended] == [rid] * 3  # three writers, one W&B run
+    assert sorted(f.exited for f in ended) == [False, False, True]  # the primary finished, the secondaries were killed
+    assert [why for _, why in plan.later] == ["segment 2-0 is still running"] * 3 and plan.no_record == []
+    # the real `wandb sync --dry-run` lists the ended segment's three fragments for one call
+    assert "Would sync 3 run(s)" in said[0], said
+    assert wandb_listing(said[0]) == sorted(f"{f.path.name}/run-{rid}.wandb" for f in ended)
+    assert not (run / "wandb" / "synced.json").exists()
