@@ -218,13 +218,15 @@ class Plan:
         if os.path.normpath(str(d["output_dir"])) != output_dir:
             problems.append(f"output_dir: {shorten(d['output_dir'])} but recipe.output_dir {shorten(recipe.output_dir)}; "
                             "the run directory is written twice in the plan: give both the same value")
-        if problems:
+        if [p for p in problems if not p.startswith("driver_argv:")]:  # the derived fields follow the edit
             raise InputError("\n".join(problems))
         made = make_plan(recipe, site, driver=driver, measured=facts.measured, tmp_disk=facts.declared())
         moved = recorded.get(OUTPUT_DIR_SHA) != made.inputs_sha[OUTPUT_DIR_SHA]
-        if moved:
-            made = replace(made, job_name=str(d["job_name"]))
-        problems = edited_derived(d, made, moved=moved)
+        if moved:  # the job name stays the header's, and the record of the rendered directory stays, so
+            # that the plan.json the job writes from this plan loads the same way again
+            made = replace(made, job_name=str(d["job_name"]),
+                           inputs_sha={**made.inputs_sha, OUTPUT_DIR_SHA: str(recorded.get(OUTPUT_DIR_SHA))})
+        problems += edited_derived(d, made, moved=moved)  # no derived field comes from the driver command
         if problems:
             raise InputError("\n".join(problems))
         return made

@@ -224,12 +224,15 @@ def test_a_plan_without_its_record_or_of_another_version_is_refused() -> None:
 @pytest.mark.parametrize("name", [*SEED, "tiny"])
 def test_the_run_directory_and_the_total_may_be_edited_and_are_honoured_everywhere(name: str) -> None:
     """The loaded plan is the plan a fresh render with the new values makes (the job name aside:
-    it is the script header's --job-name); the driver runs in the new directory."""
+    it is the script header's --job-name, and so is the record of the directory it was rendered
+    for, which keeps it so); the driver runs in the new directory."""
     plan = plan_for(recipe(name), example_site())
     new = "/elsewhere/runs/moved/"
     loaded = Plan.from_dict(edited(plan, ("output_dir", new), ("recipe.output_dir", new), ("recipe.num_rollout", 7)))
     fresh = plan_for(recipe(name, f"output_dir={new}", "num_rollout=7"), example_site())
-    assert loaded == replace(fresh, job_name=plan.job_name)
+    rendered_dir = {**fresh.inputs_sha, "output_dir": plan.inputs_sha["output_dir"]}
+    assert loaded == replace(fresh, job_name=plan.job_name, inputs_sha=rendered_dir)
+    assert Plan.from_dict(json.loads(loaded.to_json())) == loaded  # the plan.json the job writes loads again
     assert loaded.output_dir == "/elsewhere/runs/moved" and loaded.run_id == run_id_for(new) != plan.run_id
     assert fill(loaded.nvme.job_dir, job_id="9") == f"{loaded.nvme.root}/{loaded.run_id}/9"
     values = {**dict.fromkeys(PLACEHOLDERS, "x"), "run_dir": loaded.output_dir}  # what the job fills in
