@@ -5,6 +5,8 @@ three driver processes of one run logging every rollout and evaluation once to o
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -327,3 +329,55 @@ def test_miles_writes_three_fragments_a_segment_and_sync_takes_only_ended_segmen
     assert "Would sync 3 run(s)" in said[0], said
     assert wandb_listing(said[0]) == sorted(f"{f.path.name}/run-{rid}.wandb" for f in ended)
     assert not (run / "wandb" / "synced.json").exists()
+
+
+def _standin_wandb():
+    spec = importlib.util.spec_from_file_location("standin_wandb", STANDIN / "standin_wandb.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_the_standin_inits_wandb_as_miles_does(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """miles-rl's own init_wandb_primary and init_wandb_secondary, given the flags beam-hpc emits,
+    and the stand-in's inits pass wandb.init the same arguments and settings. Online that is W&B's
+    shared mode: the primary (x_primary) owns the run's state, and no secondary marks it finished
+    (x_update_finish_state=False)."""
+    require_wandb()
+    from real_miles import require_miles
+
+    require_miles()
+    import wandb
+    from miles.utils.tracking_utils import wandb_utils
+
+    calls: list[dict] = []
+    monkeypatch.setattr(wandb, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(wandb, "define_metric", lambda *a, **kw: None)
+    monkeypatch.setattr(wandb, "login", lambda **kw: None)
+    monkeypatch.setattr(wandb, "run", argparse.Namespace(id="beam-0123456789ab"))
+    monkeypatch.setenv("WANDB_MODE", mode)  # Miles's inits set it; the monkeypatch undoes it
+    flags, _ = miles_segment_argv(tmp_path / "run", 1)
+    flags[flags.index("--wandb-mode") + 1] = mode
+    standin = _standin_wandb()
+    ours = standin.parse(flags)
+    miles_args = argparse.Namespace(**vars(ours), env_report=None)
+    wandb_utils.init_wandb_primary(miles_args)
+    wandb_utils.init_wandb_secondary(miles_args)
+    ours.wandb_run_id = miles_args.wandb_run_id
+    miles_primary, miles_secondary = calls
+    for theirs, mine in ((miles_primary, standin.primary_init_kwargs(ours)),
+                         (miles_secondary, standin.secondary_init_kwargs(ours))):
+        assert set(theirs) == set(mine)
+        assert {k: v for k, v in theirs.items() if k not in ("settings", "config")} == \
+            {k: v for k, v in mine.items() if k not in ("settings", "config")}
+        for field in ("mode", "x_primary", "x_update_finish_state"):
+            assert getattr(theirs["settings"], field) == getattr(mine["settings"], field), field
+    assert miles_secondary["id"] == "beam-0123456789ab" and miles_secondary["resume"] == "allow"
+    assert miles_secondary["reinit"] is True and miles_primary["dir"] == miles_secondary["dir"]
+    primary, secondary = miles_primary["settings"], miles_secondary["settings"]
+    if mode == "online":
+        assert (primary.mode, primary.x_primary, primary.x_update_finish_state) == ("shared", True, True)
+        assert (secondary.mode, secondary.x_primary, secondary.x_update_finish_state) == ("shared", False, False)
+    else:
+        assert primary.mode == secondary.mode == "offline"
