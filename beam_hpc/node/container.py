@@ -4,14 +4,26 @@
 driver and readiness poller) in ``apptainer exec --nv --bind ...`` (:func:`container_command`);
 never ``--contain[all]``/``--compat`` (Ray needs the host's /tmp and /dev/shm) nor ``--cleanenv``;
 the job's variables also go as ``APPTAINERENV_<NAME>`` so the image's values cannot win.
-``pyxis`` (NVIDIA/pyxis 0.24.0, ``args.c`` at 1075199): Slurm puts the container around the task.
-The launcher adds :func:`srun_options` to each node step's srun (image, the mounts Apptainer binds,
-a per-job container name, workdir, no home), so the node step starts Ray unwrapped
-(:func:`node_step_command`); a batch-host process becomes a one-task ``srun --overlap`` step in a
-container of its own name (pyxis does not serialise two steps creating one name). pyxis passes the
-task's environment in, the image's values first except for ``--container-env``'s names.
-``host`` runs the command as it is. In the tests a SPANK stand-in takes pyxis's options and runs the
-task WITHOUT a container (tests/support/standins/spank/pyxis_standin.c): that is where the seam ends.
+``pyxis`` (NVIDIA/pyxis 0.24.0 at 1075199: ``args.c``, ``pyxis_slurmstepd.c``; enroot at 8ea147d):
+Slurm puts the container around the task. The launcher adds :func:`srun_options` to each node step's
+srun (image, mounts, a per-job container name, workdir, no home), so the node step starts Ray
+unwrapped (:func:`node_step_command`); a batch-host process becomes a one-task ``srun --overlap`` step
+in a container of its own name (pyxis does not serialise two steps creating one name).
+
+Why the host's /tmp is among every pyxis container's mounts: enroot mounts a fresh tmpfs on /tmp in
+each container (``conf/mounts/10-system.fstab``), and Ray's temp dir, with the Unix sockets through
+which the driver's ``ray.init`` reaches the head node's raylet, lives under /tmp (ray_node.TEMP_ROOT).
+The node step and the batch host's driver are different containers, so without the mount the driver
+finds no socket. Joining the node step's named container instead would depend on which step creates
+it first (pyxis joins a RUNNING container and then ignores the joiner's mounts) and fails while the
+node step is not up yet; the host's /tmp exists on every node before any step starts, which a
+per-job directory would not, and it is what Apptainer binds by default.
+
+pyxis passes the task's environment in, the image's values first except for ``--container-env``'s
+names, and sets RANK/LOCAL_RANK per task for PyTorch images: a batch-host step unsets those
+(ray_node.TASK_RANK_NAMES) before the driver or the poller starts. ``host`` runs the command as it
+is. In the tests a SPANK stand-in does what pyxis and enroot do to the task's mount namespace and
+environment, on the host's own filesystem (tests/support/standins/spank/pyxis_standin.c).
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError, RuntimeFailure
+from beam_hpc.node.ray_node import TASK_RANK_NAMES, TEMP_ROOT
 from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.environment import SlurmEnvironment
 
@@ -126,13 +139,20 @@ def srun_options(site: Site, *, job_id: str, binds: Sequence[str], workdir: str,
     if spec.runtime != "pyxis":
         return []
     opts = [f"{PYXIS_IMAGE}={spec.image}",
-            "--container-mounts=" + ",".join(pyxis_mount(m) for m in _mounts(site, binds)),
+            "--container-mounts=" + ",".join(pyxis_mount(m) for m in pyxis_mounts(site, binds)),
             f"--container-name={name or container_name(job_id)}",
             f"--container-workdir={workdir}",
             "--container-mount-home" if spec.mount_home else "--no-container-mount-home"]
     if env_names:
         opts.append("--container-env=" + ",".join(sorted(env_names)))
     return opts
+
+
+def pyxis_mounts(site: Site, binds: Sequence[str]) -> list[str]:
+    """What a pyxis container of the job mounts: what Apptainer binds (:func:`_mounts`) and the
+    host's /tmp, where Ray's sockets are (why: this module's docstring). /tmp comes first: a mount
+    lands on what the earlier ones made, so a later one below /tmp is not hidden by it."""
+    return _dedupe([TEMP_ROOT, *_mounts(site, binds)])
 
 
 def pyxis_mount(bind: str) -> str:
@@ -151,13 +171,16 @@ def _pyxis_batch_step(site: Site, argv: Sequence[str], env: Mapping[str, str], b
     if not slurm.job_id:
         raise ContainerError("container.runtime: pyxis starts containers through srun, inside a Slurm job "
                              "only; run this in the job (or use a site with runtime apptainer or host here)")
-    mounts = _mounts(site, binds)
+    mounts = pyxis_mounts(site, binds)
     cwd = os.getcwd()
     workdir = cwd if any(_inside(cwd, m) for m in map(_plain_source, mounts) if m) else (binds[0] if binds else "/")
     cmd = ["srun", "--overlap", f"--jobid={slurm.job_id}", *(["--het-group=0"] if slurm.het_size > 1 else []),
            "--nodes=1", "--ntasks=1", "--relative=0", "--mpi=none", "--kill-on-bad-exit=1",
            *srun_options(site, job_id=slurm.job_id, binds=binds, workdir=workdir, env_names=list(env),
                          name=container_name(slurm.job_id) + BATCH_NAME_SUFFIX)]
+    # pyxis sets RANK and LOCAL_RANK inside the task (after this command line is built) when the image
+    # has PYTORCH_VERSION: the driver, and the process groups a backend starts, must not read them
+    cmd += ["env", *(a for n in TASK_RANK_NAMES for a in ("-u", n))]
     # srun is a Slurm client here: the callers' environment has no SLURM_* variables; it gets back the
     # one slurm_env_free keeps (SLURM_CONF: the cluster to ask), and --jobid names the job
     full_env.update((k, v) for k, v in slurm_client.slurm_env_free().items() if k.startswith("SLURM_"))
@@ -255,3 +278,9 @@ def _plain_source(bind: str) -> str | None:
 
 def _inside(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def inside(path: str, mount: str) -> bool:
+    """Whether host ``path`` is seen at the same place inside a container that has ``mount``."""
+    src = _plain_source(mount)
+    return src is not None and _inside(path, src)

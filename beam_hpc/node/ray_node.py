@@ -8,7 +8,8 @@ Why each choice:
 - Token authentication: one random token per job (0600, in a 0700 directory on the run
   directory), ``RAY_AUTH_MODE=token`` set explicitly in every process, so that a stray
   ``~/.ray/auth_token`` or a changed Ray default cannot make processes of one job disagree.
-- The srun task's PMI/MPI/Slurm variables are cleared for Ray and all it spawns.
+- The srun task's PMI/MPI/Slurm variables, and the ranks a container runtime sets per task (pyxis's
+  RANK and LOCAL_RANK), are cleared for Ray and all it spawns.
 - Simulated nodes on one host use 127.0.0.(10 + index): Ray rewrites 127.0.0.1.
 
 This module imports no Ray code: it only builds command lines and checks the node.
@@ -42,7 +43,10 @@ LOOPBACK_MAX_NODES = 16  # Ray nodes of one job sharing a host; also the per-job
 SOCKET_PATH_MAX = 107  # AF_UNIX sun_path limit (108 bytes with the NUL)
 # The longest socket path Ray creates below its temp dir (session dir name with a 7-digit pid).
 RAY_SOCKET_SUFFIX = "/session_2026-12-02_16-53-50_123456_1234567/sockets/plasma_store"
-TEMP_ROOT = "/tmp"  # node-local, and bound into the container by Apptainer by default
+# Node-local. Apptainer binds the host's /tmp by default; under pyxis, enroot gives each container a fresh
+# tmpfs there, so the launcher mounts the host's /tmp into every container of the job
+# (beam_hpc.node.container.srun_options): Ray's Unix sockets below it must reach the batch host's driver.
+TEMP_ROOT = "/tmp"
 RAYLET_START_WAIT_S = 180
 MIN_OBJECT_STORE_BYTES = 78_643_200  # Ray refuses less than 75 MiB
 GB = 10**9
@@ -53,7 +57,13 @@ NODE_TAG_VAR = "BEAM_RAY_NODE"
 # the srun task, and libraries that read them (MPI, Lightning, torch.distributed) would otherwise take
 # a Ray worker for rank N of a Slurm step.
 CLEARED_PREFIXES = ("SLURM_", "SLURMD_", "PMI_", "PMIX_", "OMPI_", "MPI_", "I_MPI_", "HYDRA_", "MV2_")
-CLEARED_NAMES = frozenset({"PMI_RANK", "PMI_SIZE", "RAY_ADDRESS", "RAY_AUTH_TOKEN"})
+# What a container runtime sets per srun task for torch.distributed's env:// rendezvous: pyxis sets RANK
+# and LOCAL_RANK from SLURM_PROCID/SLURM_LOCALID when the image has PYTORCH_VERSION (NGC images;
+# NVIDIA/pyxis 1075199, pyxis_slurmstepd.c pytorch_setup), enroot's optional hook adds MASTER_ADDR,
+# MASTER_PORT and WORLD_SIZE (NVIDIA/enroot 8ea147d, conf/hooks/extra/50-slurm-pytorch.sh). A Ray
+# worker or a backend's process group that read them would take itself for rank N of the srun step.
+TASK_RANK_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+CLEARED_NAMES = frozenset({"PMI_RANK", "PMI_SIZE", "RAY_ADDRESS", "RAY_AUTH_TOKEN", *TASK_RANK_NAMES})
 
 
 class RayNodeError(RuntimeFailure):

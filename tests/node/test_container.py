@@ -9,30 +9,36 @@ options we use and applies the documented environment rules before exec'ing the 
 Contract:
   C1  ``apptainer exec [options] IMAGE COMMAND [ARGS...]``.
   C2  ``--nv`` makes the host's NVIDIA driver and devices available.
-  C3  ``--bind src[:dest[:opts]]`` (repeatable) mounts host paths; Ray needs /dev/shm, the run
-      directory and node-local scratch inside.
+  C3  By default Apptainer binds the user's $HOME, the current directory, /tmp and /var/tmp from the
+      host (apptainer/apptainer 917d665, internal/pkg/runtime/engine/apptainer/container_linux.go:
+      addTmpMount, addHomeMount, createCwdDir); ``--bind src[:dest[:opts]]`` (repeatable) mounts
+      more. Ray needs /dev/shm, /tmp (its sockets), the run directory and node-local scratch inside.
   C4  The host environment is passed in, but image-defined variables win over host variables of
       the same name; ``APPTAINERENV_X=v`` sets X=v inside, over the image's value.
-  C5  ``--contain``, ``--containall``, ``--compat`` give a private /tmp and minimal /dev (Ray's
-      sockets and object store break); ``--cleanenv`` drops host variables (token, Ray mode).
+  C5  ``--contain``, ``--containall``, ``--compat`` give an empty /tmp and $HOME and no cwd (Ray's
+      sockets and the run directory are gone); ``--cleanenv`` drops host variables (token, Ray mode).
 
-pyxis's contract (NVIDIA/pyxis 0.24.0: README "Usage", the option table in args.c at 1075199):
+pyxis's contract (NVIDIA/pyxis 0.24.0 at 1075199: README "Usage", args.c, pyxis_slurmstepd.c; enroot
+at 8ea147d, conf/mounts/10-system.fstab):
   P1  ``srun [options] --container-image=IMAGE COMMAND``: IMAGE is ``[USER@][REGISTRY#]IMAGE[:TAG]``
       (an enroot URI without scheme) or a squashfs path (starts with / or .).
   P2  ``--container-mounts=SRC:DST[:FLAGS][,SRC:DST...]``: mounts separated by commas, a mount's
-      flags by "+" (pyxis turns them into enroot's commas); DST defaults to SRC.
-  P3  ``--container-name=NAME``: a named container is kept on the node and reused by later steps
-      of that name (import skipped); unnamed ones go with the task.
+      flags by "+" (pyxis turns them into enroot's commas); DST defaults to SRC. enroot mounts a
+      fresh tmpfs on /tmp in every container, so the host's /tmp is there only when mounted.
+  P3  ``--container-name=NAME``: a named container is kept on the node; a later step of that name
+      joins it while it runs (its own mounts ignored), else starts it afresh (a new /tmp).
   P4  ``--container-workdir=PATH``; ``--[no-]container-mount-home``.
   P5  The task's environment goes in, the image's values winning; ``--container-env=NAME[,...]``
-      keeps the host's value of those names.
+      keeps the host's value of those names. RANK/LOCAL_RANK are set per task for PyTorch images.
 The same options on the real local Slurm cluster, through a SPANK stand-in: tests/node/test_pyxis_slurm.py.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,6 +47,7 @@ from fake_apptainer import install_fake_apptainer
 from beam_hpc.config.site import Site
 from beam_hpc.node import container
 from beam_hpc.node.container import ContainerError, container_command
+from beam_hpc.node.ray_node import TASK_RANK_NAMES, TEMP_ROOT
 
 FORBIDDEN = {"--contain", "--containall", "-C", "-c", "--compat", "--cleanenv", "-e"}
 
@@ -115,26 +122,49 @@ def _option(opts: list[str], name: str) -> str | None:
     return values[0] if values else None
 
 
-def test_pyxis_srun_options_mount_what_apptainer_binds(tmp_path):
-    """P1-P4: the image, every path Apptainer would bind for the same call (flags joined by "+"),
-    the job's container name, the working directory, and no home unless the site asks."""
+def test_pyxis_srun_options_mount_the_hosts_tmp_first_and_what_apptainer_binds(tmp_path):
+    """P1-P4: the image, the host's /tmp first (enroot's own /tmp is empty: P2), then every path
+    Apptainer binds that /tmp does not already hold (flags joined by "+"), the job's container name,
+    the working directory, and no home unless the site asks."""
     site = _site("pyxis", tmp_path)
     run_dir = str(tmp_path / "run")
-    opts = container.srun_options(site, job_id="42", binds=[run_dir], workdir=run_dir)
+    opts = container.srun_options(site, job_id="42", binds=[run_dir, "/opt/models"], workdir=run_dir)
     assert _option(opts, "--container-image") == site.container.image  # P1
     assert _option(opts, "--container-name") == "beam-42" and _option(opts, "--container-workdir") == run_dir
     assert "--no-container-mount-home" in opts and "--container-mount-home" not in opts
     assert _option(opts, "--container-env") is None  # a node step's own variables: pyxis's rule (P5)
     mounts = _option(opts, "--container-mounts").split(",")  # P2
-    shared = str(tmp_path / "shared")
-    assert mounts == [f"{shared}:{shared}", f"{shared}:/data:ro", f"{tmp_path / 'scratch'}:{tmp_path / 'scratch'}",
-                      "/dev/shm:/dev/shm", f"{run_dir}:{run_dir}"]
-    apptainer = container_command(_site("apptainer", tmp_path), ["true"], {}, [run_dir])
-    binds = [apptainer.argv[i + 1] for i, a in enumerate(apptainer.argv) if a == "--bind"]
-    assert [container.pyxis_mount(b) for b in binds] == mounts  # the same paths, in the same order
+    shared = str(tmp_path / "shared")  # under /tmp here: the host's /tmp already holds it
+    assert mounts == ["/tmp:/tmp", f"{shared}:/data:ro", "/dev/shm:/dev/shm", "/opt/models:/opt/models"]
     assert container.pyxis_mount("/a:/b:ro,nosuid") == "/a:/b:ro+nosuid" and container.pyxis_mount("/a") == "/a:/a"
     asked = _site("pyxis", tmp_path, container={"mount_home": True})
     assert "--container-mount-home" in container.srun_options(asked, job_id="42", binds=[], workdir="/")
+
+
+def test_inside_each_container_the_driver_and_ray_find_their_paths(tmp_path):
+    """C3 through the Apptainer stand-in (its default binds), and the host runtime: a process
+    started by container_command sees the run directory, the token, the scratch, /dev/shm and the
+    node's /tmp (where a `ray start` outside it left its sockets: a marker stands for them). The
+    same probe under --containall (C5) does not: the check can fail."""
+    bin_dir = install_fake_apptainer(tmp_path / "bin")
+    run_dir = tmp_path / "run"
+    token_dir = run_dir / ".ray-auth" / "7-0"
+    token_dir.mkdir(parents=True)
+    sockets = Path(tempfile.mkdtemp(prefix="beam-probe-", dir=TEMP_ROOT))  # Ray's temp dir: on the node's /tmp
+    try:
+        (sockets / "raylet").write_text("")
+        needed = [str(run_dir), str(token_dir), str(tmp_path / "scratch"), "/dev/shm", str(sockets / "raylet")]
+        probe = f"import os, sys; missing = [p for p in {needed!r} if not os.path.exists(p)]; sys.exit(str(missing) if missing else None)"
+        for runtime in ("host", "apptainer"):
+            cmd = container_command(_site(runtime, tmp_path), [sys.executable, "-c", probe], {"BEAM_RAY_JOB": "r.7.0"},
+                                    [str(run_dir)], base={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)})
+            out = subprocess.run(cmd.argv, env=cmd.env, capture_output=True, text=True, check=False, cwd=run_dir)
+            assert out.returncode == 0, (runtime, out.stderr)
+            contained = [*cmd.argv[:3], "--containall", *cmd.argv[3:]] if runtime == "apptainer" else None
+        out = subprocess.run(contained, env=cmd.env, capture_output=True, text=True, check=False, cwd=run_dir)
+        assert out.returncode == 1 and out.stderr.strip() == str([str(sockets / "raylet")]), out.stderr  # binds stay
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 @pytest.mark.parametrize("runtime", ["host", "apptainer"])
@@ -172,13 +202,19 @@ def test_a_batch_host_process_under_pyxis_is_a_one_task_srun_step_on_this_node(t
     cut = cmd.argv.index("python3")
     srun, argv = cmd.argv[:cut], cmd.argv[cut:]
     assert argv == ["python3", "-m", "beam_hpc.job.readiness"]
+    unset = srun.index("env")  # pyxis's per-task ranks (P5) are unset inside, before Python starts
+    srun, unsets = srun[:unset], srun[unset + 1:]
+    assert unsets == [a for n in TASK_RANK_NAMES for a in ("-u", n)]
+    done = subprocess.run(["env", *unsets, "sh", "-c", "echo ${RANK-unset}${LOCAL_RANK-unset}"],
+                          env={"RANK": "3", "LOCAL_RANK": "1", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert done.stdout.strip() == "unsetunset", done
     assert srun[:2] == ["srun", "--overlap"] and {"--jobid=7", "--het-group=0", "--nodes=1", "--ntasks=1",
                                                   "--relative=0"} <= set(srun)
     assert srun[srun.index("--kill-on-bad-exit=1") + 1:] == container.srun_options(
         site, job_id="7", binds=[run_dir], workdir=str(tmp_path / "shared"), env_names=["B", "RAY_AUTH_MODE"],
         name="beam-7-batch")
     assert cmd.env == {"PATH": "/bin", "RAY_AUTH_MODE": "token", "B": "1", "SLURM_CONF": "/etc/x/slurm.conf"}
-    monkeypatch.chdir(tmp_path)  # not mounted: the caller's first path (the run directory) instead
+    monkeypatch.chdir("/")  # not mounted: the caller's first path (the run directory) instead
     outside = container_command(site, ["true"], {}, [run_dir], base={})
     assert f"--container-workdir={run_dir}" in outside.argv
 

@@ -182,7 +182,10 @@ def test_object_store_must_fit_dev_shm_and_ray_minimum():
 def test_env_drops_launcher_variables_and_sets_token_mode_explicitly(tmp_path):
     base = {"PATH": "/bin", "SLURM_PROCID": "3", "SLURM_STEP_ID": "1", "PMI_RANK": "3", "PMIX_RANK": "3",
             "OMPI_COMM_WORLD_RANK": "3", "RAY_AUTH_TOKEN": "stale", "RAY_ADDRESS": "elsewhere:6379",
-            "CUDA_VISIBLE_DEVICES": "0,1"}
+            "CUDA_VISIBLE_DEVICES": "0,1",
+            # pyxis sets these per task in a PyTorch image, enroot's optional hook the rest: torch.distributed
+            # in a Ray worker would take itself for rank 3 of the srun step
+            "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "n1", "MASTER_PORT": "61000"}
     cleaned = clean_env(base)
     assert cleaned == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1"}
     env = ray_env(token_path=str(tmp_path / "token"), job_tag="run.7.0", node_index=2)
