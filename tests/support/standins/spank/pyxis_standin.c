@@ -351,17 +351,21 @@ static int write_container(int state_fd, const struct container *c)
 	return renameat(state_fd, tmp, state_fd, c->key);
 }
 
-/* Mount `src_fd` (a path opened O_PATH before /tmp was covered) at `dst`, read-only when the
- * mount's flags (joined by +) hold "ro". */
-static int bind_at(int src_fd, const char *dst, const char *flags)
+/* A detached copy of the mount tree at `path` (open_tree): what a bind of it shows, taken before /tmp
+ * is covered (a bind made later would carry the new tmpfs along where it covers the source). */
+static int clone_tree(const char *path)
 {
-	char src[64];
+	return open_tree(AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+}
+
+/* Attach `tree_fd` (clone_tree) at `dst`, read-only when the mount's flags (joined by +) hold "ro". */
+static int bind_at(int tree_fd, const char *dst, const char *flags)
+{
 	struct stat st;
 
-	if (fstat(src_fd, &st) != 0 || (under_tmp(dst) && make_path(dst, !S_ISDIR(st.st_mode)) != 0))
+	if (fstat(tree_fd, &st) != 0 || (under_tmp(dst) && make_path(dst, !S_ISDIR(st.st_mode)) != 0))
 		return -1;
-	snprintf(src, sizeof(src), "/proc/self/fd/%d", src_fd);
-	if (mount(src, dst, NULL, MS_BIND | MS_REC, NULL) != 0)
+	if (move_mount(tree_fd, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH) != 0)
 		return -1;
 	if (flags != NULL) {
 		char copy[256], *rest = copy, *flag;
@@ -388,8 +392,7 @@ static int start_container(char **unmounted, int *n_unmounted)
 		slurm_error("pyxis stand-in: cannot make the container's mount namespace: %s", strerror(errno));
 		goto out;
 	}
-	/* The sources, opened in the new namespace before its /tmp is covered: a bind may take a path of
-	 * this namespace only, and an over-mounted one stays reachable through its descriptor. */
+	/* The sources, cloned in the new namespace before its /tmp is covered. */
 	for (int i = 0; i < n_mounts; ++i) {
 		char src[PATH_MAX];
 		size_t len = strcspn(mounts[i], ":");
@@ -397,7 +400,7 @@ static int start_container(char **unmounted, int *n_unmounted)
 		snprintf(src, sizeof(src), "%.*s", (int)len, mounts[i]);
 		if (strcmp(src, "tmpfs") == 0 || strcmp(src, "umount") == 0)
 			continue;
-		src_fds[i] = open(src, O_PATH | O_CLOEXEC);
+		src_fds[i] = clone_tree(src);
 		if (src_fds[i] < 0) {
 			slurm_error("pyxis: mount source %s: %s", src, strerror(errno));
 			goto out;
@@ -405,7 +408,7 @@ static int start_container(char **unmounted, int *n_unmounted)
 	}
 	snprintf(files, sizeof(files), "%s", image_files);
 	while ((path = strsep(&rest, ":")) != NULL && n_files < MAX_ITEMS) {
-		if (*path == '\0' || !under_tmp(path) || (file_fds[n_files] = open(path, O_PATH | O_CLOEXEC)) < 0)
+		if (*path == '\0' || !under_tmp(path) || (file_fds[n_files] = clone_tree(path)) < 0)
 			continue;
 		file_paths[n_files++] = path;
 	}
