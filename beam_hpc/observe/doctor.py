@@ -18,6 +18,7 @@ import os
 import secrets
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,6 +82,7 @@ def login_checks(site: Site, *, output_dir: str | None = None, recipe: Recipe | 
     checks = _slurm_checks(site, recipe)
     checks += _account_check(site)
     checks += _container_checks(site)
+    checks += wandb_key_checks(site, recipe, os.environ)
     checks.append(_python_check(site.python))  # the batch shell's interpreter, outside any container
     checks += _shared_path_checks(site, output_dir)
     from beam_hpc.node.warm_start import doctor_facts  # warm restarts: image copy, JIT caches
@@ -246,6 +248,41 @@ def _container_checks(site: Site) -> list[Check]:
     else:
         checks.append(Check("image", "pass", f"{image} ({image.stat().st_size / 1e9:.1f} GB)"))
     return checks
+
+
+def wandb_key_checks(site: Site, recipe: Recipe | None, environ: Mapping[str, str]) -> list[Check]:
+    """Where the jobs' W&B key comes from inside their container. wandb reads WANDB_API_KEY, else
+    the netrc (NETRC, default ~/.netrc). pyxis without ``container.mount_home`` starts each container
+    with --no-container-mount-home, and then a ~/.netrc of the login node is not there: the key must
+    come through the environment (pyxis passes the job's variables in; an image that sets the name
+    would win unless it is listed in --container-env) or a netrc on a path the container mounts.
+    With ``--recipe``, only a recipe that logs to W&B online is checked, and a hidden key fails;
+    without one, a hidden netrc is a warning and no key at all says nothing."""
+    from beam_hpc.run import tracking
+
+    if recipe is not None:
+        settings = tracking.settings_for(recipe, site)
+        if settings is None or settings.mode != "online":
+            return []
+    if environ.get("WANDB_API_KEY"):
+        how = " (pyxis passes the job's variables into the container)" if site.container.runtime == "pyxis" else ""
+        return [Check("wandb-key", "pass", f"WANDB_API_KEY is set: the jobs get it from the environment{how}")]
+    home = environ.get("HOME") or str(Path.home())
+    netrc = environ.get("NETRC") or str(Path(home) / ".netrc")
+    if not tracking.has_api_key(environ):
+        return [] if recipe is None else [Check(
+            "wandb-key", "fail", f"no W&B key: WANDB_API_KEY is not set and {netrc} has no entry for W&B",
+            "export WANDB_API_KEY before submitting, or run `wandb login`")]
+    hidden = site.container.runtime == "pyxis" and not site.container.mount_home and not any(
+        container.inside(netrc, m) for m in container.pyxis_mounts(site, []))
+    if not hidden:
+        return [Check("wandb-key", "pass", f"the W&B key is in {netrc}, which the jobs' containers see")]
+    return [Check("wandb-key", "fail" if recipe is not None else "warn",
+                  f"the W&B key is only in {netrc}: pyxis starts the containers with --no-container-mount-home "
+                  "(container.mount_home: false), so wandb inside them finds no key",
+                  "export WANDB_API_KEY before submitting (the job's environment reaches the container), or put "
+                  "the netrc on a path the containers mount and export NETRC=that path, or set "
+                  "container.mount_home: true")]
 
 
 def _python_check(python: str) -> Check:

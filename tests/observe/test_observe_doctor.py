@@ -10,6 +10,8 @@ cluster cannot give (TmpDisk unset everywhere) are judged as data by the same fu
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -140,3 +142,36 @@ def test_ports_check_names_a_port_that_is_taken(monkeypatch: pytest.MonkeyPatch)
         check = {c.name: c for c in node_checks(site)}["ray ports"]
     assert check.status == "fail" and f"{gcs} (gcs" in check.detail and "ray.gcs_port_base" in check.fix
     assert {c.name: c for c in node_checks(site)}["ray ports"].status == "pass"
+
+
+def test_doctor_says_where_the_wandb_key_comes_from_in_a_container_without_home(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """pyxis without container.mount_home starts the containers with --no-container-mount-home: a
+    ~/.netrc on the login node is not there. doctor fails that for a recipe logging to W&B online
+    (warns without a recipe) and passes WANDB_API_KEY in the environment, a netrc on a mounted
+    path (NETRC), or home mounted."""
+    home = Path(tempfile.mkdtemp(prefix="beam-home-", dir="/var/tmp"))  # not below /tmp: that is mounted
+    request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
+    (home / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password k" + "0" * 39 + "\n")
+    image = tmp_path / "beam.sqsh"
+    image.write_text("hsqs")
+
+    def site(**container: object) -> object:
+        return build_site(_broken_site(tmp_path, container={"runtime": "pyxis", "image": str(image), **container}))
+
+    recipe = build_recipe(ROOT / "recipes" / "tiny.yaml", overrides=["tracking.wandb.project=p"])
+    netrc_only = {"HOME": str(home)}
+    [hidden] = doctor.wandb_key_checks(site(), recipe, netrc_only)
+    assert hidden.status == "fail" and "--no-container-mount-home" in hidden.detail, hidden
+    assert str(home / ".netrc") in hidden.detail and "WANDB_API_KEY" in hidden.fix and "NETRC" in hidden.fix
+    assert doctor.wandb_key_checks(site(), None, netrc_only)[0].status == "warn"
+    assert doctor.wandb_key_checks(site(mount_home=True), recipe, netrc_only)[0].status == "pass"
+    [by_env] = doctor.wandb_key_checks(site(), recipe, {"HOME": str(tmp_path), "WANDB_API_KEY": "k"})
+    assert by_env.status == "pass" and "environment" in by_env.detail
+    mounted = tmp_path / "shared" / "netrc"  # a path the containers mount (a site bind)
+    mounted.parent.mkdir()
+    mounted.write_text((home / ".netrc").read_text())
+    on_mount = site(binds=[str(mounted.parent)])
+    assert doctor.wandb_key_checks(on_mount, recipe, {"HOME": str(home), "NETRC": str(mounted)})[0].status == "pass"
+    assert doctor.wandb_key_checks(site(), recipe.model_copy(update={"tracking": type(recipe.tracking)()}),
+                                   netrc_only) == []  # no W&B: nothing to say
