@@ -72,6 +72,14 @@ def test_field_reference_names_every_field() -> None:
     assert "| `quarantine_days` | number | `7.0` | &gt; `0` |" in site
 
 
+def test_readme_links_lead_to_files_of_the_repository() -> None:
+    """README is not part of the MkDocs site, so `mkdocs build --strict` does not check its links."""
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    assert links, "README.md links to no page of the guide"
+    missing = [link for link in links if "://" not in link and not (REPO / link).is_file()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
 def test_readme_test_command_is_the_one_ci_runs() -> None:
     _, tests, _ = _readme_blocks()
     assert tests == [_ci_phase("tests")], "README's test command and .ci/run's tests phase must be the same line"

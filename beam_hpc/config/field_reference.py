@@ -218,6 +218,7 @@ def render_all() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write every page (atomically: a reader sees the old page or the new one) and name each."""
     parser = argparse.ArgumentParser(prog="python -m beam_hpc.config.field_reference",
                                      description="write docs/reference/*.md from the recipe and site models")
     parser.add_argument("--out", default=str(OUT_DIR), help="directory to write the pages to (default: %(default)s)")
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in render_all().items():
         tmp = out / f".{name}.tmp"
         tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out / name)  # atomic: a reader sees the old page or the new one
+        tmp.replace(out / name)
         print(out / name)
     return 0
 
