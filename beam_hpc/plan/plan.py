@@ -200,7 +200,9 @@ class Plan:
         derives from it is derived again, but the job name, which the script's ``--job-name``
         carries, stays."""
         if d.get("version") != PLAN_VERSION:
-            raise InputError(f"plan.json version {d.get('version')} is not {PLAN_VERSION}; re-render the run")
+            raise InputError(f"plan.json version {d.get('version')} is not {PLAN_VERSION}; re-render the run (a script: "
+                             "beam-hpc render -o FILE; a run directory: move plan.json aside and submit the run "
+                             "again with --resume, which writes the plan anew)")
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
             raise InputError(f"{unknown[0]}: not a field of a plan; remove it, or render the script again "
