@@ -1,79 +1,70 @@
-"""The extra rollout job of a Miles run on the real local Slurm cluster: ``beam-hpc rollout add`` starts
-each node's SGLang engines (the stand-in server of tests/support/standins/sglang_standin, which accepts
-exactly the flags of SGLang's own parser, recorded in tests/support/fixtures/sglang-server-flags.txt)
-and registers them for the run; a segment starting then attaches them (``external_engines.attach``,
-what job.runner calls before the driver); ``rollout remove`` stops and deregisters them, and the job
-records its nodes' leave. The run itself is submitted (``beam-hpc submit``) to begin an hour later, so its
-job pends meanwhile, as a run waiting in the queue does. The chain that attaches such an engine: tests/backends/miles/test_miles_slurm.py.
+"""``beam-hpc rollout add`` on a Miles run: refused (exit 2) before Slurm is asked anything and before
+anything is written, with one line naming Miles's limitation and its code line.
+
+Why refused: Miles (radixark/miles@31f1ca961) starts no engine it did not launch itself. With
+``--rollout-external`` its placement gives the rollout an empty slice of the trainer's group
+(``miles/ray/placement_group.py:97-99``) and its server group indexes that slice for every engine
+(``miles/ray/rollout/server_group.py:90-91``), colocated or not; ``tests/backends/miles/
+test_miles_placement.py`` shows it on Ray, and miles-rl 0.0.2's real placement putting attached
+engines only on the trainer job's own GPUs. A segment of a Miles run that finds engines registered
+(by an older beam-hpc) leaves them out with the same line in its log: the Miles chain on the local
+Slurm cluster, ``tests/backends/miles/test_miles_slurm.py``.
+
+The run here is the one the Miles chain submits (``miles_run``), planned and written as ``submit``
+writes it; the command runs as a user runs it, in a process of its own, with the Slurm commands on
+its ``PATH`` replaced by ones that record being called and fail: none may be called.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-from collections.abc import Iterator
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from miles_run import local_site, miles_recipe
-from polling import poll_until
 
-from beam_hpc.backends.miles import external_engines as ee
-from beam_hpc.cli.app import main
-from beam_hpc.elastic import registry
-from beam_hpc.plan.paths import PLAN_FILE
-from beam_hpc.plan.plan import load_plan
+from beam_hpc.backends.registry import plan_for
+from beam_hpc.config.recipe import recipe_from_dict
+from beam_hpc.config.site import site_from_dict
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
-SGLANG_STANDIN = ROOT / "tests" / "support" / "standins" / "sglang_standin"
+SLURM_COMMANDS = ("sbatch", "squeue", "sinfo", "scontrol", "sacct", "scancel", "srun")
 
 
-@pytest.fixture
-def base(slurm_cluster) -> Iterator[Path]:  # type: ignore[no-untyped-def]
-    with slurm_cluster.scratch_runs("beam-em-") as root:
-        yield root
+def slurm_that_records(where: Path) -> tuple[Path, Path]:
+    """A directory of Slurm commands that append their argv to ``calls`` and exit 1."""
+    bin_dir, calls = where / "bin", where / "slurm-calls"
+    bin_dir.mkdir()
+    for name in SLURM_COMMANDS:
+        cmd = bin_dir / name
+        cmd.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\nexit 1\n')
+        cmd.chmod(0o755)
+    return bin_dir, calls
 
 
-def test_rollout_add_on_a_miles_run_registers_engines_a_segment_attaches_and_remove_takes_back(
-        base: Path, slurm_cluster, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
-    site = local_site()  # the Miles stand-in's env; the engines' image has SGLang: here, its stand-in
-    site["env"]["PYTHONPATH"] = os.pathsep.join([str(SGLANG_STANDIN), site["env"]["PYTHONPATH"]])
-    recipe_file, site_file, run_site_file = base / "recipe.yaml", base / "site.yaml", base / "run-site.yaml"
-    recipe_file.write_text(json.dumps(miles_recipe(base)))  # JSON is YAML
-    site_file.write_text(json.dumps(site))
-    # The run is submitted to start later (as a user who adds capacity before the run starts might):
-    # the run directory exists as `submit` leaves it, its job pends, and no segment runs meanwhile.
-    run_site_file.write_text(json.dumps({**site, "sbatch_extra": ["--begin=now+1hour"]}))
-    assert main(["submit", str(recipe_file), "--site", str(run_site_file), "--via", "sbatch"]) == 0
-    held = re.search(r"submitted job (\d+)", capsys.readouterr().out).group(1)  # type: ignore[union-attr]
-    assert set(slurm_cluster.run("squeue", "-h", "-j", held, "-o", "%T|%r").stdout.split()) == {"PENDING|BeginTime"}
-    try:
-        run = base / "run"
-        plan = load_plan(run / PLAN_FILE)
-
-        assert main(["rollout", "add", str(run), "--nodes", "1", "--time", "00:10:00", "--site", str(site_file)]) == 0
-        (job,) = [j.job_id for j in registry.extra_jobs(run)]
-        assert poll_until(lambda: ee.registered(run), 180), registry.read_events(registry.events_path(run, job))
-        (engine,) = ee.registered(run)
-        assert engine.job_id == str(job) and engine.tp == ee.gpus_per_engine(plan)
-        assert engine.port in ee.engine_ports(plan.site, int(job), 1)  # from the extra job's own band
-        assert poll_until(lambda: ee.healthy(engine, 0.5), 60), "the registered engine does not answer /health"
-        # what the next segment's driver gets: the run's Miles argv with the engine attached
-        argv = ee.attach(plan, [a.replace("{run_dir}", str(run)) for a in plan.driver_argv])
-        assert argv[argv.index("--rollout-external-engine-addrs") + 1] == engine.addr and "--use-fault-tolerance" in argv
-
-        assert main(["rollout", "remove", str(run)]) == 0
-        assert poll_until(lambda: not ee.registered(run), 120), "the engines were not deregistered"
-        assert poll_until(lambda: not ee.healthy(engine, 0.5), 60), "the engine still answers after the job left"
-
-        def left() -> list[dict]:
-            return [e for e in registry.read_events(registry.events_path(run, job)) if e["event"] == "left"]
-
-        assert poll_until(lambda: left() and "node" not in left()[-1], 120), registry.read_events(
-            registry.events_path(run, job))
-        assert {e.get("reason") for e in left() if "node" in e} == {"removed"}, left()
-    finally:
-        slurm_cluster.run("scancel", held)
+@pytest.mark.slow  # two CLI processes that plan a Miles run: about 5 s each
+@pytest.mark.parametrize("colocated", [False, True], ids=["dedicated", "colocated"])
+def test_rollout_add_on_a_miles_run_exits_2_naming_the_miles_line_and_asks_slurm_nothing(
+        tmp_path: Path, colocated: bool) -> None:
+    d = miles_recipe(tmp_path)
+    if colocated:
+        d["training"].update(colocated=True, async_training=False)
+        d["topology"] = {"trainer": {"nodes": 1, "gpus_per_node": 1}}
+    plan = plan_for(recipe_from_dict(d, "miles test recipe"), site_from_dict(local_site(), "local site"))
+    plan.write()  # the run directory as submit leaves it
+    run = Path(plan.output_dir)
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    bin_dir, calls = slurm_that_records(tmp_path)
+    env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]])}
+    done = subprocess.run([sys.executable, "-m", "beam_hpc.cli.app", "rollout", "add", str(run), "--nodes", "1"],
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    field = "training.colocated: true" if colocated else "backend: miles"
+    assert field in line and "Traceback" not in done.stderr
+    assert "miles/ray/placement_group.py:97-99" in line and "miles/ray/rollout/server_group.py:90-91" in line
+    assert not calls.exists(), calls.read_text()  # no Slurm command ran: nothing asked, nothing submitted
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # and nothing written
+    assert json.loads((run / "plan.json").read_text())["run_id"] == plan.run_id
