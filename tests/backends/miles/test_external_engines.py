@@ -356,6 +356,7 @@ def test_standin_generates_and_takes_the_weight_updates_miles_sends(standins: li
     assert post(a.url + "/pause_generation", {"mode": "sometimes"})[0] == 422
     assert post(a.url + "/destroy_weights_update_group", {"group_name": "miles"})[1]["success"] is True
     assert post(a.url + "/destroy_weights_update_group", {"group_name": "miles"})[0] == 400
+    assert get(a.url + "/release_memory_occupation") == (200, None)  # SGLang answers null
     calls = [json.loads(line)["path"] for line in (tmp_path / "record" / f"{a.port}-calls.jsonl").read_text().splitlines()]
     assert calls[:3] == ["/update_weights_from_distributed", "/init_weights_update_group", "/pause_generation"]
 
