@@ -97,6 +97,13 @@ def test_serve_computes_units_bit_for_bit_within_staleness_across_segments(tmp_p
                 mine.pop(k, None), r.pop(k, None)
             assert_bitwise_equal(mine, r, unit.key)  # every token, log-prob and reward the same
         assert len(got[0]["old_logp"]) == 8 and got[2]["old_logp"] == []
+        # the comparison above can fail: the same unit computed with the version before (version 1's
+        # weights, the same sampling seed) is not bit for bit the worker's result
+        before = own.generate_unit({**fresh[0].to_json(), "version": fresh[0].version - 1})
+        for k in ("generate_time_s", "served_by", "version"):
+            before.pop(k, None), got[0].pop(k, None)
+        with pytest.raises(AssertionError, match="differs"):
+            assert_bitwise_equal(before, got[0], fresh[0].key)
 
         # The segment ends; the worker stops heartbeating to it, waits, then registers with the next one.
         seg.close()
