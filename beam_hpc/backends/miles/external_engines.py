@@ -104,7 +104,8 @@ NOT_COLOCATED = ("backend: miles: Miles cannot start engines it did not launch o
                  + MILES_LAYOUT + "; give the run more rollout nodes (topology.rollout.nodes) and resubmit it instead")
 COLOCATED = ("training.colocated: true: Miles cannot start engines on other nodes for a colocated run: "
              + MILES_LAYOUT + "; and a colocated run updates its engines' weights by CUDA IPC "
-             "(miles/backends/megatron_utils/actor.py:253-254), which only the trainer's own GPUs can take")
+             "(miles/backends/megatron_utils/actor.py:253-254), which only the trainer's own GPUs can take; give the "
+             "run more trainer nodes (topology.trainer.nodes) and resubmit it instead")
 
 
 def refusal(plan: Plan) -> str | None:
