@@ -10,6 +10,7 @@ the suite's one 20-rollout async run (the in-turn one is in tests/backends/refer
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,15 @@ def test_execute_tiny_end_to_end(tmp_path: Path, tiny_assets, capsys: pytest.Cap
     err = capsys.readouterr().err
     assert "identity" in err and "model.path" in err and "Traceback" not in err
     assert digest() == before
+
+    # README's cluster quick start reads a run with `status`, `logs` and `plot`: those lines, as
+    # written there, run on this real run (tests/test_docs.py checks that they are there and parse).
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    quick = [shlex.split(line, comments=True)[1:] for line in readme.splitlines()
+             if line.startswith(("beam-hpc status ", "beam-hpc logs ", "beam-hpc plot "))]
+    assert len(quick) == 3, quick
+    for argv in quick:
+        assert main([str(run) if a == "/shared/runs/beam-dedicated" else a for a in argv]) == 0, argv
+    shown = capsys.readouterr()
+    assert "20 of 20" in shown.out and "tiny-add" in shown.out and "Traceback" not in shown.err, shown
+    assert sorted(p.name for p in (run / "plots").glob("*.png")), "plot wrote no chart into <run>/plots"
