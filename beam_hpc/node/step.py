@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -232,20 +233,24 @@ class NodeStep:
         return str(staged.path)
 
     def _wait_for_gcs(self, node: RayNode) -> None:
-        """Workers wait until the head's GCS accepts connections: `ray start --address` against a
-        GCS that is not up yet fails.
+        """Workers wait until the head's Ray is up: its GCS accepts connections and its node step saw
+        `ray start` say so (``ray_started`` in its report). `ray start --address` fails against a GCS
+        that is not up yet, and also, after its retries, against one whose head raylet has not
+        registered ("No node info found for head node in GCS"), which takes minutes on a loaded node.
 
         Past the job's readiness deadline a worker keeps waiting (and says so in its report)
         instead of failing: a head that is late is not this node's fault, and a worker that exited
         would be the node the job records as failed and excludes next time. The job ends the wait:
         its readiness check names the nodes that never joined, and its teardown stops this step."""
         late = False
+        head = self.rt.node_report(next(g.name for g in self.plan.groups if g.het_index == 0), 0)
         while True:
-            try:
-                with socket.create_connection((node.head_ip, node.ports.gcs), timeout=1.0):
-                    return
-            except OSError:
-                pass
+            if self._head_started(head):
+                try:
+                    with socket.create_connection((node.head_ip, node.ports.gcs), timeout=1.0):
+                        return
+                except OSError:
+                    pass
             self._check_stop()
             if not late and time.time() > self.rt.deadline:
                 late = True
@@ -278,7 +283,7 @@ class NodeStep:
                                           stderr=subprocess.STDOUT, preexec_fn=set_parent_death_signal)
             threading.Thread(target=_relay, args=(self.child.stdout, started), daemon=True).start()
             self._write_report("running", ray_pid=self.child.pid, attempt=attempt)
-            rc = self._wait_child()
+            rc = self._wait_child(started)
             if rc is None:
                 return self._stopped()
             if started.is_set() or attempt == RAY_START_ATTEMPTS:
@@ -297,12 +302,22 @@ class NodeStep:
             shutil.rmtree(node.temp_dir, ignore_errors=True)
         raise AssertionError("unreachable")
 
-    def _wait_child(self) -> int | None:
-        """Wait for `ray start` to exit; None when a stop was requested first."""
+    @staticmethod
+    def _head_started(report: Path) -> bool:
+        try:
+            return bool(json.loads(report.read_text()).get("ray_started"))
+        except (OSError, ValueError):
+            return False
+
+    def _wait_child(self, started: threading.Event) -> int | None:
+        """Wait for `ray start` to exit; None when a stop was requested first. Once it says Ray is up,
+        the report says so (``ray_started``): the workers of the job wait for that on the head."""
         assert self.child is not None
         while True:
             if self.stop_reason:
                 return None
+            if started.is_set() and not self.report.get("ray_started"):
+                self._write_report("running", ray_started=True)
             self._answer_stack_request()
             try:
                 rc = self.child.wait(timeout=0.5)
