@@ -392,7 +392,8 @@ def test_every_malformed_body_gets_a_400_and_the_service_keeps_serving(service) 
             return e.code
 
     bodies = [b"not json", b"\xff\xfe", b"[]", b"null", b"42", b'"w1"', b"{}", b'{"worker": 7}', b'{"worker": ""}',
-              b'{"worker": "segment:0"}', b'{"worker": "a\\nforged log line"}', json.dumps({"worker": "x" * 200}).encode()]
+              b'{"worker": "segment:0"}', b'{"worker": "a\\nforged log line"}', json.dumps({"worker": "x" * 200}).encode(),
+              b"[" * 8000 + b"]" * 8000, b'{"worker": ' + b"1" * 5000 + b"}"]
     assert {post("/register", b) for b in bodies} == {400}
     q.add(_units(n_prompts=1))
     for body in ({**me, "key": 5, "result": {}}, {**me, "key": "train:0:0", "result": []}, {**me, "key": "train:0:0"},

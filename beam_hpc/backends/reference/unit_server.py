@@ -399,8 +399,8 @@ def _handler_for(server: ElasticServer) -> type[BaseHTTPRequestHandler]:
                 return
             try:
                 req = json.loads(body or b"{}")
-            except (ValueError, UnicodeDecodeError) as e:
-                self._reply(400, {"error": f"bad request: the body is not JSON ({e})"})
+            except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting too deep
+                self._reply(400, {"error": f"bad request: the body is not JSON ({str(e)[:200]})"})
                 return
             if not isinstance(req, dict):
                 self._reply(400, {"error": f"bad request: the body is a JSON {type(req).__name__}, not an object"})
