@@ -470,3 +470,39 @@ def test_the_worker_program_refuses_a_directory_that_is_no_run_with_exit_2(tmp_p
     assert capsys.readouterr().err.strip() == "--threads: 0; give 1 or more"
     assert main(["--run-dir", str(tmp_path), "--worker-id", "segment:0"]) == 2
     assert capsys.readouterr().err.strip().startswith("--worker-id: 'segment:0'; use letters, digits")
+
+
+@pytest.mark.slow  # the tiny model's tokenizer (built once per machine, then cached)
+def test_the_driver_recomputes_texts_and_rewards_and_checks_shapes_of_a_result(tmp_path, tiny_assets) -> None:
+    """What ResultCheck keeps of an outside worker's result: the unit's own prompts, labels and
+    version, the texts decoded and the rewards scored by the driver from the tokens (a reward the
+    worker made up is replaced), and only well-shaped tokens and log-probs."""
+    from job_plans import HOST_SITE, make_test_plan
+    from reference_harness import SMALL
+
+    from beam_hpc.backends.reference.unit_service import ResultCheck
+
+    recipe = make_test_plan(tmp_path / "run", assets=tiny_assets, site=HOST_SITE, overrides=SMALL).recipe
+    check = ResultCheck.for_model(recipe, str(tiny_assets.model_dir))
+    unit = cut("train", 3, [[5, 6, 7]], ["7"], samples_per_prompt=2, train=True, version=4, unit_prompts=1)[0]
+    right, wrong = check.tok.encode("so \\boxed{7}"), check.tok.encode("so \\boxed{8}")
+    sent = {"prompt_ids": [[1]] * 2, "response_ids": [right, wrong], "response_text": ["lie", "lie"], "label": ["x", "x"],
+            "old_logp": [[-0.1] * len(right), [-0.2] * len(wrong)], "reward": [-1.0, 1.0], "correct": [False, True],
+            "pred": ["?", "?"], "penalty": [0.0, 0.0], "version": 4, "generate_time_s": 0.5, "extra": [1, 2]}
+    got = check(unit, sent)
+    assert got["reward"] == [1.0, -1.0] and got["correct"] == [True, False] and got["pred"] == ["7", "8"]
+    assert got["response_text"] == [check.tok.decode(right), check.tok.decode(wrong)] and "extra" not in got
+    assert got["prompt_ids"] == [[5, 6, 7]] * 2 and got["label"] == ["7", "7"] and got["version"] == 4
+    too_long = [1] * (recipe.tokens.max_response + 1)
+    for bad, why in (({"response_ids": [right]}, "response_ids: 1 entries; unit train:3:0 has 2 samples"),
+                     ({"response_ids": [right, too_long]}, "at most"),
+                     ({"response_ids": [right, [check.vocab_size]]}, "a token id outside"),
+                     ({"response_ids": [right, [True]]}, "a token id outside"),
+                     ({"old_logp": [[-0.1] * len(right), [0.5] * len(wrong)]}, "old_logp\\[1\\]"),
+                     ({"old_logp": [[-0.1] * len(right)]}, "old_logp: 1 entries")):
+        with pytest.raises(unit_server.ResultRefused, match=why):
+            check(unit, {**sent, **bad})
+    evaluation = cut("eval", 3, [[5]], ["7"], samples_per_prompt=1, train=False, version=4, unit_prompts=1)[0]
+    with pytest.raises(unit_server.ResultRefused, match="an evaluation unit has none"):
+        check(evaluation, {**sent, "response_ids": [right]})
+    assert check(evaluation, {**sent, "response_ids": [right], "old_logp": []})["reward"] == [1.0]
