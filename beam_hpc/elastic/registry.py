@@ -109,10 +109,16 @@ class ExtraJob:
         return "running" if last["event"] == "start" else "left"
 
     @property
-    def reason(self) -> str | None:
-        """Why the job last left (None while it has not)."""
+    def reason(self) -> LeftReason | None:
+        """Why the job last left (None while it has not; a reason this beam-hpc does not know, or
+        none recorded, reads as failed)."""
         last = next((e for e in reversed(self._job_events()) if e["event"] in ("start", "left")), None)
-        return str(last.get("reason")) if last is not None and last["event"] == "left" else None
+        if last is None or last["event"] != "left":
+            return None
+        try:
+            return LeftReason(str(last.get("reason")))
+        except ValueError:
+            return LeftReason.FAILED
 
     @property
     def units_served(self) -> int:

@@ -28,8 +28,8 @@ def _job(run: Path, job: str = "41", *, nodes: int = 2, gpus: int = 4, t0: float
             rec({"event": "unit", "node": node, "restart": 0, "rollout": r, "version": r, "samples": 16,
                  "time": t0 + 20 + r})
     for node in ("n13", "n14"):
-        rec({"event": "left", "node": node, "restart": 0, "reason": "preempted", "time": t0 + 110})
-    rec({"event": "left", "reason": "preempted", "restart": 0, "time": t0 + 112})
+        rec({"event": "left", "node": node, "restart": 0, "reason": registry.LeftReason.PREEMPTED, "time": t0 + 110})
+    rec({"event": "left", "reason": registry.LeftReason.PREEMPTED, "restart": 0, "time": t0 + 112})
 
 
 def test_events_read_back_as_the_job(tmp_path: Path) -> None:
@@ -37,7 +37,8 @@ def test_events_read_back_as_the_job(tmp_path: Path) -> None:
     _job(run)
     (jobs,) = registry.extra_jobs(run)
     assert (jobs.job_id, jobs.nodes, jobs.partition, jobs.gpus_per_node) == ("41", 2, "spot", 4)
-    assert (jobs.state, jobs.reason) == ("left", "preempted")
+    assert (jobs.state, jobs.reason) == ("left", "preempted") and jobs.reason is registry.LeftReason.PREEMPTED
+    assert '"reason": "preempted"' in registry.events_path(run, "41").read_text()  # the enum is written as its text
     assert jobs.rollouts == [5, 6, 7] and jobs.versions == [5, 6, 7]
     assert (jobs.units_served, jobs.samples) == (6, 96)
     assert jobs.node_seconds() == 2 * 99.0  # each node: started +11 .. left +110

@@ -107,16 +107,16 @@ def start_engine_job(plan: Plan, where: Path, gpu_ids: list[int]) -> tuple[str, 
 @pytest.mark.slurm
 def test_segment_start_asks_slurm_whether_the_engines_job_runs(tmp_path: Path,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    """An engine runs inside a Slurm job of the local cluster, registered under that job's id: a
-    segment starting while the job runs attaches it; once the job is cancelled, Slurm says so and
-    the next segment start leaves it out with a line in the log. (The whole path, a Miles chain
-    whose first segment attaches an engine and whose second leaves it out, is in
+    """An engine runs inside a Slurm job of the local cluster, registered under that job's id: the
+    selection a segment would make (``attach_live``, once Miles starts engines it did not launch)
+    keeps it while the job runs; once the job is cancelled, Slurm says so and it is left out with a
+    line in the log. (A Miles chain, whose segments refuse registered engines, is in
     ``test_miles_slurm.py``.)"""
     plan = miles_plan(tmp_path, "topology.rollout.nodes=1", "topology.rollout.gpus_per_node=2")
     job, engine = start_engine_job(plan, tmp_path, [0, 1])
     try:
         with caplog.at_level(logging.INFO):
-            out = ee.attach(plan, filled(plan))
+            out = ee.attach_live(plan, filled(plan), ee.registered(plan.output_dir))
         assert out[out.index("--rollout-external-engine-addrs") + 1] == engine.addr
         assert out[out.index("--rollout-num-gpus") + 1] == "2"
     finally:
@@ -124,5 +124,5 @@ def test_segment_start_asks_slurm_whether_the_engines_job_runs(tmp_path: Path,
     assert poll_until(lambda: client.job_state(job) in (JobState.CANCELLED, None), 120)
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        assert ee.attach(plan, filled(plan)) == filled(plan)
+        assert ee.attach_live(plan, filled(plan), ee.registered(plan.output_dir)) == filled(plan)
     assert f"engine {engine.addr} of extra job {job} left out: the job is no longer running" in caplog.text
