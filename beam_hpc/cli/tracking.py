@@ -2,8 +2,9 @@
 
 Registered by beam_hpc/cli/app.py (PLUGIN_MODULES). Every process that logs to W&B offline writes
 its own fragment of the run (Miles: the driver, the first trainer rank and the rollout manager); the
-fragments of each segment that has ended (beam-hpc's ledger says so) are uploaded once, all in one
-``wandb sync`` call, and recorded in ``<run>/wandb/synced.json`` (beam_hpc.run.tracking); those of a
+fragments of each segment that has ended (beam-hpc's ledger says so) are uploaded once by ``wandb
+sync`` (the secondary writers' first, then the primaries', so the run ends in the driver's state),
+and recorded in ``<run>/wandb/synced.json`` (beam_hpc.run.tracking); those of a
 segment still running are left for the next call. ``--dry-run`` has ``wandb sync --dry-run`` list
 what it would upload. Exit codes: 0 done, 1 an upload failed, 2 bad input (no such run, or no W&B
 files in it).

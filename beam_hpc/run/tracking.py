@@ -23,8 +23,10 @@ wandb 0.31's ``wandb sync`` (wandb-core ``internal/runsync/runsyncoperation.go``
 read at wandb/wandb master of 2026-08, 0.28.3.dev1, and stated by 0.31.0's own ``wandb sync --help``)
 groups the files of one call by run path and replays those of one run one after another in order of
 their start time, each as a resumption of the run; a file without an exit record is closed with exit
-code 1 (``runreader.go``, ``sendExitIfNotSeen``). So all finished fragments go to W&B in one
-``wandb sync`` call, which orders them; ``wandb sync`` marks each file it uploaded with a
+code 1 (``runreader.go``, ``sendExitIfNotSeen``), and the run's state is the last replay's. So
+the finished fragments go to W&B in two ``wandb sync`` calls, which order them: the secondary
+writers' (Miles's killed actors: no exit record), then the primaries', whose exit is the run's;
+``wandb sync`` marks each file it uploaded with a
 ``<file>.wandb.synced`` marker (``runsyncer.go``, ``markSynced``), and since it exits 0 even when an
 upload failed, :func:`sync` checks those markers and records the uploaded fragments and segments in
 ``<run>/wandb/synced.json``.
@@ -182,21 +184,25 @@ class Fragment:
     start: float | None
     exited: bool
     run_id: str | None = None
+    primary: bool = True  # its run record names the group or the run, as only a primary writer's does
 
 
 def read_fragment(d: Path) -> Fragment:
     log = transaction_log(d)
-    start, exited, rid = None, False, None
+    start, exited, rid, primary = None, False, None, True
     if log is not None and log.stat().st_size > 0:
         for r in read_records(log):
             if r.get("type") == "run" and start is None:
                 rid = r["run"].get("run_id")
+                # Miles's init_wandb_primary passes group and name; init_wandb_secondary neither (the
+                # reference backend's one writer passes both)
+                primary = bool(r["run"].get("run_group") or r["run"].get("display_name"))
                 stamp = str(r["run"].get("start_time", ""))
                 if stamp:
                     start = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
             elif r.get("type") == "exit":
                 exited = True
-    return Fragment(d, log, start, exited, rid)
+    return Fragment(d, log, start, exited, rid, primary)
 
 
 def _synced_marker(log: Path) -> Path:
@@ -290,23 +296,29 @@ def plan_sync(run_dir: str | Path, segments: list[dict[str, Any]]) -> SyncPlan:
 
 def sync(run_dir: str | Path, segments: list[dict[str, Any]], *, dry_run: bool = False,
          echo: Any = print) -> SyncPlan:
-    """Upload the fragments of every ended, not yet uploaded segment in one ``wandb sync`` call
-    (wandb replays one run's files in order of their start time: see the module docstring), check
-    wandb's own markers, and record what was uploaded. With ``dry_run``, ``wandb sync --dry-run``
+    """Upload the fragments of every ended, not yet uploaded segment with ``wandb sync`` (one call
+    for the secondary writers' fragments, then one for the primaries'; wandb replays one run's files
+    in order of their start time: see the module docstring), check wandb's own markers, and record
+    what was uploaded. With ``dry_run``, ``wandb sync --dry-run``
     lists what it would upload (it needs no server and no key) and nothing is recorded."""
     plan = plan_sync(run_dir, segments)
     frags = plan.fragments
-    if frags:
+    # Secondaries first, then the primaries: each replay ends the run with its file's exit (exit code 1
+    # where the file has none, as Miles's killed secondaries' files), so the run's state on W&B is
+    # the last primary's: finished when the chain completed. Within a call wandb orders by start time.
+    for batch in ([f for f in frags if not f.primary], [f for f in frags if f.primary]):
+        if not batch:
+            continue
         argv = [*wandb_command(), "sync", *(["--dry-run", "--verbose"] if dry_run else []),
-                *(str(f.path) for f in frags)]
+                *(str(f.path) for f in batch)]
         proc = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=wandb_dir(run_dir) / "wandb")
         said = "\n".join(x for x in (proc.stdout.strip(), proc.stderr.strip()) if x)
         if proc.returncode != 0:
             raise RuntimeError(f"wandb sync: exit {proc.returncode}: {said[-800:]}")
         if dry_run:
             echo(said)
-            return plan
-        missing = [f.path.name for f in frags if f.log is None or not _synced_marker(f.log).exists()]
+            continue
+        missing = [f.path.name for f in batch if f.log is None or not _synced_marker(f.log).exists()]
         if missing:
             raise RuntimeError(f"wandb sync did not upload {', '.join(missing)} (no .wandb.synced marker); "
                                f"it said: {said[-800:]}")

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from real_wandb import require_wandb
+from real_wandb import recording_wandb_server, require_wandb
 
 from beam_hpc.backends.miles.flags import OWNED_NOT_EMITTED
 from beam_hpc.backends.reference.metrics_log import EVAL_STEP, ROLLOUT_STEP, logged_steps
@@ -166,6 +166,12 @@ SEGMENT = textwrap.dedent("""
 """)
 
 
+def summary_of(run: Path) -> dict:
+    from beam_hpc.run.ledger import read_ledger
+
+    return tracking.summary(run, [r["segment"] for r in read_ledger(run / "ledger.jsonl")[0]])
+
+
 def wandb_listing(out: str) -> list[str]:
     """The files ``wandb sync --dry-run --verbose`` says it would upload (one indented line each)."""
     return sorted(line.split()[-1] for line in out.splitlines() if line.rstrip().endswith(".wandb"))
@@ -221,6 +227,27 @@ def test_three_segments_log_every_rollout_once_to_one_run_then_sync_the_ended_on
     assert wandb_listing(out.stdout) == [f"{d.name}/run-{rid}.wandb" for d in dirs[:2]]
     assert f"left {dirs[2].name}: segment 3-0 is still running" in out.stdout
     assert not (run / "wandb" / "synced.json").exists()  # a dry run records nothing
+
+    # the upload itself, by the real `wandb sync`, to a local endpoint that records what W&B would get
+    with recording_wandb_server() as (server_env, got):
+        sync = [sys.executable, "-m", "beam_hpc.cli.app", "sync", str(run)]
+        out = subprocess.run(sync, env={**env, **server_env}, capture_output=True, text=True, timeout=240)
+        assert out.returncode == 0, out.stderr
+        rows = [(h["rollout/step"], h["rollout/raw_reward"]) for h in got.history() if "rollout/raw_reward" in h]
+        assert rows == [(k, 100 * (1 if k < 5 else 2) + k) for k in range(8)]  # segments 1 and 2, in order
+        assert got.exit_codes() == [0, 0] and {path for path, _ in got.streams} == {f"e/beam-test/{rid}"}
+        assert summary_of(run)["unsynced"] == ["3-0"]
+        again = subprocess.run(sync, env={**env, **server_env}, capture_output=True, text=True, timeout=240)
+        assert again.returncode == 0 and "nothing to sync" not in again.stdout  # segment 3 is left
+        assert got.exit_codes() == [0, 0]  # nothing uploaded twice
+        ledger.append(run / "ledger.jsonl", ledger.end_record(
+            job_id="3", restart=0, rollouts_at_end=10, reason="completed", detail="", next_action="none",
+            next_job_id=None, rollout_s=1.0, save_s=1.0))
+        out = subprocess.run(sync, env={**env, **server_env}, capture_output=True, text=True, timeout=240)
+        assert out.returncode == 0, out.stderr
+        rows = [h["rollout/step"] for h in got.history() if "rollout/raw_reward" in h]
+        assert rows == list(range(10)) and got.exit_codes() == [0, 0, 0]
+    assert summary_of(run)["unsynced"] == [] and all((d / f"run-{rid}.wandb.synced").exists() for d in dirs)
 
 
 MILES_INIT = textwrap.dedent("""
@@ -287,12 +314,13 @@ def miles_segment_argv(run: Path, num_rollout: int) -> tuple[list[str], dict[str
 
 
 @pytest.mark.slow  # two stand-in segments, three wandb processes each: ~40 s on 2 busy cores
-def test_miles_writes_three_fragments_a_segment_and_sync_takes_only_ended_segments(tmp_path: Path) -> None:
+def test_miles_writes_three_fragments_a_segment_and_sync_takes_only_ended_segments(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Miles stand-in's driver (primary) and its trainer and rollout-manager processes
     (secondaries) each write a fragment of the run's one W&B id in every segment; the secondaries,
-    killed as Ray ends actors, leave no exit record. `beam-hpc sync --dry-run` (the real `wandb sync
-    --dry-run`) lists the ended segment's three fragments for one call and none of the open one's,
-    and status counts two segments."""
+    killed as Ray ends actors, leave no exit record. `beam-hpc sync` uploads, with the real `wandb
+    sync`, the ended segment's three fragments and none of the open one's, the primary last; status
+    counts two segments."""
     require_wandb()
     from beam_hpc.run import ledger
 
@@ -319,16 +347,23 @@ def test_miles_writes_three_fragments_a_segment_and_sync_takes_only_ended_segmen
     assert len(dirs) == 6 and all(d.name.startswith("offline-run-") and rid in d.name for d in dirs), dirs
     segs, _ = ledger.read_ledger(run / "ledger.jsonl")
     assert tracking.summary(run, [r["segment"] for r in segs])["segments"] == 2  # not 6
-    said: list[str] = []
-    plan = tracking.sync(run, segs, dry_run=True, echo=said.append)  # as `beam-hpc sync --dry-run RUN`
-    ended = plan.upload["1-0"]
-    assert list(plan.upload) == ["1-0"] and [f.run_id for f in ended] == [rid] * 3  # three writers, one W&B run
-    assert sorted(f.exited for f in ended) == [False, False, True]  # the primary finished, the secondaries were killed
-    assert [why for _, why in plan.later] == ["segment 2-0 is still running"] * 3 and plan.no_record == []
-    # the real `wandb sync --dry-run` lists the ended segment's three fragments for one call
-    assert "Would sync 3 run(s)" in said[0], said
-    assert wandb_listing(said[0]) == sorted(f"{f.path.name}/run-{rid}.wandb" for f in ended)
-    assert not (run / "wandb" / "synced.json").exists()
+    # uploaded for real (as `beam-hpc sync RUN` does) to a local endpoint that records what W&B would
+    # get: one replay per fragment, each a resumption of the one run. A fragment without an exit
+    # record ends its replay with exit code 1 (wandb-core runreader.go sendExitIfNotSeen), so the
+    # secondaries' are sent first and the primary's last: the run ends as the driver did
+    with recording_wandb_server() as (server_env, got):
+        for k, v in server_env.items():
+            monkeypatch.setenv(k, v)
+        plan = tracking.sync(run, segs, echo=lambda line: None)
+        ended = plan.upload["1-0"]
+        assert list(plan.upload) == ["1-0"] and [f.run_id for f in ended] == [rid] * 3  # three writers, one run
+        # the primary finished (an exit record), the two secondaries were killed (none)
+        assert sorted((f.primary, f.exited) for f in ended) == [(False, False), (False, False), (True, True)]
+        assert [why for _, why in plan.later] == ["segment 2-0 is still running"] * 3 and plan.no_record == []
+        assert {path for path, _ in got.streams} == {f"e/beam-test/{rid}"} and got.operations.count("UpsertBucket") >= 3
+        assert got.exit_codes() == [1, 1, 0]
+        assert all((f.path / f"run-{rid}.wandb.synced").exists() for f in ended)
+        assert summary_of(run)["unsynced"] == ["2-0"]
 
 
 def _standin_wandb():

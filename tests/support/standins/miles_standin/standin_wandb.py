@@ -43,6 +43,8 @@ from typing import Any
 
 ROLES = ("trainer", "rollout_manager")  # the first trainer rank and the rollout manager
 ENV_VARS_LOGGED = ("SLURM_JOB_ID",)  # _compute_config_for_logging's whitelist
+DRIVER_ONLY_ENV = ("WANDB_SERVICE", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_PROJECT", "WANDB_ENTITY",
+                   "WANDB_RUN_GROUP", "WANDB_MODE", "WANDB_DIR")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -133,8 +135,9 @@ class Writers:
         state = json.dumps(vars(args))
         # a Ray actor is started by its node's raylet, not by the driver: it has neither the driver's
         # wandb service (WANDB_SERVICE: sharing it, wandb refuses the id as "in use") nor the
-        # launcher's WANDB_RUN_ID; the id reaches it in args, as in Miles
-        env = {k: v for k, v in os.environ.items() if k not in ("WANDB_SERVICE", "WANDB_RUN_ID")}
+        # driver command's W&B variables (beam-hpc's WORKER_ENV passes none); the id reaches it in
+        # args, as in Miles. What the site's environment sets (WANDB_SILENT, WANDB__*) stays.
+        env = {k: v for k, v in os.environ.items() if k not in DRIVER_ONLY_ENV}
         self.children = [subprocess.Popen([sys.executable, __file__, role], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, text=True, env=env) for role in ROLES]
         for child in self.children:  # Miles creates both before the first rollout
