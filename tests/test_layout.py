@@ -278,14 +278,17 @@ TESTS_DIR = Path(__file__).resolve().parent
 # tests of the repository's benchmarks/ scripts (their pure parts: a schedule, a table), which
 # belong to no stage of the package.
 NOT_A_PACKAGE = {"support", "benchmarks"}
+# Test modules about the whole repository rather than one sub-package, at the top of tests/: this
+# file (the package's shape) and test_docs.py (README's commands and the user guide's reference).
+WHOLE_REPOSITORY = {Path(__file__).name, "test_docs.py"}
 
 
 def test_tests_mirror_the_package() -> None:
     """Every test module sits in the directory of the sub-package it tests (tests/<subpkg>/..., with
-    tests/backends/<backend>/), so the tests of a stage are found where its code is; only this
-    file, which is about the whole package, stays at the top. Helpers live in tests/support/."""
+    tests/backends/<backend>/), so the tests of a stage are found where its code is; only the tests
+    about the whole repository (WHOLE_REPOSITORY) stay at the top. Helpers live in tests/support/."""
     packages = {p.parent.relative_to(PACKAGE_DIR).as_posix() for p in PACKAGE_DIR.rglob("__init__.py")} - {"."}
-    flat = sorted(p.name for p in TESTS_DIR.glob("test_*.py") if p.name != Path(__file__).name)
+    flat = sorted(p.name for p in TESTS_DIR.glob("test_*.py") if p.name not in WHOLE_REPOSITORY)
     assert not flat, f"test modules outside a sub-package directory: {flat}"
     test_dirs = {p.parent.relative_to(TESTS_DIR).as_posix() for p in TESTS_DIR.rglob("test_*.py")} - {"."}
     strays = sorted(d for d in test_dirs if d not in packages and d.split("/")[0] not in NOT_A_PACKAGE)
