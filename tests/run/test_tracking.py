@@ -1,7 +1,9 @@
 """W&B tracking: the recipe section, the run id kept in the run directory, the driver's environment
 (reference and Miles), the key check before submission, and, with the real ``wandb`` offline,
-three driver processes of one run logging every rollout and evaluation once to one W&B run, then
-``beam-hpc sync`` uploading each finished segment once."""
+three reference driver processes of one run logging every rollout and evaluation once to one W&B
+run, two Miles stand-in segments of three writers each, and ``beam-hpc sync`` uploading the
+fragments of each ended segment once, with the real ``wandb sync``, to a local endpoint that records
+what W&B would get."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -137,6 +140,33 @@ def test_a_fragment_is_placed_in_the_segment_that_wrote_it(tmp_path: Path) -> No
         next_job_id="9", rollout_s=1.0, save_s=1.0, now=300.0))
     segs, _ = ledger.read_ledger(tmp_path / "ledger.jsonl")
     assert tracking._ended(segs[1], segs)
+
+
+def test_a_log_without_a_run_record_is_recorded_as_skipped_never_uploaded(tmp_path: Path) -> None:
+    """A writer killed before wandb's first flush leaves a log with no run record; W&B's sync cannot
+    replay it (and one such file fails the whole call), so once its segment ended it is recorded as
+    skipped and the segment as done; while the segment runs it is left."""
+    from beam_hpc.run import ledger
+
+    now = time.time()
+    rid = tracking.run_id(tmp_path)
+    frag = tmp_path / "wandb" / "wandb" / f"offline-run-20260101_000000-{rid}"
+    frag.mkdir(parents=True)
+    (frag / f"run-{rid}.wandb").write_bytes(b"")
+    os.utime(frag, (now - 50, now - 50))
+    ledger.append(tmp_path / "ledger.jsonl", ledger.start_record(
+        job_id="1", restart=0, host="n", rollouts_at_start=0, num_rollout=3, resume=False,
+        walltime_s=600, lead_s=60, now=now - 100))
+    segs, _ = ledger.read_ledger(tmp_path / "ledger.jsonl")
+    plan = tracking.plan_sync(tmp_path, segs)
+    assert (plan.upload, plan.no_record, plan.later) == ({}, [], [(frag.name, "segment 1-0 is still running")])
+    ledger.append(tmp_path / "ledger.jsonl", ledger.end_record(
+        job_id="1", restart=0, rollouts_at_end=3, reason="completed", detail="", next_action="none",
+        next_job_id=None, rollout_s=1.0, save_s=1.0, now=now))
+    segs, _ = ledger.read_ledger(tmp_path / "ledger.jsonl")
+    plan = tracking.sync(tmp_path, segs, echo=lambda line: None)  # nothing for wandb: it is not called
+    assert (plan.upload, plan.no_record, plan.empty) == ({}, [frag.name], ["1-0"])
+    assert tracking.summary(tmp_path, ["1-0"])["unsynced"] == [] and tracking.plan_sync(tmp_path, segs).no_record == []
 
 
 def test_logged_steps_per_tag() -> None:
