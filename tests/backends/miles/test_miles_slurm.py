@@ -33,7 +33,6 @@ import pytest
 import run_watch
 from miles_run import NUM_ROLLOUT, PROMPTS, STANDIN, local_site, miles_recipe
 from run_watch import chain_finished, diagnostics, segments
-from test_external_engines_real import start_engine_job
 
 from beam_hpc.backends.miles import args as miles_args
 from beam_hpc.backends.miles import external_engines
@@ -74,26 +73,23 @@ def test_walltime_save_at_sentinel_then_resume_with_exact_miles_flags(slurm_clus
     removes the file -> the segment stops and resubmits itself with --resume. Segment 2: the
     double loads that checkpoint from --load and finishes. Both launches got exactly the flags
     miles_args builds for the plan, and the address variables of the job's head node. An extra
-    rollout job's engine, registered before the run starts, is attached to segment 1; its job is
-    cancelled before segment 2 starts, which leaves it out with a line in the log."""
+    engine registered for the run before it starts (as a beam-hpc that still added engines to Miles
+    runs left it) is attached to neither: Miles starts no engine it did not launch (its layout gives
+    an external rollout no bundles), and each segment says so in its log and runs its own rollout group."""
     from beam_hpc.backends.registry import plan_for
     from beam_hpc.submission.submit import submit
 
     recipe = recipe_from_dict(miles_recipe(run_dir.parent), "miles test recipe")
     site = site_from_dict(local_site(), "local site, Miles double")
-    engine_job, engine = start_engine_job(plan_for(recipe, site), run_dir.parent, [0])
-    try:
-        sub = submit(recipe, site, via="sbatch")
-    except BaseException:
-        slurm_cluster.run("scancel", engine_job)
-        raise
+    plan = plan_for(recipe, site)
+    engine = external_engines.Engine("127.0.0.1", 1, external_engines.gpus_per_engine(plan))
+    external_engines.register(plan.output_dir, 4242, [engine])
+    sub = submit(recipe, site, via="sbatch")
     first, plan = str(sub.job_id), sub.plan
     dumps = run_dir / "dumps"
     # the double's first record: the driver runs (so the segment saves rather than just stops), and
     # the sentinel will be there early in its loop, far from num_rollout
     wait_for("the double to start in segment 1", lambda: (dumps / "standin-0.json").exists(), run_dir)
-    slurm_cluster.run("scancel", engine_job)  # the extra job leaves; the run's next segment must not wait for it
-    slurm_cluster.wait_for_job(engine_job)
     slurm_cluster.run("scancel", "--batch", "--signal=USR1", first)  # Slurm's walltime warning
     wait_for("the chain to finish", lambda: chain_finished(run_dir), run_dir)
 
@@ -143,14 +139,15 @@ def test_walltime_save_at_sentinel_then_resume_with_exact_miles_flags(slurm_clus
     expected = [plan_fill(a, num_rollout=str(NUM_ROLLOUT), run_dir=plan.output_dir)
                 for a in miles_args.miles_args(recipe, site)]
     assert "{num_rollout}" in miles_args.miles_args(recipe, site)
-    # segment 1 attached the extra job's engine (the same GPU count as the run's rollout group);
-    # segment 2 asked Slurm, found the job gone and left the engine out, saying so in its log
-    attached = external_engines.attach_argv(expected, [engine])
-    assert attached[attached.index("--rollout-external-engine-addrs") + 1] == engine.addr
-    assert one["argv"][1:] == attached and two["argv"][1:] == expected
-    left_out = f"engine {engine.addr} of extra job {engine_job} left out: the job is no longer running"
-    assert [p.name for p in run_dir.rglob("*") if p.is_file() and left_out in p.read_text(errors="replace")], \
+    # neither segment attached the registered engine (no --rollout-external reached the double), and
+    # each said why, naming Miles's line, in its own log
+    assert one["argv"][1:] == expected and two["argv"][1:] == expected
+    assert not any(a.startswith("--rollout-external") for a in one["argv"] + two["argv"])
+    left_out = "1 registered engines left out: backend: miles: Miles cannot start engines it did not launch"
+    logs = [p for p in run_dir.rglob("*") if p.is_file() and left_out in p.read_text(errors="replace")]
+    assert {p.read_text(errors="replace").count("server_group.py:90-91") > 0 for p in logs} == {True}, \
         diagnostics(run_dir)
+    assert len({p.parent for p in logs}) >= 2, [str(p) for p in logs]  # one line in each segment's logs
     for record, job in ((one, first), (two, second)):
         assert Path(record["argv"][0]) == STANDIN / miles_args.ENTRY_ASYNC
         assert record["argv"][record["argv"].index("--load") + 1] == plan.paths.checkpoints
