@@ -3,7 +3,7 @@
 The embedded default (`recipes/tiny.yaml`) runs the same code path as a Slurm segment: the Plan,
 the run lock and ledger, one node step per group started as local processes (loopback addresses,
 token-authenticated Ray), the reference backend's RL loop, checkpoints, teardown. Only the
-launcher differs (``beam_hpc.job.runner.LocalLauncher`` instead of ``srun``), and the site is the
+launcher differs (``beam_hpc.job.launchers.LocalLauncher`` instead of ``srun``), and the site is the
 built-in laptop profile below unless ``--site`` names another. With no batch script, that site's
 lines (env, setup, module loads) run in a bash first, and the segment gets the environment they leave.
 """
