@@ -115,9 +115,11 @@ class OwnCluster:
     loopback: bool  # nodes share this host (distinct loopback addresses, per-node ports)
 
     def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime,
-               container: Sequence[str] = ()) -> list[StepHandle]:
+               container: Sequence[str] = (), *, per_node: bool = False) -> list[StepHandle]:
         """Start the group's node steps; ``container``: srun options that put each task in the
-        site's image (pyxis's, from beam_hpc.node.container.srun_options), empty otherwise."""
+        site's image (pyxis's, from beam_hpc.node.container.srun_options), empty otherwise;
+        ``per_node``: one step per node, so that one node's loss ends its own step only
+        (:func:`survives_node_loss`)."""
         raise NotImplementedError
 
     def head(self, plan: Plan, ctx: JobContext) -> RayHead:
@@ -133,7 +135,8 @@ class OwnCluster:
             # pyxis: the container around each task, given to srun (none for other runtimes)
             around = container.srun_options(plan.site, job_id=rt.job_id, workdir=plan.output_dir,
                                             binds=node_binds(plan, rt.token_path, g))
-            handles += self.launch(g, [*argv, "--group", g.name], env, rt, container=around)
+            handles += self.launch(g, [*argv, "--group", g.name], env, rt, container=around,
+                                   per_node=survives_node_loss(plan, g))
         return handles
 
     def binds(self, rt: ClusterRuntime) -> list[str]:
@@ -170,7 +173,9 @@ class SrunLauncher(OwnCluster):
         self.ctx, self.loopback = ctx, loopback
 
     def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime,
-               container: Sequence[str] = ()) -> list[StepHandle]:
+               container: Sequence[str] = (), *, per_node: bool = False) -> list[StepHandle]:
+        if per_node:
+            return self._launch_per_node(group, argv, env, rt, container)
         cmd = ["srun"]
         if len(self.ctx.nodelists) > 1:
             cmd.append(f"--het-group={group.het_index}")
@@ -186,6 +191,30 @@ class SrunLauncher(OwnCluster):
                                     stderr=subprocess.STDOUT)
         return [StepHandle(group, proc, None, out)]
 
+    def _launch_per_node(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime,
+                         container: Sequence[str]) -> list[StepHandle]:
+        """One single-task step per node of the group (``--nodelist`` names it, ``--node-index``
+        its index in the group). Why not one step with ``srun --no-kill``: Slurm then keeps the
+        step but its srun neither ends nor reports which task went (``--no-kill`` disables
+        ``--kill-on-bad-exit`` and ``--wait``), so the job could not tell the loss; a step of one
+        node is killed with its node (Slurm kills the steps on a failed node) and leaves the others
+        running, and its srun's end names the node. Measured on Slurm 22.05.8: in a two-node
+        ``--no-kill`` component, marking one node DOWN killed that node's step only."""
+        cmd = ["srun"]
+        if len(self.ctx.nodelists) > 1:
+            cmd.append(f"--het-group={group.het_index}")
+        handles = []
+        paths = SegmentPaths(rt.segment_dir)
+        for i, node in enumerate(rt.nodelists[group.name]):
+            out = paths.srun_log(f"{group.name}-{i}")
+            one = [*cmd, "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", "--mpi=none",
+                   f"--job-name=beam-{group.name}", f"--output={paths.node_log(group.name, i)}", *container]
+            with open(out, "ab") as fh:
+                proc = subprocess.Popen(one + argv + ["--node-index", str(i)], env=env, stdin=subprocess.DEVNULL,
+                                        stdout=fh, stderr=subprocess.STDOUT)
+            handles.append(StepHandle(group, proc, i, out))
+        return handles
+
     def ask_to_stop(self, handles: list[StepHandle], rt: ClusterRuntime) -> None:
         live = [h for h in handles if h.proc.poll() is None]
         if not live:
@@ -197,7 +226,8 @@ class SrunLauncher(OwnCluster):
             self._interrupt(live, rt)
             return
         for i, h in enumerate(live):
-            steps = {r["slurm_step_id"] for r in reports(rt, h.group) if r.get("slurm_step_id")}
+            steps = {r["slurm_step_id"] for r in reports(rt, h.group) if r.get("slurm_step_id")
+                     and (h.local_index is None or r.get("local_index") == h.local_index)}
             comp = self.ctx.component_ids[h.group.name]
             if not steps:  # no task reported yet: only srun knows the step; it kills it
                 h.proc.terminate()
@@ -226,10 +256,12 @@ class SrunLauncher(OwnCluster):
         waiting = list(handles)
         while waiting and time.monotonic() < deadline:
             for h in list(waiting):
-                states = [r.get("state") for r in reports(rt, h.group)]
+                mine = [r for r in reports(rt, h.group) if h.local_index is None or r.get("local_index") == h.local_index]
+                states = [r.get("state") for r in mine]
                 if h.proc.poll() is not None:
                     waiting.remove(h)
-                elif len(states) == h.group.nodes and all(st in ("stopped", "failed") for st in states):
+                elif len(states) == (h.group.nodes if h.local_index is None else 1) and all(
+                        st in ("stopped", "failed") for st in states):
                     h.proc.kill()  # its tasks are done; srun would only wait on the controller
                     waiting.remove(h)
             time.sleep(0.2)
@@ -254,7 +286,8 @@ class LocalLauncher(OwnCluster):
     loopback = True
 
     def launch(self, group: GroupPlan, argv: list[str], env: dict[str, str], rt: ClusterRuntime,
-               container: Sequence[str] = ()) -> list[StepHandle]:
+               container: Sequence[str] = (), *, per_node: bool = False) -> list[StepHandle]:
+        # one process per node always: per_node changes nothing here
         if container:
             raise JobError("container.runtime: pyxis puts containers around srun's tasks; a run without Slurm "
                            "(beam-hpc execute) needs a site with runtime host or apptainer")
@@ -331,6 +364,15 @@ class SiteRayCluster:
 
     def clean_up(self, rt: ClusterRuntime) -> None:
         log.info("the site's Ray cluster at %s keeps running", rt.address)  # its temp dirs and token are the site's
+
+
+def survives_node_loss(plan: Plan, group: GroupPlan) -> bool:
+    """Whether the segment goes on when one node of ``group`` is lost mid-run: the dedicated
+    rollout group of a reference run, with more than one node. Its driver drops the lost node's
+    worker and serves its units with the workers left (beam_hpc.backends.reference.unit_service);
+    a colocated group holds the trainer, and a Miles run's driver is not taught here to go on
+    without an engine's node, so those end the segment as before."""
+    return plan.recipe.backend == "reference" and group.roles == ("rollout",) and group.nodes > 1
 
 
 def rt_first_index(rt: ClusterRuntime, group: GroupPlan) -> int:

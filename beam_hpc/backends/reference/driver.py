@@ -279,10 +279,10 @@ class Loop:
         """The trainer sends its current weights (or ``state``, a ref of other weights) and every
         worker receives them, each call queued behind the actor's earlier ones. ``ref``: a ref of
         the same weights as the current ones, kept for publishing to outside workers."""
-        delivery = self.trainer.send_weights.remote(version, state)
-        for w in self.workers:
-            w.receive_weights.remote(delivery)
         assert self.elastic is not None
+        delivery = self.trainer.send_weights.remote(version, state)
+        for w in self.elastic.live_workers():  # a lost worker's node is gone (unit_service)
+            w.receive_weights.remote(delivery)
         self.elastic.pushed(version, state if state is not None else ref)
         self.version_now = version
 
@@ -428,11 +428,18 @@ class Loop:
 
     def close(self) -> None:
         import ray
+        from ray.exceptions import RayActorError
 
         try:  # workers first: they take every queued push, so the trainer's sender is idle when it closes
             if self.elastic is not None:
                 self.elastic.close()
-            ray.get([w.close.remote() for w in self.workers] + [self.trainer.close.remote()])
+            live = self.workers if self.elastic is None else self.elastic.live_workers()  # not the lost ones
+            for i, ref in enumerate([w.close.remote() for w in live]):
+                try:
+                    ray.get(ref)
+                except RayActorError as err:  # lost while idle (it held no unit): nothing of it is needed
+                    log.warning("rollout worker %d was lost before the close: %s", i, str(err).splitlines()[0][:200])
+            ray.get(self.trainer.close.remote())
         finally:
             self.metrics.close()
             for a in [self.trainer, *self.workers]:

@@ -11,6 +11,14 @@ An outside worker's result is checked against its unit before the queue takes it
 (:class:`ResultCheck`): shapes and lengths, token ids within the vocabulary, log-probs finite, and
 the texts and rewards recomputed here from the tokens, so a worker cannot make the trainer train on
 misaligned samples or on a reward it made up. A result that fails is refused and its unit served again.
+
+A segment's own worker whose actor dies (its node lost: the raylet or the node step gone, the node
+DOWN) is dropped, not fatal: its leased unit goes back to the head of the queue and the workers
+left (and outside ones) serve it, so the rollout comes out bit for bit as it would have (a unit's
+samples are a function of the run's seed, the unit and its version, never of who computes it), and
+nothing is trained twice. Two cases still end the segment: the ``nccl`` weight transport (the lost
+worker was a rank of the trainer's broadcast group, whose next collective would wait on it for
+ever) and the loss of every rollout worker with no outside worker registered.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ UNITS = "elastic/units"
 UNITS_OUTSIDE = "elastic/units_outside"
 DUPLICATES = "elastic/duplicates"
 REISSUED = "elastic/reissued"
+WORKERS_LOST = "elastic/workers_lost"
 OUTSIDE_WORKERS = "elastic/outside_workers"
 # How often the feeder looks again while it has nothing to wake it: while outside workers are
 # registered it polls (their heartbeats, versions to publish, units to steal back); otherwise it
@@ -60,6 +69,7 @@ class Loop(Protocol):
     asynchronous: bool
     lease_s: float
     version_now: int
+    options: Any  # LoopOptions: weight_sync
 
 
 class UnitServiceError(RuntimeFailure):
@@ -139,6 +149,15 @@ class ResultCheck:
         return checked
 
 
+def _placement_of(path: Path, index: int) -> dict[str, Any]:
+    """Where own worker ``index`` ran, from the segment's placement.json (empty if unreadable)."""
+    try:
+        rollout = json.loads(path.read_text()).get("rollout") or []
+        return dict(rollout[index]) if index < len(rollout) else {}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
 def _len_of(v: Any) -> str:
     return f"{len(v)} entries" if isinstance(v, list) else f"a {type(v).__name__}"
 
@@ -162,6 +181,7 @@ class UnitService:
         self.secret = rendezvous.new_secret()
         self.server: ElasticServer | None = None
         self.feeder = threading.Thread(target=self._feed, name="unit-feeder", daemon=True)
+        self.lost: dict[str, dict[str, Any]] = {}  # own workers whose actor died: name -> what is known
 
     def start(self) -> UnitService:
         for i in range(len(self.loop.workers)):
@@ -184,6 +204,30 @@ class UnitService:
             policy_dir=str(policy_store.policy_dir(self.run_dir))))
         log.info("rollout service for outside workers at %s:%d (segment %s)", self.host, self.server.port, self.segment)
         return self
+
+    def live_workers(self) -> list[Any]:
+        """The segment's own workers still alive (pushes and the close go to these only)."""
+        return [w for i, w in enumerate(self.loop.workers) if own_name(i) not in self.lost]
+
+    def _worker_lost(self, name: str, key: str, err: BaseException) -> None:
+        """An own worker's actor died (``RayActorError``: its process, raylet or node is gone).
+        Its units go back to the queue; the segment goes on with the workers left, unless the
+        weight transport cannot (``nccl``) or no rollout capacity is left (raises)."""
+        index = int(name.removeprefix(OWN_PREFIX))
+        where = _placement_of(Path(self.loop.plan.paths.placement), index)
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        self.lost[name] = {"worker": name, "node_ip": where.get("node_ip"), "node_id": where.get("node_id"),
+                           "unit": key, "why": f"{type(err).__name__}: {first}", "time": time.time()}
+        back = self.queue.deregister(name)
+        log.warning("rollout worker %s lost (node %s): %s; units %s go back to the queue, %d own worker(s) left",
+                    name, where.get("node_ip", "?"), first, ", ".join(back) or "none", len(self.live_workers()))
+        if getattr(self.loop.options, "weight_sync", "object_store") == "nccl":
+            raise UnitServiceError(f"rollout worker {name} lost on node {where.get('node_ip', '?')} and "
+                                   "backend_options.weight_sync is nccl: the worker was a rank of the trainer's "
+                                   "broadcast group, which cannot go on without it; the segment ends here")
+        if not self.live_workers() and not self.queue.outside_workers():
+            raise UnitServiceError(f"every rollout worker is lost (last: {name} on node {where.get('node_ip', '?')}) "
+                                   "and no outside worker is registered: no rollout capacity left")
 
     def _accept(self, unit: Unit) -> bool:
         return unit.version in self.published and within_staleness(unit.version, self.loop.version_now, self.max_staleness)
@@ -223,6 +267,7 @@ class UnitService:
 
     def _feed(self) -> None:
         import ray
+        from ray.exceptions import RayActorError
 
         inflight: dict[Any, tuple[str, str]] = {}
         busy: set[str] = set()
@@ -232,7 +277,7 @@ class UnitService:
                 seen = self.queue.changes
                 for i, w in enumerate(self.loop.workers):
                     name = own_name(i)
-                    if name in busy:
+                    if name in busy or name in self.lost:
                         continue
                     u = self.queue.lease(name, steal=True)
                     if u is not None:
@@ -241,13 +286,18 @@ class UnitService:
                 polling = bool(self.queue.outside_workers())
                 if inflight:
                     # every own worker busy: nothing to lease until one of them returns
-                    all_busy = len(busy) == len(self.loop.workers)
+                    all_busy = len(busy) == len(self.loop.workers) - len(self.lost)
                     timeout = IDLE_WAIT_S if all_busy and not polling else POLL_S
                     ready, _ = ray.wait(list(inflight), num_returns=1, timeout=timeout)
                     for ref in ready:
                         name, key = inflight.pop(ref)
                         busy.discard(name)
-                        self.queue.complete(name, key, ray.get(ref))
+                        try:
+                            result = ray.get(ref)
+                        except RayActorError as err:  # the actor is gone, not the unit at fault
+                            self._worker_lost(name, key, err)
+                            continue
+                        self.queue.complete(name, key, result)
                 else:
                     self.queue.wait_for_change(seen, POLL_S if polling else IDLE_WAIT_S)
                 if time.monotonic() - last_expire > 1.0:
@@ -264,7 +314,7 @@ class UnitService:
         st = self.queue.stats()
         served = roll.get("unit_served_by", [])
         return {UNITS: float(len(served)), UNITS_OUTSIDE: float(sum(1 for s in served if not s.startswith(OWN_PREFIX))),
-                DUPLICATES: float(st["duplicates"]), REISSUED: float(st["reissued"]),
+                DUPLICATES: float(st["duplicates"]), REISSUED: float(st["reissued"]), WORKERS_LOST: float(len(self.lost)),
                 OUTSIDE_WORKERS: float(len(self.queue.outside_workers()))}
 
     def close(self) -> None:
