@@ -50,6 +50,7 @@ from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import GroupPlan, Plan
 from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.environment import SlurmEnvironment
+from beam_hpc.slurm.script import survives_node_loss
 
 log = logging.getLogger(__name__)
 
@@ -364,15 +365,6 @@ class SiteRayCluster:
 
     def clean_up(self, rt: ClusterRuntime) -> None:
         log.info("the site's Ray cluster at %s keeps running", rt.address)  # its temp dirs and token are the site's
-
-
-def survives_node_loss(plan: Plan, group: GroupPlan) -> bool:
-    """Whether the segment goes on when one node of ``group`` is lost mid-run: the dedicated
-    rollout group of a reference run, with more than one node. Its driver drops the lost node's
-    worker and serves its units with the workers left (beam_hpc.backends.reference.unit_service);
-    a colocated group holds the trainer, and a Miles run's driver is not taught here to go on
-    without an engine's node, so those end the segment as before."""
-    return plan.recipe.backend == "reference" and group.roles == ("rollout",) and group.nodes > 1
 
 
 def rt_first_index(rt: ClusterRuntime, group: GroupPlan) -> int:

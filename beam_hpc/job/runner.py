@@ -54,6 +54,7 @@ from beam_hpc.node.container import container_command
 from beam_hpc.node.ray_node import ClusterRuntime, clean_env, driver_job_env, ray_env, set_parent_death_signal, sweep
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import Plan, fill
+from beam_hpc.slurm.script import survives_node_loss
 
 log = module_logger(__name__)
 
@@ -80,6 +81,7 @@ class JobOutcome:
     teardown_s: float | None = None
     segment_dir: str = ""
     failed_nodes: list[dict[str, str]] = field(default_factory=list)  # {"node", "why"}: to exclude next time
+    lost_nodes: list[dict[str, str]] = field(default_factory=list)  # rollout nodes lost while the segment went on
 
     def write(self) -> Path:
         path = SegmentPaths(self.segment_dir).outcome
@@ -125,6 +127,7 @@ class JobRunner:
         self.ready_s: float | None = None
         self.stop_reason: str | None = None
         self._torn_down: float | None = None
+        self.lost_nodes: list[dict[str, str]] = []  # rollout nodes lost mid-run, the segment going on
 
     # -- shared ------------------------------------------------------------------------------
     @property
@@ -205,9 +208,29 @@ class JobRunner:
         """Raise StopRequested when asked to stop, NodeStepFailed as soon as a node step ended."""
         if self.stop_reason:
             raise StopRequested(f"stop requested ({self.stop_reason})")
-        for h in self.steps:
+        for h in list(self.steps):
             if h.proc.poll() is not None:
-                raise node_failure(self.launcher, self.rt, h)
+                failure = node_failure(self.launcher, self.rt, h)
+                if not self._goes_on_without(h, failure):
+                    raise failure
+
+    def _goes_on_without(self, h: StepHandle, failure: NodeStepFailed) -> bool:
+        """A node step that ended is a lost rollout node the segment goes on without when the
+        driver runs, its group survives a node's loss (launchers.survives_node_loss: the driver
+        serves the lost worker's units with the others) and another node of the group still runs.
+        The node is recorded (``lost_nodes``: the end line's failed nodes, so later segments and
+        the site's quarantine leave it out) and its step forgotten. A trainer node, a colocated
+        group, the last rollout node, or a loss before the driver started end the segment."""
+        if (self.driver is None or self.stop_reason or h.local_index is None
+                or not survives_node_loss(self.plan, h.group)):
+            return False
+        if not any(o is not h and o.group.name == h.group.name and o.proc.poll() is None for o in self.steps):
+            return False
+        self.steps.remove(h)
+        for f in failure.failed_nodes:
+            self.lost_nodes.append({"node": f["node"], "why": f"rollout node lost mid-segment (it went on): {f['why']}"})
+        log.warning("%s: a rollout node; the segment goes on with the rollout nodes left", failure)
+        return True
 
     def _placeholder_values(self) -> dict[str, str]:
         """What the plan's placeholders stand for in this job (see plan.PLACEHOLDERS)."""
@@ -387,6 +410,7 @@ def run_job(runner: JobRunner, on_tick: Callable[[JobRunner], None] | None = Non
         outcome = JobOutcome(JobStatus.ERROR, 1, f"{type(err).__name__}: {err}")
     finally:
         teardown_s = runner.stop()
+    outcome.lost_nodes = list(runner.lost_nodes)
     outcome.ready_s = None if runner.ready_s is None else round(runner.ready_s, 3)
     outcome.teardown_s = round(teardown_s, 3)
     outcome.segment_dir = str(runner.segment_dir)

@@ -200,7 +200,7 @@ class Segment:
         if self.ending is not None:
             return self.ending.exit_code
         reason, detail, stall = self._why_ended(outcome.status, outcome.message, outcome.returncode)
-        return self._finish(reason, detail, failed_nodes=outcome.failed_nodes, stall=stall)
+        return self._finish(reason, detail, failed_nodes=outcome.failed_nodes, lost_nodes=outcome.lost_nodes, stall=stall)
 
     def _why_ended(self, status: str, message: str, returncode: int) -> tuple[Reason, str, dict | None]:
         """The end line's reason and detail once the job is over: all rollouts done, else a stall,
@@ -220,7 +220,8 @@ class Segment:
 
     # -- the end ----------------------------------------------------------------------------------
     def _finish(self, reason: Reason, detail: str, *, retryable: bool = True,
-                failed_nodes: list[dict[str, str]] | None = None, stall: dict | None = None) -> int:
+                failed_nodes: list[dict[str, str]] | None = None, lost_nodes: list[dict[str, str]] | None = None,
+                stall: dict | None = None) -> int:
         """Hand the outcome to the end of the segment (beam_hpc.lifecycle.end), once per segment."""
         if self.stopping.over:
             return self.exit_code
@@ -234,7 +235,7 @@ class Segment:
                                  self.history, self.lead_s, self.num_rollout_arg, self.stopping.kill_clock)
             intr = self.stopping.interrupt
             self.ending = end.end_segment(
-                outcome, facts, detail=detail, metrics=metrics, failed_nodes=failed_nodes or [],
+                outcome, facts, detail=detail, metrics=metrics, failed_nodes=failed_nodes or [], lost_nodes=lost_nodes or [],
                 saved=self.stopping.saved, ready_s=None if self.runner is None else self.runner.ready_s,
                 requeue_self=intr is not None and intr.kind == InterruptKind.PREEMPTED)
         return self.exit_code

@@ -79,14 +79,17 @@ class Ending:
 
 
 def end_segment(outcome: Outcome, seg: SegmentFacts, *, detail: str, metrics: SegmentMetrics,
-                failed_nodes: Sequence[dict[str, str]] = (), saved: SaveResult | None = None,
-                ready_s: float | None = None, requeue_self: bool = False) -> Ending:
+                failed_nodes: Sequence[dict[str, str]] = (), lost_nodes: Sequence[dict[str, str]] = (),
+                saved: SaveResult | None = None, ready_s: float | None = None, requeue_self: bool = False) -> Ending:
     """Decide, act, and write the end line (once per segment: the caller sees to that).
     ``failed_nodes``: the nodes a node failure is blamed on (Slurm runs only); ``saved``: what a
     save on request did; ``ready_s``: seconds until Ray was ready; ``requeue_self``: a requeue is
-    this job's own to do (a graceful preemption save)."""
+    this job's own to do (a graceful preemption save); ``lost_nodes``: rollout nodes lost while the
+    segment went on (whatever its end): recorded like failed nodes, in the end line's
+    ``failed_nodes``, the run's exclusions and the site's quarantine."""
     plan, paths = seg.plan, seg.plan.paths
     failed = list(failed_nodes) if outcome.reason == Reason.NODE_FAILURE and seg.job_id else []
+    failed += [f for f in lost_nodes if seg.job_id and f["node"] not in {g["node"] for g in failed}]
     excluded, nodes_short = _exclusions(seg, failed)
     decision = decide(outcome, history=seg.history, max_segments=plan.recipe.lifecycle.max_segments,
                       cancelled=cancel.cancel_requested(paths),

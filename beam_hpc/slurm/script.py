@@ -20,7 +20,7 @@ with :func:`sbatch_option` and :func:`directive`: there is one writer of option 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError, shorten
@@ -57,6 +57,7 @@ class Component:
     constraint: str | None = None
     tmp: str | None = None
     exclusive: bool = False
+    no_kill: bool = False  # --no-kill: a node's failure does not revoke the component (see survives_node_loss)
 
     def options(self) -> dict[str, str | int | bool]:
         """The component's sbatch options by name, in the order the script writes them: the
@@ -69,6 +70,8 @@ class Component:
                 opts[name] = value
         if self.exclusive:
             opts["exclusive"] = True
+        if self.no_kill:
+            opts["no-kill"] = True
         return opts
 
     def sbatch_flags(self) -> list[str]:
@@ -94,12 +97,35 @@ def site_component(site: Site, *, nodes: int, gpus_per_node: int, partition: str
     )
 
 
+def survives_node_loss(plan: Plan, group: GroupPlan) -> bool:
+    """Whether the segment goes on when one node of ``group`` is lost mid-run: the dedicated
+    rollout group of a reference run, with more than one node. Its driver drops the lost node's
+    worker and serves its units with the workers left (beam_hpc.backends.reference.unit_service);
+    a colocated group holds the trainer, and a Miles run's driver is not taught to go on without
+    an engine's node, so those end the segment as before."""
+    return plan.recipe.backend == "reference" and group.roles == ("rollout",) and group.nodes > 1
+
+
+def asks_no_kill(plan: Plan) -> bool:
+    """Whether the run's job asks Slurm not to revoke it when a node fails (``--no-kill``): when
+    one of its groups survives a node's loss. Then every component asks it, because Slurm
+    22.05.8 applies one component's node failure to every component of the heterogeneous job
+    (measured on the local cluster: slurmctld logged "Removing failed node n6" for the component
+    that did not hold n6 as well) and keeps a component only with ``--no-kill`` and more than one
+    node; a one-node component, or one without it, is killed, which ends (or, with
+    ``--requeue``, requeues) the whole job. So a trainer group of one node still loses the job
+    to any node's failure: the docs say so. ``--no-kill`` on the trainer component is safe:
+    the segment's own watch of its node steps ends the segment on a trainer node's loss, naming
+    the node (a failed node, excluded next time) where Slurm's kill would record a preemption."""
+    return any(survives_node_loss(plan, g) for g in plan.groups)
+
+
 def component(plan: Plan, group: GroupPlan) -> Component:
     """The Slurm request of one node group: the group's own resources from the Plan, the
-    site's job-wide ones."""
-    return site_component(plan.site, nodes=group.nodes, gpus_per_node=group.gpus_per_node,
-                          partition=group.partition, cpus_per_task=group.cpus_per_node,
-                          constraint=group.constraint, tmp=group.tmp)
+    site's job-wide ones, and ``--no-kill`` when the run goes on without a lost rollout node."""
+    return replace(site_component(plan.site, nodes=group.nodes, gpus_per_node=group.gpus_per_node,
+                                  partition=group.partition, cpus_per_task=group.cpus_per_node,
+                                  constraint=group.constraint, tmp=group.tmp), no_kill=asks_no_kill(plan))
 
 
 # The job's output when the script is submitted by hand: the submit directory always exists when
