@@ -1,19 +1,22 @@
 """The pyxis runtime on the real local Slurm cluster, through the pyxis stand-in.
 
 pyxis and enroot cannot run here; Slurm's SPANK interface can. The cluster loads
-tests/support/standins/spank/pyxis_standin.c (its plugstack.conf): it registers pyxis's srun options with
-pyxis's argument forms, refuses malformed ones as pyxis does, and writes what each task received
-to ``<LAB>/pyxis/<job>.<step>.<node>.<task>.json``; it runs the task WITHOUT a container, which is
-where the seam under test ends. So these tests prove that Slurm takes every option beam-hpc
-passes, and what each step gets; not that enroot would start the image.
+tests/support/standins/spank/pyxis_standin.c (its plugstack.conf): it registers pyxis's srun options,
+refuses malformed ones as pyxis does, and does to each task what pyxis and enroot do to its mount
+namespace and environment (a fresh /tmp per container, named containers joined while they run, the
+image's variables over the job's except --container-env's, RANK/LOCAL_RANK for PyTorch images), on
+the host's own filesystem; it writes what each task got to ``<LAB>/pyxis/<job>.<step>.<node>.<task>.json``.
 
-- The tiny recipe runs to completion under ``container.runtime: pyxis``: every node step (each
-  node of both groups) got the image, the mounts, the job's container name, the run directory as
-  its working directory and no home; the batch host's processes (readiness, driver) got the same
-  image and mounts in a container of their own name, with the job's variables kept over the
-  image's (--container-env). In the same test, the same recipe under Apptainer (the stand-in
-  binary, tests/support/standins/fake_apptainer.py; a smoke run: Ray on every node and a driver) binds
-  exactly those paths around each `ray start`, and around its readiness poller and driver.
+- The tiny recipe runs to completion under ``container.runtime: pyxis``, its image a PyTorch one
+  that sets RAY_AUTH_MODE=disabled: the driver in the batch host's container reaches the head node's
+  raylet through Ray's sockets under /tmp (before the host's /tmp was mounted into every container,
+  readiness failed with "Failed to connect to socket at address:/tmp/beam-.../sockets/raylet" and
+  the run ended node-failure twice). Every node step ran in the job's container, the batch host's
+  processes in their own, and inside the batch steps the job's variables have the job's values
+  (the image's only where --container-env does not keep them). In the same test, the same recipe
+  under Apptainer (tests/support/standins/fake_apptainer.py, Apptainer's default binds; a smoke
+  run: Ray on every node and a driver) has, inside every `ray start` and batch-host process, the
+  run directory, the token, the scratch, /dev/shm and /tmp.
 - A submission to a pyxis site whose srun lacks pyxis's options (the cluster's config with an
   empty plugstack.conf) exits 2 naming container.runtime, before anything is written.
 """
@@ -24,6 +27,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -64,22 +68,16 @@ def submitted_job(out: str) -> str:
     return out.split("submitted job ")[1].split()[0]
 
 
-def mount_set(entries: list[str], run: Path) -> frozenset[tuple[str, str, str]]:
-    """(source, target, options) of each mount, the run directory written as <run>: pyxis's
-    SRC:DST[:FLAGS] (flags joined by +) and Apptainer's src[:dst[:opts]] read alike."""
-    out = set()
-    for e in entries:
-        src, _, rest = e.replace(str(run), "<run>").partition(":")
-        dst, _, opts = rest.partition(":")
-        out.add((src, dst or src, opts.replace("+", ",")))
-    return frozenset(out)
+# A PyTorch image's environment (NGC images set PYTORCH_VERSION), with a Ray setting of its own: the
+# stand-in reads NAME=VALUE lines of the image file as the image's ENV.
+IMAGE_ENV = {"PYTORCH_VERSION": "2.5.0", "RAY_AUTH_MODE": "disabled", "BEAM_IMAGE_ONLY": "from-image"}
 
 
-def test_tiny_recipe_runs_under_pyxis_and_each_step_gets_what_apptainer_binds(  # type: ignore[no-untyped-def]
+def test_tiny_recipe_runs_under_pyxis_and_every_container_sees_what_ray_needs(  # type: ignore[no-untyped-def]
         tmp_path: Path, tiny_assets, slurm_cluster, capsys, monkeypatch) -> None:
     assert pyxis_srun_problem(srun_help()) is None, "the pyxis stand-in is not loaded (see slurm_cluster.py)"
-    image = tmp_path / "beam.sqsh"  # the stand-in never opens it: submit checks it exists
-    image.write_bytes(b"hsqs stand-in")
+    image = tmp_path / "beam.sqsh"  # the stand-in reads only its ENV lines; submit checks it exists
+    image.write_text("hsqs stand-in\n" + "".join(f"{k}={v}\n" for k, v in IMAGE_ENV.items()))
     sif = tmp_path / "beam.sif"
     sif.write_text("stand-in image")
     shared, ro_data = tmp_path / "shared", tmp_path / "ro-data"  # a shared path; an extra bind, read-only
@@ -94,12 +92,15 @@ def test_tiny_recipe_runs_under_pyxis_and_each_step_gets_what_apptainer_binds(  
     recorded = tmp_path / "apptainer-records"
     recorded.mkdir()
     bin_dir = install_fake_apptainer(tmp_path / "bin")
+    runs = {"pyxis": tmp_path / "run-pyxis", "apptainer": tmp_path / "run-apptainer"}
+    scratch = yaml.safe_load((REPO / "env" / "local.yaml").read_text())["scratch"]
+    needed = [str(runs["apptainer"]), str(runs["apptainer"] / ".ray-auth"), scratch, str(shared), "/dev/shm", "/tmp"]
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")  # sbatch exports it to the job
     monkeypatch.setenv("FAKE_APPTAINER_RECORD", str(recorded))
+    monkeypatch.setenv("FAKE_APPTAINER_PROBE", os.pathsep.join(needed))
 
-    runs = {"pyxis": tmp_path / "run-pyxis", "apptainer": tmp_path / "run-apptainer"}
     jobs = {}
-    # the whole tiny recipe under pyxis; beside it, Apptainer's binds from a smoke run (Ray up, a driver)
+    # the whole tiny recipe under pyxis; beside it, Apptainer's view from a smoke run (Ray up, a driver)
     for name, site, extra in (("pyxis", pyxis_site, []), ("apptainer", app_site, ["--smoke"])):
         assert main(submit_args(site, runs[name], tiny_assets) + extra) == 0
         jobs[name] = submitted_job(capsys.readouterr().out)
@@ -114,40 +115,44 @@ def test_tiny_recipe_runs_under_pyxis_and_each_step_gets_what_apptainer_binds(  
     records = [json.loads(p.read_text()) for p in slurm_cluster.pyxis_records.glob("*.json")]
     mine = [r for r in records if r["name"] in (f"beam-{leader}", f"beam-{leader}-batch")]
     steps = [r for r in mine if "beam_hpc.node.step" in r["argv"]]
+    batch = [r for r in mine if "beam_hpc.node.step" not in r["argv"]]
     # a bring-up retried under load starts the node steps again as a later step of each component:
     # the run's nodes are those of the last one
     last = {}
     for r in steps:
         last[r["job_id"]] = max(last.get(r["job_id"], -1), r["step_id"])
     steps = [r for r in steps if r["step_id"] == last[r["job_id"]]]
-    batch = [r for r in mine if "beam_hpc.node.step" not in r["argv"]]
-    # every node of both groups ran its node step inside the job's container, with no apptainer inside
-    plan = json.loads((runs["pyxis"] / "plan.json").read_text())
+    plan = json.loads((run / "plan.json").read_text())
     want_nodes = sum(g["nodes"] for g in plan["groups"])
     assert len(steps) == want_nodes and len({r["node"] for r in steps}) == want_nodes, steps
-    for r in steps:
-        assert r["image"] == str(image) and r["name"] == f"beam-{leader}", r
-        assert r["workdir"] == str(runs["pyxis"]) and r["mount_home"] == 0 and r["env"] == [], r
+    rt = json.loads(next(run.glob("logs/*/runtime.json")).read_text())  # the one (completed) segment's
+    for r in mine:  # each its own fresh container, whose /tmp is the node's (Ray's sockets), all else mounted
+        assert r["image"] == str(image) and r["mount_home"] == 0 and not r["joined"], r
+        assert r["mounts"][0] == "/tmp:/tmp" and r["unmounted"] == [f"{ro_data}:/data:ro"], r
+        assert r["environ"]["RANK"] == "0" and r["environ"]["BEAM_IMAGE_ONLY"] == "from-image", r  # pyxis's rules
+    for r in steps:  # in the job's container, Ray started as it is; the image's RAY_AUTH_MODE wins here
+        assert r["name"] == f"beam-{leader}" and r["workdir"] == str(run) and r["env"] == [], r
         assert r["argv"][0] == sys.executable and "apptainer" not in r["argv"], r
-    # the batch host's processes: readiness and the driver, in the batch container on the head node
+        assert r["environ"]["RAY_AUTH_MODE"] == "disabled", r  # the node step sets token for Ray itself
+    # the batch host's processes: readiness and the driver, on the head node, with the job's values
+    # kept over the image's inside the task, and pyxis's per-task ranks unset before Python starts
     modules = {a for r in batch for a in r["argv"] if a.startswith("beam_hpc.")}
     assert {"beam_hpc.job.readiness", "beam_hpc.backends.reference"} <= modules, batch
     head = next(r["node"] for r in steps if "trainer" in r["argv"])
     for r in batch:
-        assert r["image"] == str(image) and r["node"] == head and r["mount_home"] == 0, r
-        assert {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "BEAM_RAY_ADDRESS"} <= set(r["env"]), r
+        assert r["node"] == head, r
+        assert r["environ"]["RAY_AUTH_MODE"] == "token", r
+        assert r["environ"]["RAY_AUTH_TOKEN_PATH"] == rt["token_path"], r
+        assert r["environ"]["BEAM_RAY_ADDRESS"] == f"{rt['head_ip']}:{rt['gcs_port']}", r
+        python = r["argv"].index(sys.executable)
+        assert r["argv"][0] == "env" and {"RANK", "LOCAL_RANK"} <= set(r["argv"][1:python]), r
 
-    # the same recipe under Apptainer: what it binds around `ray start`, the driver and readiness
+    # the same recipe under Apptainer: inside every `ray start`, readiness poller and driver, the paths
     app = [json.loads(p.read_text()) for p in recorded.glob("*.json")]
     ray_starts = [a for a in app if a["argv"][:4] == [sys.executable, "-c", LEAN_RAY_CLI, "start"]]
-    assert len(ray_starts) == want_nodes, app
-    app_batch = [a for a in app if a not in ray_starts]
-    assert {mount_set(r["mounts"], runs["pyxis"]) for r in steps} == \
-        {mount_set(a["binds"], runs["apptainer"]) for a in ray_starts}
-    assert {mount_set(r["mounts"], runs["pyxis"]) for r in batch} == \
-        {mount_set(a["binds"], runs["apptainer"]) for a in app_batch}
-    expected = {("<run>", "<run>", ""), (str(shared), str(shared), ""), (str(ro_data), "/data", "ro"), ("/dev/shm", "/dev/shm", "")}
-    assert expected <= mount_set(steps[0]["mounts"], runs["pyxis"])  # the run directory, the site's paths, Ray's shm
+    assert len(ray_starts) == want_nodes and len(app) > want_nodes, app
+    for a in app:
+        assert a["seen"] == dict.fromkeys(needed, True), a
 
 
 def test_submit_refuses_a_pyxis_site_when_srun_lacks_its_options(tmp_path: Path, tiny_assets, slurm_cluster,  # type: ignore[no-untyped-def]
@@ -205,3 +210,47 @@ def test_doctor_checks_pyxis_on_the_login_node_and_enroot_on_each_node(  # type:
     assert main(args) == 0
     enroot = [c for c in json.loads(capsys.readouterr().out) if c["name"] == "enroot"]
     assert len(enroot) == 2 and {c["status"] for c in enroot} == {"pass"} and "3.5.0" in enroot[0]["detail"], enroot
+
+
+JOIN_SCRIPT = """#!/bin/sh
+# one node, four steps of the container pyxis_demo (the stand-in's records name what each saw)
+srun --ntasks=1 --container-image={image} --container-name=demo --container-mounts={mnt}:/tmp/in-demo \\
+    --container-env=KEEP sh -c 'touch /tmp/made-inside; echo up > {out}/first; sleep 6' &
+while [ ! -e {out}/first ]; do sleep 0.2; done
+srun --overlap --ntasks=1 --container-name=demo --container-mounts={mnt}:/tmp/other \\
+    sh -c 'ls -A /tmp > {out}/joined'
+srun --overlap --ntasks=1 --container-name=demo:no_exec sh -c 'ls -A /tmp > {out}/no_exec'
+wait
+srun --ntasks=1 --container-name=demo sh -c 'ls -A /tmp > {out}/restarted'
+srun --ntasks=1 --container-name=demo:exec true || echo refused > {out}/exec
+"""
+
+
+def test_the_stand_in_joins_a_running_named_container_and_gives_a_stopped_one_a_fresh_tmp(  # type: ignore[no-untyped-def]
+        tmp_path: Path, slurm_cluster, monkeypatch, request) -> None:
+    """What the stand-in does, as pyxis_slurmstepd.c does it: a step naming a running container joins it
+    (sees what the first step made in its /tmp, and its own --container-mounts are ignored); no_exec
+    and a container that runs nothing any more start with a fresh /tmp; exec refuses a stopped one.
+    The image's variables win except --container-env's, and a PyTorch image gets RANK per task."""
+    image = tmp_path / "img.sqsh"
+    image.write_text("hsqs stand-in\nPYTORCH_VERSION=2.5.0\nKEEP=image\nFROM_IMAGE=yes\n")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    out = Path(tempfile.mkdtemp(prefix="beam-join-", dir="/var/tmp"))  # outside /tmp: every container sees it
+    request.addfinalizer(lambda: shutil.rmtree(out, ignore_errors=True))
+    script = tmp_path / "join.sh"
+    script.write_text(JOIN_SCRIPT.format(image=image, mnt=mnt, out=out))
+    monkeypatch.setenv("KEEP", "job")
+    job = slurm_cluster.run("sbatch", "--parsable", "--nodes=1", "--ntasks=2",
+                            f"--output={tmp_path / 'job.log'}", str(script)).stdout.strip().split(";")[0]
+    slurm_cluster.wait_for_job(job, timeout=120)
+    log = (tmp_path / "job.log").read_text() if (tmp_path / "job.log").exists() else ""
+    seen = {p.name: p.read_text().split() for p in out.iterdir()}
+    assert seen.get("joined") == ["in-demo", "made-inside"], (seen, log)  # its own mount ignored
+    assert seen.get("no_exec") == [] and seen.get("restarted") == [] and seen.get("exec") == ["refused"], (seen, log)
+    records = sorted((json.loads(p.read_text()) for p in slurm_cluster.pyxis_records.glob(f"{job}.*.json")),
+                     key=lambda r: r["step_id"])
+    assert [r["joined"] for r in records] == [False, True, False, False], records
+    first = records[0]["environ"]
+    assert first["KEEP"] == "job" and first["FROM_IMAGE"] == "yes" and first["RANK"] == "0", first
+    assert records[1]["environ"]["KEEP"] == "image", records[1]  # not listed in --container-env there

@@ -495,7 +495,7 @@ static int enter_container(int state_fd, const char *step_key, struct container 
 		int ns_fd;
 
 		if (n_mounts > 0 && strcmp(c->creator, step_key) != 0)
-			slurm_info("pyxis: ignoring --container-mounts when attaching to a running container");
+			slurm_spank_log("pyxis: ignoring --container-mounts when attaching to a running container");
 		snprintf(ns, sizeof(ns), "/proc/%d/ns/mnt", (int)pid);
 		ns_fd = open(ns, O_RDONLY | O_CLOEXEC);
 		if (ns_fd < 0 || setns(ns_fd, CLONE_NEWNS) != 0) {
