@@ -1,10 +1,13 @@
 """An outside worker joins a running reference run, serves part of its rollouts and leaves in the
-middle of a unit, and the run ends bitwise equal to the same run without it.
+middle of a unit (stopped with SIGTERM, or killed with SIGKILL as a lost node is, without a word),
+and the run ends bitwise equal to the same run without it; and the negative control: a worker that
+serves one policy version behind changes the final weights, so the comparison can fail.
 
 Real processes throughout: the backend as the runtime starts it (on the session's real Ray head),
 and ``python -m beam_hpc.backends.reference.outside_worker`` as its own process, found through the run's rendezvous
-file, stopped with SIGTERM. The only hook is ``BEAM_TEST_SLOW_UNITS`` (beam_hpc.fault_hooks): the
-outside worker's units from rollout 8 on take seconds, so the signal lands inside one.
+file. The only hook is ``BEAM_TEST_SLOW_UNITS`` (beam_hpc.fault_hooks): the outside worker's units
+from rollout 8 on take seconds, so the signal lands inside one. The stale worker is the real worker
+with its policy loading shifted by one version (STALE_WORKER).
 """
 
 from __future__ import annotations
@@ -56,6 +59,34 @@ def _checkpoint(run_dir: Path) -> dict:
 
 ASYNC_N, ASYNC_LEAVE_AT = 10, 8
 ASYNC_BASE = [*SMALL, f"num_rollout={ASYNC_N}", f"checkpoint.interval={ASYNC_N}", "backend_options.unit_prompts=1"]
+# The negative control's worker: the real one (outside_worker.main), changed in one place. Asked for
+# policy version k, it computes with the weights of k-1 whenever it has held k-1, and its result still
+# says k (a unit's version label is the unit's own, echoed back; nothing in a result shows which
+# weights made it). Each substitution is printed, so that the test can tell the lie was told.
+STALE_WORKER = """
+import sys
+from beam_hpc.backends.reference import outside_worker, policy_store
+verified, held = policy_store.load_verified, {}
+def one_behind(run_dir, version):
+    held[version] = verified(run_dir, version)
+    for old in [v for v in held if v < version - 1]:
+        del held[old]
+    if version - 1 in held:
+        print(f"one behind: serving version {version} with the weights of version {version - 1}", flush=True)
+        return held[version - 1]
+    return held[version]
+policy_store.load_verified = one_behind  # outside_worker looks it up on the module at each call
+sys.exit(outside_worker.main())
+"""
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory, tiny_assets, reference_ray) -> Path:  # type: ignore[no-untyped-def]
+    """The sync run with its one own rollout worker, run once for the module: what a run joined by an
+    outside worker must give bit for bit, and what a stale worker's run must not."""
+    run_dir = tmp_path_factory.mktemp("sync") / "alone"
+    run_backend(_plan(run_dir, tiny_assets, BASE), reference_ray)
+    return run_dir
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +117,18 @@ class Joined:
     run_dir: Path
     backend_log: str
     worker_log: str
-    given_back: str  # the unit the worker was serving when it was signalled
+    given_back: str | None  # the unit the worker was serving when it was signalled (None: never signalled)
 
 
-def _run_with_outside_worker(tmp_path: Path, assets, address: str, overrides: list[str], leave_at: int) -> Joined:
+def _run_with_outside_worker(tmp_path: Path, assets, address: str, overrides: list[str], leave_at: int | None,
+                             *, stop: signal.Signals = signal.SIGTERM, worker: list[str] | None = None) -> Joined:
     """The backend in its own process; once it has done 2 rollouts, an outside worker process starts,
-    slowed from rollout ``leave_at`` on, and gets SIGTERM as it starts its first unit there (in
+    slowed from rollout ``leave_at`` on, and gets ``stop`` as it starts its first unit there (in
     rollout ``leave_at`` or a later one: the own worker may take all of a rollout's units while the
-    outside worker loads that rollout's version). The
+    outside worker loads that rollout's version); with ``leave_at`` None it serves until the run ends
+    and then gets SIGTERM. SIGTERM: it leaves cleanly, giving the unit back; SIGKILL: it dies
+    without a word, as on a lost node, and the run must take the unit back by itself.
+    ``worker``: the worker's command (default: the real one). The
     backend's driver is paused (SIGSTOP) while the worker starts and loads the model, which takes
     more than a whole tiny run on a busy machine: so it joins around rollout 3 on every machine."""
     joined = tmp_path / "joined"
@@ -104,46 +139,58 @@ def _run_with_outside_worker(tmp_path: Path, assets, address: str, overrides: li
                                text=True, env=env)
     backend_out: list[str] = []
     threading.Thread(target=lambda: backend_out.extend(backend.stdout), daemon=True).start()
-    worker: subprocess.Popen[str] | None = None
+    proc: subprocess.Popen[str] | None = None
     lines: list[str] = []
     signalled: list[str] = []
     paused = False
+    command = worker or [sys.executable, "-m", "beam_hpc.backends.reference.outside_worker"]
     try:
         assert poll_until(lambda: _rollouts_done(joined) >= 2 or backend.poll() is not None, 600, 0.2)
         assert backend.poll() is None, "".join(backend_out)[-4000:]
         assert oct((joined / "elastic" / "rendezvous.json").stat().st_mode & 0o777) == "0o600"
         backend.send_signal(signal.SIGSTOP)
         paused = True
-        worker = subprocess.Popen([sys.executable, "-m", "beam_hpc.backends.reference.outside_worker", "--run-dir", str(joined),
-                                   "--worker-id", WORKER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  env={**env, SLOW_UNITS_VAR: f"{leave_at}:0.25"})
-        threading.Thread(target=_stop_once_the_run_ends, args=(backend, worker, signalled), daemon=True).start()
-        for line in worker.stdout:
+        slow = {SLOW_UNITS_VAR: f"{leave_at}:0.25"} if leave_at is not None else {}
+        proc = subprocess.Popen([*command, "--run-dir", str(joined), "--worker-id", WORKER], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env={**env, **slow})
+        threading.Thread(target=_stop_once_the_run_ends, args=(backend, proc, signalled), daemon=True).start()
+        for line in proc.stdout:
             lines.append(line)
             if paused and "ready to serve" in line:  # model loaded; it registers next
                 backend.send_signal(signal.SIGCONT)
                 paused = False
             unit = _unit_started(line)
-            if unit and int(unit.split(":")[1]) >= leave_at and not signalled:
+            if leave_at is not None and unit and int(unit.split(":")[1]) >= leave_at and not signalled:
                 signalled.append(unit)
-                worker.send_signal(signal.SIGTERM)  # slowed: the unit has seconds to go
+                proc.send_signal(stop)  # slowed: the unit has seconds to go
         out = "".join(lines)
-        assert worker.wait(60) == 0, out[-4000:]
-        assert signalled, f"the run ended before the worker reached rollout {leave_at}:\n{out[-4000:]}"
-        assert f"gave back ['{signalled[0]}']" in out, out[-4000:]
+        rc = proc.wait(60)
+        if leave_at is not None:
+            assert signalled, f"the run ended before the worker reached rollout {leave_at}:\n{out[-4000:]}"
+        if stop == signal.SIGKILL and signalled:
+            assert rc == -signal.SIGKILL and "gave back" not in out, out[-4000:]  # it said nothing
+        else:
+            assert rc == 0, out[-4000:]
+            if signalled:
+                assert f"gave back ['{signalled[0]}']" in out, out[-4000:]
         assert backend.wait(900) == 0, "".join(backend_out)[-4000:]
     finally:
         if backend.poll() is None:
             backend.send_signal(signal.SIGCONT)
-        for p in (worker, backend):
+        for p in (proc, backend):
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
     log = "".join(backend_out)
-    assert f"outside worker {WORKER} registered" in log and f"outside worker {WORKER} left, giving back {signalled[0]}" in log
-    assert f"worker {WORKER}: " in "".join(lines)  # its report line, printed after it deregistered
+    assert f"outside worker {WORKER} registered" in log
+    if stop == signal.SIGKILL and signalled:  # it never deregistered: the run took the unit back by itself
+        assert f"outside worker {WORKER} left" not in log, log[-4000:]
+    else:
+        if signalled:  # (not signalled: it is stopped after the run, whose service is gone by then)
+            assert f"outside worker {WORKER} left, giving back {signalled[0]}" in log
+        assert f"worker {WORKER}: " in "".join(lines)  # its report line, printed after it deregistered
     assert not (joined / "elastic" / "rendezvous.json").exists()  # the segment's driver removed it
-    return Joined(joined, log, "".join(lines), signalled[0])
+    return Joined(joined, log, "".join(lines), signalled[0] if signalled else None)
 
 
 def _unit_started(line: str) -> str | None:
@@ -170,9 +217,8 @@ def _outside_units(run_dir: Path, k: int) -> int:
     return sum(1 for u in units if u[0] == WORKER)
 
 
-def test_an_outside_worker_joins_leaves_mid_unit_and_changes_no_bit(tmp_path, tiny_assets, reference_ray) -> None:
-    alone = tmp_path / "alone"
-    run_backend(_plan(alone, tiny_assets, BASE), reference_ray)
+def test_an_outside_worker_joins_leaves_mid_unit_and_changes_no_bit(tmp_path, tiny_assets, reference_ray,  # type: ignore[no-untyped-def]
+                                                                     alone) -> None:
     j = _run_with_outside_worker(tmp_path, tiny_assets, reference_ray, BASE, LEAVE_AT)
     joined, signalled = j.run_dir, [j.given_back]
 
@@ -206,19 +252,47 @@ def test_an_outside_worker_joins_leaves_mid_unit_and_changes_no_bit(tmp_path, ti
     assert len(policy_store.versions(joined)) == 1  # published while it served, pruned to the current one
 
 
-def test_an_outside_worker_in_an_async_run_serves_one_version_behind_and_changes_no_bit(  # type: ignore[no-untyped-def]
+def test_an_outside_worker_killed_mid_unit_in_an_async_run_costs_its_unit_once_and_changes_no_bit(  # type: ignore[no-untyped-def]
         tmp_path, tiny_assets, reference_ray, async_alone) -> None:
     """Async (one-step-off): rollout k is generated with W_(k-1), by whoever serves it; the outside
-    worker gets the versions it needs from the published files, and the run ends bitwise equal."""
+    worker gets the versions it needs from the published files. It is then killed (SIGKILL) in the
+    middle of a unit, as when its node is lost: it neither deregisters nor gives the unit back. The
+    run serves that unit again, once, by its own worker (which takes over a unit only outside
+    workers hold as soon as it is idle; the lease of a silent worker, 30 s, lapses later), and ends
+    bitwise equal. Seen on a loaded machine: the own worker took it over and the run ended 4 s
+    after the kill, before the lease lapsed."""
     n = ASYNC_N
-    j = _run_with_outside_worker(tmp_path, tiny_assets, reference_ray, ASYNC_BASE, ASYNC_LEAVE_AT)
+    j = _run_with_outside_worker(tmp_path, tiny_assets, reference_ray, ASYNC_BASE, ASYNC_LEAVE_AT, stop=signal.SIGKILL)
     last = f"iter_{n - 1:07d}"
     assert assert_bitwise_equal(load_checkpoint(async_alone / "checkpoints" / last),
                                 load_checkpoint(j.run_dir / "checkpoints" / last), "final") > 50
     outside = 0
     for k in range(n):
         assert {s["policy_version"] for s in _samples(j.run_dir, k)} == {max(k - 1, 0)}
-        outside += _outside_units(j.run_dir, k)
+        outside += _outside_units(j.run_dir, k)  # each unit served whole by one worker
     assert outside > 0
+    assert j.given_back is not None
+    _, held_in, index = j.given_back.split(":")
+    assert _samples(j.run_dir, int(held_in))[4 * int(index)]["served_by"] == "segment:0"  # served again
+    # once: every rollout counts its 4 units (a second result for a unit, e.g. from a worker whose
+    # unit the own worker took over, is dropped as a duplicate, never counted)
+    assert [m[unit_service.UNITS] for m in metrics(j.run_dir, "rollout")] == [4.0] * n
     assert "published for outside workers" in j.backend_log
     assert 1 <= len(policy_store.versions(j.run_dir)) <= 2  # pruned to what one step of staleness needs
+
+
+def test_negative_control_a_worker_serving_one_version_behind_changes_the_final_weights(  # type: ignore[no-untyped-def]
+        tmp_path, tiny_assets, reference_ray, alone) -> None:
+    """The comparisons above can fail: a sync run served in part by a worker that computes version
+    k's units with the weights of k-1 (STALE_WORKER) ends with other weights than
+    the run alone, although every sample still carries the label k: the label is the unit's own,
+    echoed back, and only the bitwise comparison of the checkpoint sees the difference."""
+    j = _run_with_outside_worker(tmp_path, tiny_assets, reference_ray, BASE, None,
+                                 worker=[sys.executable, "-c", STALE_WORKER])
+    lies = [line for line in j.worker_log.splitlines() if line.startswith("one behind: ")]
+    assert lies, j.worker_log[-4000:]  # it did serve a unit with the version before
+    assert sum(_outside_units(j.run_dir, k) for k in range(N)) > 0
+    for k in range(N):
+        assert {s["policy_version"] for s in _samples(j.run_dir, k)} == {k}  # the labels cannot tell
+    with pytest.raises(AssertionError, match="differs"):
+        assert_bitwise_equal(_checkpoint(alone), _checkpoint(j.run_dir), "final")
