@@ -6,9 +6,9 @@ the top of tests/node/test_container.py: ``exec``, ``--nv``, ``--bind src[:dest[
 rejects anything else, and execs the command on the host with Apptainer's view of the filesystem and
 environment.
 
-What Apptainer does that beam-hpc depends on (apptainer/apptainer 5e4d1a1,
-docs: "Bind Paths and Mounts", system-defined binds; e2e/actions and the mount defaults in
-internal/pkg/runtime/engine/apptainer/container_linux.go):
+What Apptainer does that beam-hpc depends on (apptainer/apptainer 917d665,
+internal/pkg/runtime/engine/apptainer/container_linux.go: addTmpMount, addHomeMount, createCwdDir;
+apptainer.conf's "mount home = yes" and "mount tmp = yes" defaults):
 - By default it binds the user's $HOME, the current directory, /tmp and /var/tmp (and /proc, /sys,
   /dev) from the host. ``--contain`` gives empty /tmp, /var/tmp and $HOME instead (and leaves the
   current directory unbound); ``--containall`` is ``--contain`` and more; ``--no-home`` leaves $HOME out.
