@@ -141,7 +141,8 @@ OWNED_NOT_EMITTED: dict[str, str] = {
     "--critic-num-nodes": "leave it out: beam-hpc's topology places no critic group",
     "--critic-num-gpus-per-node": "leave it out: beam-hpc's topology places no critic group",
     "--wandb-run-id": "leave it out: every segment logs to the run's one W&B run (<output>/wandb/run_id)",
-    # set at segment start from the engines extra jobs registered (backends.miles.external_engines)
+    # reserved for attaching extra jobs' engines at segment start, which no Miles run does today: Miles
+    # main gives attached engines no GPUs (backends.miles.external_engines.refusal; rollout add exits 2)
     "--rollout-external": "use `beam-hpc rollout add` instead: segment start attaches the registered engines",
     "--rollout-external-engine-addrs": "use `beam-hpc rollout add` instead: segment start attaches the registered engines",
     "--worker-urls": "use `beam-hpc rollout add` instead: segment start gives Miles's router the registered engines",
