@@ -482,6 +482,23 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     return recipe_from_dict(data, str(path))
 
 
+def resolve_relative_paths(data: dict[str, Any], base: Path) -> None:
+    """Relative ``output_dir``, ``data.dir`` and ``model.path`` are relative to ``base``; inside
+    the allocation every path must be absolute, so the recipe's mapping is resolved once, before it
+    is validated (``beam_hpc.submission.submit.build_recipe`` with ``base_dir``)."""
+
+    def absolute(value: Any) -> Any:
+        if isinstance(value, str) and value and not value.startswith("/") and "://" not in value:
+            return str((base / value).resolve())
+        return value
+
+    if "output_dir" in data:
+        data["output_dir"] = absolute(data["output_dir"])
+    for section, key in (("data", "dir"), ("model", "path")):
+        if isinstance(data.get(section), dict) and key in data[section]:
+            data[section][key] = absolute(data[section][key])
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
     """``training.async_training=false`` style overrides, applied in place before validation.
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.backends.registry import plan_for
-from beam_hpc.config.recipe import Recipe, apply_overrides, load_yaml, recipe_from_dict
+from beam_hpc.config.recipe import Recipe, apply_overrides, load_yaml, recipe_from_dict, resolve_relative_paths
 from beam_hpc.config.site import Site, find_site, site_from_dict
 from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.lifecycle import exclusions, quarantine
@@ -84,22 +84,6 @@ def build_recipe(
     if base_dir is not None:
         resolve_relative_paths(data, base_dir)
     return recipe_from_dict(data, str(recipe_path))
-
-
-def resolve_relative_paths(data: dict[str, Any], base: Path) -> None:
-    """Relative ``output_dir``, ``data.dir`` and ``model.path`` are relative to ``base``; inside
-    the allocation every path must be absolute, so this is resolved once, here."""
-
-    def absolute(value: Any) -> Any:
-        if isinstance(value, str) and value and not value.startswith("/") and "://" not in value:
-            return str((base / value).resolve())
-        return value
-
-    if "output_dir" in data:
-        data["output_dir"] = absolute(data["output_dir"])
-    for section, key in (("data", "dir"), ("model", "path")):
-        if isinstance(data.get(section), dict) and key in data[section]:
-            data[section][key] = absolute(data[section][key])
 
 
 def build_site(site: str | Path | None, *, search_dir: Path | None = None) -> Site:
