@@ -11,6 +11,8 @@ dependencies point down the layers (docs/architecture.md).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -261,6 +263,11 @@ class LifecycleSpec(_Strict):
     # The same for a segment's first rollout, which also loads the model and (Miles) starts the
     # engines. None: the stall timeout + 30 minutes; 0 turns the first rollout's watch off.
     startup_timeout_s: int | None = Field(None, ge=0)
+    # A rollout node lost mid-segment (a reference run's dedicated rollout group of 2+ nodes) is
+    # replaced by an extra rollout job, as `beam-hpc rollout add` submits one
+    # (beam_hpc.lifecycle.replace): at most this many over the whole run, so a flapping cluster
+    # cannot make the run submit without end. 0: never replace (the run goes on with the nodes left).
+    max_replacements: int = Field(2, ge=0)
 
     @field_validator("walltime", mode="before")
     @classmethod
@@ -400,6 +407,11 @@ class Recipe(_Strict):
             "batch": self.batch.model_dump(),
             "seed": self.seed,
         }
+
+    def identity_sha(self) -> str:
+        """A digest of :meth:`identity`, recorded in the plan (``Plan.identity_sha``)."""
+        blob = json.dumps(self.identity(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def _under(base: str, name: str) -> str:

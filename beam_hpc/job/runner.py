@@ -128,6 +128,8 @@ class JobRunner:
         self.stop_reason: str | None = None
         self._torn_down: float | None = None
         self.lost_nodes: list[dict[str, str]] = []  # rollout nodes lost mid-run, the segment going on
+        # called with each such node ({"node", "why"}): the segment asks for its replacement
+        self.on_rollout_node_lost: Callable[[dict[str, str]], object] | None = None
 
     # -- shared ------------------------------------------------------------------------------
     @property
@@ -227,9 +229,15 @@ class JobRunner:
         if not any(o is not h and o.group.name == h.group.name and o.proc.poll() is None for o in self.steps):
             return False
         self.steps.remove(h)
-        for f in failure.failed_nodes:
-            self.lost_nodes.append({"node": f["node"], "why": f"rollout node lost mid-segment (it went on): {f['why']}"})
         log.warning("%s: a rollout node; the segment goes on with the rollout nodes left", failure)
+        for f in failure.failed_nodes:
+            lost = {"node": f["node"], "why": f"rollout node lost mid-segment (it went on): {f['why']}"}
+            self.lost_nodes.append(lost)
+            if self.on_rollout_node_lost is not None:
+                try:
+                    self.on_rollout_node_lost(lost)
+                except Exception:  # noqa: BLE001 - a replacement is a bonus: the segment goes on regardless
+                    log.exception("asking for a replacement of %s failed", lost["node"])
         return True
 
     def _placeholder_values(self) -> dict[str, str]:

@@ -194,6 +194,8 @@ class Segment:
             return self._finish(Reason.ERROR, str(err), retryable=False)
         with open(self.paths.segment(self.ledger_job_id, self.restart).driver_log, "ab") as driver_out:
             self.runner = runtime.JobRunner(self.plan, launcher, ctx, driver_stdout=driver_out)
+            if self.job_id is not None:  # in Slurm: a lost rollout node's capacity comes back by itself
+                self.runner.on_rollout_node_lost = self._replace_lost
             self.stopping.attach(self.runner, stall_watch)  # after a signal during the checks above
             outcome = runtime.run_job(self.runner, on_tick=self.stopping.tick)
         stacks.drop_empty(str(self.runner.segment_dir))  # files of processes that were never asked
@@ -201,6 +203,11 @@ class Segment:
             return self.ending.exit_code
         reason, detail, stall = self._why_ended(outcome.status, outcome.message, outcome.returncode)
         return self._finish(reason, detail, failed_nodes=outcome.failed_nodes, lost_nodes=outcome.lost_nodes, stall=stall)
+
+    def _replace_lost(self, lost: dict[str, str]) -> str | None:
+        from beam_hpc.lifecycle.replace import replace_lost
+
+        return replace_lost(self.plan, lost, segment=ledger.segment_id(self.ledger_job_id, self.restart))
 
     def _why_ended(self, status: str, message: str, returncode: int) -> tuple[Reason, str, dict | None]:
         """The end line's reason and detail once the job is over: all rollouts done, else a stall,
