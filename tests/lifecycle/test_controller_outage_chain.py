@@ -133,8 +133,13 @@ def test_a_150_s_outage_at_the_walltime_save_loses_nothing_and_a_40_s_one_mid_se
     at_start = first_end["rollouts_at_end"]
     wait_for("a rollout trained by the resubmitted segment", lambda: _rollouts_done(run) > at_start, run, timeout=600)
     outage.stop_controller()
+    at_stop = _rollouts_done(run)
     time.sleep(40)
-    assert _rollouts_done(run) < n, "the run finished inside the outage: it did not train through it"
+    in_outage = _rollouts_done(run)  # read before the controller returns: training went on without it
+    print(f"\n40 s outage: {at_stop} rollouts done when slurmctld stopped, {in_outage} before it returned")
+    assert at_stop < in_outage < n, (f"{at_stop} rollouts done when the controller stopped, {in_outage} when it "
+                                     f"was about to return (of {n}): it did not train through the outage\n"
+                                     f"{diagnostics(run)}")
     assert len(segments(run)) == 2 and "end" not in segments(run)[1], diagnostics(run)
     outage.start_controller()
     wait_for("the chain to finish", lambda: chain_finished(run), run, timeout=900)
