@@ -21,24 +21,32 @@ REFERENCE_MODULE = "beam_hpc.backends.reference"
 
 
 def driver_command(recipe: Recipe, site: Site) -> DriverCommand:
+    """:func:`driver_command_with` the recipe's W&B settings resolved here (:func:`plan_for`
+    resolves them once per plan)."""
+    return driver_command_with(recipe, site, tracking.settings_for(recipe, site))
+
+
+def driver_command_with(recipe: Recipe, site: Site, wb: tracking.WandbSettings | None) -> DriverCommand:
     """The backend's driver argv (with Plan placeholders such as ``{ray_address}``) and the
-    environment it needs; a backend's own checks (Miles's layout rules) raise InputError here."""
+    environment it needs, with the run's W&B settings ``wb``; a backend's own checks (Miles's
+    layout rules) raise InputError here."""
     if recipe.backend == "miles":
         from beam_hpc.backends.miles import args  # pure argv builder, no Miles import
 
-        argv, env = args.build_driver(recipe, site)
+        argv, env = args.driver_with(recipe, site, wb)
         return DriverCommand(tuple(argv), env)
-    wb = tracking.settings_for(recipe, site)
     return DriverCommand((site.node_python, "-m", REFERENCE_MODULE, "--plan", RunPaths(RUN_DIR).plan,
                           "--ray-address", "{ray_address}", "--num-rollout", "{num_rollout}"),
-                         tracking.driver_env(wb, RUN_DIR) if wb is not None else {})
+                         tracking.wandb_env(wb, RUN_DIR) if wb is not None else {})
 
 
 def plan_for(recipe: Recipe, site: Site, *, measured: dict[str, float] | None = None,
              tmp_disk: DeclaredTmpDisk | None = None) -> Plan:
     """``make_plan`` with the backend's driver command: recipe + site -> Plan, or InputError (W&B
-    online with no key here is one: the job inherits this environment). The recipe's paths are
-    checked once, by ``make_plan``."""
-    driver = driver_command(recipe, site)
-    tracking.check_credentials(recipe, site, os.environ)
+    online with no key here is one: the job inherits this environment). The W&B settings are
+    resolved once, here, for the driver's flags, its environment and the key check; the recipe's
+    paths are checked once, by ``make_plan``."""
+    wb = tracking.settings_for(recipe, site)
+    driver = driver_command_with(recipe, site, wb)
+    tracking.check_credentials(wb, os.environ)
     return make_plan(recipe, site, driver=driver, measured=measured, tmp_disk=tmp_disk)

@@ -86,7 +86,7 @@ def wandb_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / SUBDIR
 
 
-def driver_env(settings: WandbSettings, run_dir: str) -> dict[str, str]:
+def wandb_env(settings: WandbSettings, run_dir: str) -> dict[str, str]:
     """The driver's static W&B environment (``run_dir`` may be the ``{run_dir}`` placeholder)."""
     env = {
         "WANDB_PROJECT": settings.project,
@@ -352,10 +352,11 @@ def has_api_key(environ: Mapping[str, str]) -> bool:
     return bool(auth and auth[2])
 
 
-def check_credentials(recipe: Recipe, site: Site, environ: Mapping[str, str]) -> None:
-    """W&B online needs a key where the job runs; refused (exit 2) before anything is submitted."""
-    s = settings_for(recipe, site)
-    if s is None or s.mode != "online" or has_api_key(environ):
+def check_credentials(settings: WandbSettings | None, environ: Mapping[str, str]) -> None:
+    """W&B online needs a key where the job runs; refused (exit 2) before anything is submitted.
+    ``settings``: the run's settings as :func:`settings_for` resolved them for its plan (once per
+    plan: the driver's flags, its environment and this check read the same)."""
+    if settings is None or settings.mode != "online" or has_api_key(environ):
         return
     raise InputError(
         "tracking.wandb.mode: online, but no W&B API key is set (neither WANDB_API_KEY nor a .netrc entry for "

@@ -112,11 +112,11 @@ def check_paths(recipe: Recipe, site: Site) -> None:
     """Paths that must exist before a job is worth queueing (checked on the login node, which sees
     the same shared storage as the nodes). A model that the backend makes itself (the tiny model,
     or SmolLM2 materialised from its wheel) is exempt."""
-    need = [("data.dir", recipe.data.train_path()), ("data.dir", recipe.data.eval_path())]
-    if not (recipe.backend_options.get("tiny_model") or recipe.backend_options.get("smollm2_model")):
-        need.append(("model.path", recipe.model.path))
-    if image := container.image_file(site):  # an Apptainer .sif or a pyxis squashfs (not a registry URI)
-        need.append(("container.image", image))
+    made_by_backend = recipe.backend_options.get("tiny_model") or recipe.backend_options.get("smollm2_model")
+    image = container.image_file(site)  # an Apptainer .sif or a pyxis squashfs (not a registry URI)
+    need = [("data.dir", recipe.data.train_path()), ("data.dir", recipe.data.eval_path()),
+            *([] if made_by_backend else [("model.path", recipe.model.path)]),
+            *([("container.image", image)] if image else [])]
     container.check_pyxis_srun(site)  # pyxis: this srun must take its options (exit 2 before sbatch)
     for field_name, path in need:
         if not Path(path).exists():

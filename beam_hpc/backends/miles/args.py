@@ -99,17 +99,24 @@ def driver_env(recipe: Recipe, wb: tracking.WandbSettings | None) -> dict[str, s
         "RAY_ADDRESS": "{ray_address}",
         ENV_OVERLONG_BUFFER: str(recipe.reward.overlong_buffer),
         ENV_OVERLONG_FACTOR: _num(recipe.reward.overlong_factor),
-        **(tracking.driver_env(wb, RUN_DIR) if wb is not None else {}),  # no name in common with the above
+        **(tracking.wandb_env(wb, RUN_DIR) if wb is not None else {}),  # no name in common with the above
     }
 
 
 def build_driver(recipe: Recipe, site: Site) -> tuple[list[str], dict[str, str]]:
+    """:func:`driver_with` the recipe's W&B settings resolved here (``backends.registry.plan_for``
+    resolves them once per plan and calls :func:`driver_with` itself)."""
+    return driver_with(recipe, site, tracking.settings_for(recipe, site))
+
+
+def driver_with(recipe: Recipe, site: Site, wb: tracking.WandbSettings | None) -> tuple[list[str], dict[str, str]]:
     """argv and environment of the driver process on the head node (Plan placeholders unfilled).
 
     ``python -m beam_hpc.backends.miles.launch [launcher options] -- <entry> <Miles flags>``:
     the launcher pins trainer bundles to trainer nodes and then runs Miles's entry point in
     its own process (it never stops Ray or kills anything). The plan's path is passed so the
-    launcher can name the run in its errors.
+    launcher can name the run in its errors. ``wb``: the run's W&B settings, resolved once by the
+    caller, so that the flags and the environment say the same.
     """
     launcher = [site.node_python, "-m", LAUNCHER_MODULE, "--plan", RUN.plan, "--ray-address", "{ray_address}",
                 "--head-ip", "{head_ip}", "--group-label", GROUP_LABEL_KEY]
@@ -117,7 +124,6 @@ def build_driver(recipe: Recipe, site: Site) -> tuple[list[str], dict[str, str]]
         launcher += ["--ifname", site.network.interface]
     arch = architecture.resolve(recipe.model)
     launcher += architecture.launcher_options(arch)  # a model script only the image can read
-    wb = tracking.settings_for(recipe, site)  # once: the flags and the environment say the same
     return [*launcher, "--", entry_point(recipe), *_miles_args(recipe, site, arch, wb)], driver_env(recipe, wb)
 
 
