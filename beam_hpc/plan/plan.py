@@ -401,11 +401,6 @@ def edited_derived(stored: dict[str, Any], made: Plan, *, moved: bool) -> list[s
     return lines
 
 
-def identity_sha(recipe: Recipe) -> str:
-    blob = json.dumps(recipe.identity(), sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
 def run_id_for(output_dir: str) -> str:
     """Stable per output directory, so NVMe dirs and ports of one run are recognisable across
     segments (Miles's own default run id is a timestamp, which breaks every resume)."""
@@ -452,26 +447,29 @@ def make_plan(recipe: Recipe, site: Site, *, driver: DriverCommand, measured: di
     TmpDisk (asked by the caller, beam_hpc.submission.tmp_disk; None: not asked), which decides
     each group's ``--tmp``. Pure: reads no file, runs no process, reads no environment."""
     require_absolute_paths(recipe)
+    # This module's own fields first (none of them can be refused), then those that the modules
+    # below compute (each group's local disk, the walltime, the identity): the recipe goes down the
+    # layers once, and the refusals come in the order they always did (paths, groups, lead).
     output_dir = os.path.normpath(recipe.output_dir)
+    run_id = run_id_for(output_dir)
+    off = recipe.training.offload
+    nvme = NvmePlan(
+        enabled=off.target == "nvme",
+        root=off.nvme_dir,
+        job_dir=nvme_job_dir(off.nvme_dir, run_id),
+        min_free_gb=off.min_free_gb,
+    )
+    lead_s = compute_lead_s(recipe, measured)
+    facts = Facts.of(measured, tmp_disk)
+    driver = DriverCommand(tuple(driver.argv), dict(driver.env))
+    digests = inputs_sha(recipe, site, driver=driver, facts=facts)
     groups = _groups(recipe, site, tmp_disk)
     walltime_s = parse_walltime(recipe.lifecycle.walltime)
-    lead_s = compute_lead_s(recipe, measured)
     if lead_s >= walltime_s:
         raise InputError(
             f"lifecycle.lead_s: {lead_s} s lead leaves no time in a {recipe.lifecycle.walltime} walltime; "
             "raise lifecycle.walltime or lower lifecycle.lead_s"
         )
-    run_id = run_id_for(output_dir)
-    off = recipe.training.offload
-    nvme_root = off.nvme_dir
-    nvme = NvmePlan(
-        enabled=off.target == "nvme",
-        root=nvme_root,
-        job_dir=nvme_job_dir(nvme_root, run_id),
-        min_free_gb=off.min_free_gb,
-    )
-    facts = Facts.of(measured, tmp_disk)
-    driver = DriverCommand(tuple(driver.argv), dict(driver.env))
     return Plan(
         version=PLAN_VERSION,
         run_id=run_id,
@@ -479,14 +477,14 @@ def make_plan(recipe: Recipe, site: Site, *, driver: DriverCommand, measured: di
         output_dir=output_dir,
         recipe=recipe,
         site=site,
-        identity_sha=identity_sha(recipe),
+        identity_sha=recipe.identity_sha(),
         groups=groups,
         walltime_s=walltime_s,
         lead_s=lead_s,
         nvme=nvme,
         driver_argv=driver.argv,
         driver_env=driver.env,
-        inputs_sha=inputs_sha(recipe, site, driver=driver, facts=facts),
+        inputs_sha=digests,
         facts=facts,
     )
 
