@@ -15,13 +15,17 @@ What happens when a node is lost is the policy's, a parameter (:class:`Policy`):
 
 - ``full-restart`` (:class:`FullRestart`): today's behaviour. Slurm revokes the allocation, the
   segment ends as a node failure, decide() resubmits from the last checkpoint.
-- ``in-place`` (:class:`InPlaceReplacement`): the policy issue 42 item 1 asks for, not built yet,
-  so it is a model with these assumptions: a lost rollout node takes its SGLang engine
-  (``gpus_per_engine``/8 nodes) out; the units it held go back to the queue and nothing is trained
-  again; training goes on at the capacity left (the step slows as below); a replacement joins after
-  ``replace_s`` (queue wait + its own bring-up + catching up on weights), at most ``cap`` per run.
-  A lost trainer node, or the loss of every engine, ends the segment as a full restart does.
-  When the product's policy exists it replaces this class: :meth:`Policy.on_node_lost` is the seam.
+- ``in place`` (:class:`InPlaceReplacement`): the policy issue 42 items 1-2 ask for, modelled. The
+  product now goes on without a lost rollout node for the reference backend only
+  (``beam_hpc.slurm.script.survives_node_loss``: a dedicated rollout group of 2+ nodes; a Miles
+  run, the seed's, still ends the segment), and submits a replacement at most
+  ``lifecycle.max_replacements`` times a run (``beam_hpc.lifecycle.replace``). The model: a lost
+  rollout node takes its SGLang engine (``gpus_per_engine``/8 nodes) out; the units it held go back
+  to the queue and nothing is trained again; training goes on at the capacity left (the step slows
+  as below); a replacement joins after ``replace_s`` (queue wait + its own bring-up + catching up
+  on weights), while the run's cap allows (the recipe's default, and no cap). A lost trainer node,
+  a loss before the first rollout, or the loss of every engine ends the segment as a full restart
+  does. :meth:`Policy.on_node_lost` is the seam where the product's rule can replace this class.
 
 The model of a run (each value is printed with its source):
 
@@ -59,12 +63,15 @@ from typing import Any, Protocol
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from beam_hpc.config.recipe import LifecycleSpec  # noqa: E402
 from beam_hpc.lifecycle.decide import Action, Outcome, decide  # noqa: E402
 from beam_hpc.observe.ettr import ettr  # noqa: E402
 from beam_hpc.run import ledger  # noqa: E402
 from beam_hpc.run.ledger import Reason  # noqa: E402
 
 GPUS_PER_NODE = 8
+# lifecycle.max_replacements: the product's per-run cap on replacement jobs (beam_hpc/lifecycle/replace.py)
+RECIPE_CAP = LifecycleSpec.model_fields["max_replacements"].default
 # Llama 3 (arXiv 2407.21783, section 3.3.4): 466 job interruptions in a 54-day snapshot of
 # pre-training on 16,384 H100 GPUs (419 unexpected, 78% of those hardware).
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 466, 54, 16_384
@@ -172,10 +179,11 @@ class FullRestart:
 
 @dataclass(frozen=True)
 class InPlaceReplacement:
-    """Issue 42 item 1, modelled: a lost rollout node's engine is replaced in place (see the module doc)."""
+    """Issue 42 items 1-2, modelled: a lost rollout node's engine is replaced in place (see the
+    module doc), at most ``cap`` times a run (the product's ``lifecycle.max_replacements``)."""
 
     replace_s: float
-    cap: int = 1000
+    cap: int = RECIPE_CAP
     name: str = "in place"
 
     def on_node_lost(self, lost: NodeLost) -> Reaction:
@@ -323,7 +331,9 @@ def project(runs: int, seed: int, days: float, costs: Costs = Costs()) -> list[d
     num_rollout = int(days * 86400 / costs.step_s)
     rows = []
     for scale in SCALES:
-        for policy in (FullRestart(), InPlaceReplacement(scale.replace_s)):
+        for policy in (FullRestart(),
+                       InPlaceReplacement(scale.replace_s, name=f"in place, cap {RECIPE_CAP}"),
+                       InPlaceReplacement(scale.replace_s, cap=10**6, name="in place, no cap")):
             results = [simulate(scale, costs, policy, num_rollout, random.Random(f"{seed}:{scale.name}:{i}"))
                        for i in range(runs)]
             col = {k: [getattr(r, k) for r in results] for k in asdict(results[0])}

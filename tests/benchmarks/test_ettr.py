@@ -70,13 +70,25 @@ def test_the_product_rule_book_stops_a_chain_that_fails_twice_without_progress()
     assert r.ettr > 0
 
 
-def test_the_projection_runs_both_policies_on_the_same_failures() -> None:
+def test_the_cap_on_replacements_is_the_recipes_and_leaves_the_engine_down_once_reached() -> None:
+    """Two rollout nodes lost, 300 and 900 s into the run, with a cap of 1: the first is replaced
+    (back at 600 s), the second is not, so the run goes on with one engine fewer until the segment
+    ends; with a cap of 5 it is replaced too."""
+    assert sim.InPlaceReplacement(replace_s=1).cap == 2  # lifecycle.max_replacements' default
+    capped = sim.simulate(SMALL, LOSSES, sim.InPlaceReplacement(replace_s=300, cap=1), 20,
+                          Scripted([300, 600], ["rollout", "rollout"]))
+    free = sim.simulate(SMALL, LOSSES, sim.InPlaceReplacement(replace_s=300, cap=5), 20,
+                        Scripted([300, 600], ["rollout", "rollout"]))
+    assert capped.restarts == free.restarts == 0 and capped.ettr_full_speed < free.ettr_full_speed
+
+
+def test_the_projection_runs_every_policy_on_every_scale() -> None:
     rows = sim.project(runs=2, seed=3, days=1)
-    assert [(r["scale"], r["policy"]) for r in rows][:2] == [(sim.SCALES[0].name, "full restart"),
-                                                            (sim.SCALES[0].name, "in place")]
+    policies = ["full restart", "in place, cap 2", "in place, no cap"]
+    assert [(r["scale"], r["policy"]) for r in rows][:3] == [(sim.SCALES[0].name, p) for p in policies]
     by = {(r["gpus"], r["policy"]): r for r in rows}
     for scale in sim.SCALES:
-        for policy in ("full restart", "in place"):
+        for policy in policies:
             assert 0 < by[(scale.gpus, policy)]["ettr_mean"] <= 1
     assert "| 1,024 GPUs | 1024 (86 + 42; 21) |" in sim.table(rows)
     assert sim.main(["--runs", "0"]) == 2
