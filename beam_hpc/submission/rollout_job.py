@@ -219,7 +219,9 @@ def submit(req: ExtraJobRequest) -> tuple[str, Path]:
     from beam_hpc.slurm import client
 
     script = write_script(req)
-    job_id = client.sbatch(sbatch_args(req, script), timeout=60)
+    # without the SLURM_* variables of a job this may run in (a segment replacing a lost rollout
+    # node): sbatch would hand them to the new job, whose srun then reads the segment's hetjob
+    job_id = client.sbatch(sbatch_args(req, script), env=client.slurm_env_free(), timeout=60)
     registry.record(req.run_dir, job_id, {"event": "submitted", "nodes": req.nodes, "partition": req.partition,
                                           "gpus_per_node": req.group.gpus_per_node, "script": str(script)})
     return job_id, script

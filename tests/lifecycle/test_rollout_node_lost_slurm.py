@@ -7,8 +7,10 @@ node gone (SIGKILL to its node step, its raylet and the worker, found from the n
 and the process tree). The job asked Slurm not to revoke it (``--no-kill`` on every component:
 Slurm 22.05 applies a node failure to all of a hetjob's components and keeps a component only with
 ``--no-kill`` and more than one node, hence the two trainer nodes here), the segment records the
-node and goes on with the other rollout node, and the run completes in that one segment: every
-rollout trained once, the final checkpoint bitwise that of the same run left alone. The node is
+node, asks for a replacement (one extra rollout job, the lost node excluded) and goes on with the
+other rollout node; the replacement joins and serves units, and the run completes in that one
+segment: every rollout trained once, the final checkpoint bitwise that of the same run left alone.
+``status`` shows the loss (the node excluded), the replacement and its GPU-hours. The node is
 put back (``state=resume``) whatever happens, so other tests find it. (On this cluster the node's
 slurmd still answers, so Slurm returns the node to service within a second of the DOWN; the job
 has excised it by then, and the step on it was killed.)
@@ -33,11 +35,14 @@ from run_watch import chain_finished, diagnostics, segments
 from test_lifecycle_slurm import TINY, rollout_ids, runs, submit_run, timeline, wait_for  # noqa: F401 (fixture)
 
 from beam_hpc.fault_hooks import SLOW_ROLLOUT_VAR
+from beam_hpc.lifecycle.replace import replacements
 from beam_hpc.node import procs
+from beam_hpc.observe.status import gather
+from beam_hpc.observe.status_table import format_status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e, pytest.mark.slow]
 
-N = 8
+N = 14
 TOPOLOGY = ("topology.trainer.nodes=2", "topology.trainer.gpus_per_node=1", "topology.rollout.nodes=2",
             "topology.rollout.gpus_per_node=1", "training.async_training=false", "backend_options.unit_prompts=1")
 
@@ -51,11 +56,20 @@ def _report_of(run: Path, node_ip: str) -> dict:
     raise AssertionError(f"no rollout node report with ip {node_ip}: {sorted(run.glob('logs/*/nodes/*'))}")
 
 
+def _elastic_story(run: Path) -> str:
+    """The extra jobs' events and the tails of their logs (for a failed assertion)."""
+    parts = [f"{p.name}:\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(run.glob("elastic/jobs/*.jsonl"))]
+    parts += [f"{p}:\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(run.glob("elastic/logs/**/*")) if p.is_file()]
+    return "\n".join(parts)
+
+
 def test_a_lost_rollout_node_leaves_the_segment_running_and_the_run_exact(slurm_cluster, tiny_assets, runs,  # noqa: F811
                                                                           reference_ray, monkeypatch) -> None:
     assert TINY.is_file()
     run = runs / "rollout-node-lost"
-    monkeypatch.setenv(SLOW_ROLLOUT_VAR, "1.0")  # exported to the job by sbatch: room to strike mid-run
+    # exported to the job (and to the replacement) by sbatch: room to strike mid-run, and for the
+    # replacement to start and serve before the run ends
+    monkeypatch.setenv(SLOW_ROLLOUT_VAR, "1.5")
     plan, job = submit_run(run, tiny_assets, num_rollout=N, interval=4, extra=TOPOLOGY)
     script = Path(plan.paths.script).read_text()
     assert script.count("#SBATCH --no-kill") == 2, script  # every component of the hetjob
@@ -94,6 +108,17 @@ def test_a_lost_rollout_node_leaves_the_segment_running_and_the_run_exact(slurm_
     driver_log = "".join(p.read_text(errors="replace") for p in run.glob("logs/*/driver.log"))
     assert "rollout worker segment:1 lost" in driver_log, driver_log[-3000:]
     assert rollout_ids(run) == list(range(N)), rollout_ids(run)  # every rollout once: nothing trained again
+    # the replacement: asked for by the segment, the lost node excluded, and it served
+    (rep,) = replacements(run)
+    assert rep["replaces"] == node and rep["segment"] == f"{job}-0", rep
+    shown = subprocess.run(["scontrol", "--oneliner", "show", "job", rep["job_id"]], capture_output=True, text=True,
+                           check=False).stdout
+    assert not shown or f"ExcNodeList={node}" in shown, shown  # (Slurm may have forgotten a finished job)
+    s = gather(run, slurm=False)
+    (row,) = s["extra_rollout"]["jobs"]
+    assert row["replaces"] == node and row["units"] > 0 and row["gpu_hours"] > 0, f"{row}\n{_elastic_story(run)}"
+    text = format_status(s)
+    assert f"replacing lost rollout node {node}" in text and f"excluded   {node}" in text, text
     alone.result()
     last = f"iter_{N - 1:07d}"
     compared = assert_bitwise_equal(load_checkpoint(whole / "checkpoints" / last),
