@@ -53,9 +53,9 @@ def _format_extra_rollout(x: dict[str, Any] | None) -> list[str]:
         if j.get("slurm_state"):
             state += f", Slurm {j['slurm_state']}"
         why = f", replacing lost rollout node {j['replaces']}" if j.get("replaces") else ""
+        cost = f", {j.get('gpu_hours') or 0.0:,.2f} GPU-hours" if j.get("replaces") else ""  # a replacement's own cost
         out.append(f"extra job  {j['job_id']}: {j['nodes']} node(s){why}, {state}; served rollouts {_span(j['rollouts'])}, "
-                   f"versions {_span(j['versions'])} ({j['units']} units, {j['samples']} samples, "
-                   f"{j.get('gpu_hours') or 0.0:,.2f} GPU-hours)")
+                   f"versions {_span(j['versions'])} ({j['units']} units, {j['samples']} samples{cost})")
     share = f"{x['share'] * 100:.1f}%" if x.get("share") is not None else "-"
     out.append(f"extra      {share} of the rollout samples served by extra jobs ({x['samples']} samples)")
     out.append(f"extra GPU-hours {x['gpu_hours']:,.2f} ({x['node_hours']:,.2f} node-hours), beside the run's own")

@@ -120,6 +120,17 @@ def asks_no_kill(plan: Plan) -> bool:
     return any(survives_node_loss(plan, g) for g in plan.groups)
 
 
+def no_kill_notes(plan: Plan) -> tuple[str, ...]:
+    """The script's words on ``--no-kill`` (none when the job does not ask it)."""
+    if not asks_no_kill(plan):
+        return ()
+    single = [g.name for g in plan.groups if g.nodes < 2]
+    out = ("--no-kill: a lost rollout node does not end the job; the segment goes on and asks for a replacement.",)
+    if single:
+        out += (f"Slurm 22.05 still ends it on any node's failure while a component has one node ({', '.join(single)}).",)
+    return out
+
+
 def component(plan: Plan, group: GroupPlan) -> Component:
     """The Slurm request of one node group: the group's own resources from the Plan, the
     site's job-wide ones, and ``--no-kill`` when the run goes on without a lost rollout node."""
@@ -235,7 +246,7 @@ def batch_job(plan: Plan, *, body: tuple[str, ...] = (), source: str = "") -> Ba
         "Submit: sbatch THIS_FILE        Resume a run: sbatch THIS_FILE --resume [--num-rollout N]",
         "The run's plan is the JSON at the end of this file: the job writes it to plan.json.",
         "Edits to --time are fine; --nodes/--gres must match the plan's groups (the job checks).",
-    )
+    ) + no_kill_notes(plan)
     return BatchJob(
         name=plan.job_name, time=sbatch_time(plan), output=HAND_OUTPUT,
         components=tuple(component(plan, g) for g in plan.groups), site=plan.site, body=body,
