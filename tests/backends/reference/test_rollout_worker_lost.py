@@ -29,12 +29,12 @@ from beam_hpc.fault_hooks import SLOW_ROLLOUT_VAR
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-N = 6
+N = 4
 
 
 def _plan(run: Path, assets) -> str:  # type: ignore[no-untyped-def]
     plan = make_test_plan(run, assets=assets, site=HOST_SITE,
-                          overrides=[*SMALL, f"num_rollout={N}", "checkpoint.interval=3", "backend_options.rollout_workers=2",
+                          overrides=[*SMALL, f"num_rollout={N}", "checkpoint.interval=2", "backend_options.rollout_workers=2",
                                      "backend_options.unit_prompts=1"])
     return plan.paths.plan
 
@@ -60,14 +60,14 @@ def _rollouts(run: Path) -> list[int]:
 def test_a_lost_rollout_worker_leaves_the_segment_running_and_the_weights_exact(tiny_assets, reference_ray, tmp_path) -> None:
     whole, hit = tmp_path / "whole", tmp_path / "lost"
     alone = ThreadPoolExecutor(1).submit(run_backend, _plan(whole, tiny_assets), reference_ray)
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", SLOW_ROLLOUT_VAR: "0.5"}  # room to strike mid-run
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", SLOW_ROLLOUT_VAR: "0.4"}  # room to strike mid-run
     log = (tmp_path / "lost.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "beam_hpc.backends.reference", "--plan", _plan(hit, tiny_assets),
                              "--ray-address", reference_ray], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         placement = _wait("placement.json", lambda: (hit / "placement.json").is_file()
                           and json.loads((hit / "placement.json").read_text()), proc)
-        _wait("rollout 1 to be trained", lambda: len(_rollouts(hit)) >= 2, proc)
+        _wait("rollout 0 to be trained", lambda: len(_rollouts(hit)) >= 1, proc)
         victim = placement["rollout"][1]["pid"]
         os.kill(victim, signal.SIGKILL)
         at = len(_rollouts(hit))
