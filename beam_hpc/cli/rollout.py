@@ -28,6 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     a.add_argument("--partition", default=None, help="where (default: the site's rollout partition)")
     a.add_argument("--time", default=None, help="the job's time limit (default: the run's walltime)")
     a.add_argument("--site", default=None, help="site profile for the job (default: the run's own)")
+    a.add_argument("--exclude", action="append", default=[], metavar="NODE",
+                   help="a node to leave out (repeatable), beside the run's excluded nodes and the site's quarantine")
     a.add_argument("--dry-run", action="store_true", help="print the script and the sbatch line; submit nothing")
     a.set_defaults(func=cmd_add)
     ls = sub.add_parser("list", help="the run's extra jobs: state, rollouts and versions served")
@@ -96,7 +98,7 @@ def cmd_add(args: argparse.Namespace) -> int:
                          "as it starts; resubmit the run (beam-hpc submit ... --resume) first, then add capacity")
     site = build_site(args.site) if args.site else plan.site
     req, problems = rollout_job.make_request(plan, site, nodes=args.nodes, partition=args.partition, time=args.time,
-                                           exclude=_excluded(plan, site))
+                                           exclude=tuple(dict.fromkeys([*_excluded(plan, site), *args.exclude])))
     if req is None:
         raise InputError("\n".join(problems))
     problems = rollout_job.problems(req)

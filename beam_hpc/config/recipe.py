@@ -265,7 +265,7 @@ class LifecycleSpec(_Strict):
     startup_timeout_s: int | None = Field(None, ge=0)
     # A rollout node lost mid-segment (a reference run's dedicated rollout group of 2+ nodes) is
     # replaced by an extra rollout job, as `beam-hpc rollout add` submits one
-    # (beam_hpc.lifecycle.replace): at most this many over the whole run, so a flapping cluster
+    # (beam_hpc.elastic.replace): at most this many over the whole run, so a flapping cluster
     # cannot make the run submit without end. 0: never replace (the run goes on with the nodes left).
     max_replacements: int = Field(2, ge=0)
 

@@ -46,11 +46,11 @@ from beam_hpc.node.ray_node import (
     write_token,
 )
 from beam_hpc.node.step import node_binds
+from beam_hpc.plan.node_loss import survives_node_loss
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import GroupPlan, Plan
 from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.environment import SlurmEnvironment
-from beam_hpc.slurm.script import survives_node_loss
 
 log = logging.getLogger(__name__)
 

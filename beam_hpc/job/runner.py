@@ -52,9 +52,9 @@ from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node import container, stacks
 from beam_hpc.node.container import container_command
 from beam_hpc.node.ray_node import ClusterRuntime, clean_env, driver_job_env, ray_env, set_parent_death_signal, sweep
+from beam_hpc.plan.node_loss import survives_node_loss
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import Plan, fill
-from beam_hpc.slurm.script import survives_node_loss
 
 log = module_logger(__name__)
 

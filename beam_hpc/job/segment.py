@@ -204,10 +204,10 @@ class Segment:
         reason, detail, stall = self._why_ended(outcome.status, outcome.message, outcome.returncode)
         return self._finish(reason, detail, failed_nodes=outcome.failed_nodes, lost_nodes=outcome.lost_nodes, stall=stall)
 
-    def _replace_lost(self, lost: dict[str, str]) -> str | None:
-        from beam_hpc.lifecycle.replace import replace_lost
+    def _replace_lost(self, lost: dict[str, str]) -> None:
+        from beam_hpc.elastic.replace import replace_in_background
 
-        return replace_lost(self.plan, lost, segment=ledger.segment_id(self.ledger_job_id, self.restart))
+        replace_in_background(self.plan, lost, segment=ledger.segment_id(self.ledger_job_id, self.restart))
 
     def _why_ended(self, status: str, message: str, returncode: int) -> tuple[Reason, str, dict | None]:
         """The end line's reason and detail once the job is over: all rollouts done, else a stall,

@@ -211,7 +211,7 @@ def _extra_rollout(root: Path, plan: dict[str, Any] | None, generated: int, *, s
                      "reason": j.reason, "slurm_state": live.value if live else None, "units": j.units_served,
                      "samples": j.samples, "rollouts": j.rollouts, "versions": j.versions,
                      "gpu_hours": j.gpu_hours(now=now), "node_hours": j.node_seconds(now=now) / 3600.0,
-                     # a replacement of a lost rollout node (beam_hpc.lifecycle.replace): the node it replaces
+                     # a replacement of a lost rollout node (beam_hpc.elastic.replace): the node it replaces
                      "replaces": next((e.get("replaces") for e in j.events if e.get("event") == "replacement"), None)})
     return {"jobs": rows, "samples": samples, "share": (samples / total) if total and jobs else None,
             "gpu_hours": sum(r["gpu_hours"] for r in rows), "node_hours": sum(r["node_hours"] for r in rows),

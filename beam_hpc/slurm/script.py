@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError, shorten
+from beam_hpc.plan.node_loss import survives_node_loss
 from beam_hpc.plan.plan import GroupPlan, Plan, sbatch_time
 from beam_hpc.version import __version__
 
@@ -95,15 +96,6 @@ def site_component(site: Site, *, nodes: int, gpus_per_node: int, partition: str
         tmp=tmp or None,
         exclusive=site.exclusive,
     )
-
-
-def survives_node_loss(plan: Plan, group: GroupPlan) -> bool:
-    """Whether the segment goes on when one node of ``group`` is lost mid-run: the dedicated
-    rollout group of a reference run, with more than one node. Its driver drops the lost node's
-    worker and serves its units with the workers left (beam_hpc.backends.reference.unit_service);
-    a colocated group holds the trainer, and a Miles run's driver is not taught to go on without
-    an engine's node, so those end the segment as before."""
-    return plan.recipe.backend == "reference" and group.roles == ("rollout",) and group.nodes > 1
 
 
 def asks_no_kill(plan: Plan) -> bool:

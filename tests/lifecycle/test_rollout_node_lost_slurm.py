@@ -34,8 +34,8 @@ from reference_harness import SMALL, assert_bitwise_equal, load_checkpoint, run_
 from run_watch import chain_finished, diagnostics, segments
 from test_lifecycle_slurm import TINY, rollout_ids, runs, submit_run, timeline, wait_for  # noqa: F401 (fixture)
 
+from beam_hpc.elastic.replace import replacements
 from beam_hpc.fault_hooks import SLOW_ROLLOUT_VAR
-from beam_hpc.lifecycle.replace import replacements
 from beam_hpc.node import procs
 from beam_hpc.observe.status import gather
 from beam_hpc.observe.status_table import format_status

@@ -1,0 +1,16 @@
+"""Which node groups a run goes on without one node of (issue 42): read by the job script (it
+asks Slurm for ``--no-kill``, beam_hpc.slurm.script) and by the job (it tells a lost rollout node
+from a lost trainer node, beam_hpc.job.runner), so both decide from the plan alone, the same way."""
+
+from __future__ import annotations
+
+from beam_hpc.plan.plan import GroupPlan, Plan
+
+
+def survives_node_loss(plan: Plan, group: GroupPlan) -> bool:
+    """Whether the segment goes on when one node of ``group`` is lost mid-run: the dedicated
+    rollout group of a reference run, with more than one node. Its driver drops the lost node's
+    worker and serves its units with the workers left (beam_hpc.backends.reference.unit_service);
+    a colocated group holds the trainer, and a Miles run's driver is not taught to go on without
+    an engine's node, so those end the segment as before."""
+    return plan.recipe.backend == "reference" and group.roles == ("rollout",) and group.nodes > 1
