@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from beam_hpc.backends.miles.external_engines import attach as attach_engines
+from beam_hpc.elastic.replace import on_node_lost
 from beam_hpc.files import write_json_atomic
 from beam_hpc.job.context import (  # noqa: F401 (re-exported: the runner's public names)
     STATUSES,
@@ -223,10 +224,11 @@ class JobRunner:
         The node is recorded (``lost_nodes``: the end line's failed nodes, so later segments and
         the site's quarantine leave it out) and its step forgotten. A trainer node, a colocated
         group, the last rollout node, or a loss before the driver started end the segment."""
-        if (self.driver is None or self.stop_reason or h.local_index is None
-                or not survives_node_loss(self.plan, h.group)):
+        if self.driver is None or self.stop_reason or h.local_index is None:
             return False
-        if not any(o is not h and o.group.name == h.group.name and o.proc.poll() is None for o in self.steps):
+        others_up = sum(1 for o in self.steps if o is not h and o.group.name == h.group.name and o.proc.poll() is None)
+        if not on_node_lost(survives=survives_node_loss(self.plan, h.group), others_up=others_up,
+                            replacements=0, cap=0).goes_on:
             return False
         self.steps.remove(h)
         log.warning("%s: a rollout node; the segment goes on with the rollout nodes left", failure)
