@@ -5,8 +5,8 @@ a driver stuck in a deadlock); the lifecycle's answer to each is tested on a rea
 the fault can be made to happen where and when a test needs it. Each hook below does nothing
 unless its environment variable is set, and nothing in beam-hpc sets one: a test (or
 ``benchmarks/faults.py``) exports it to the job. The product calls the hooks at the one point
-where each fault would show (node/step.py, node/ray_node.py, backends/reference/driver.py,
-backends/reference/outside_worker.py).
+where each fault would show (node/step.py, node/ray_node.py, backends/reference/loop/driver.py,
+backends/reference/rollouts/outside_worker.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ HANG_MARKER_FILE = "test-hang.json"  # in the segment directory of a driver that
 # machine is. Used by tests/lifecycle/test_controller_outage_chain.py.
 SLOW_ROLLOUT_VAR = "BEAM_TEST_SLOW_ROLLOUT_S"
 
-# "K:S": an outside rollout worker (beam_hpc.backends.reference.outside_worker) waits S seconds before every token of
+# "K:S": an outside rollout worker (beam_hpc.backends.reference.rollouts.outside_worker) waits S seconds before every token of
 # the units of rollout K and later, as a worker on a slow node does, so that a test can stop it in
 # the middle of a unit. Used by tests/elastic/test_core_join.py.
 SLOW_UNITS_VAR = "BEAM_TEST_SLOW_UNITS"

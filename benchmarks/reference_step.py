@@ -94,7 +94,7 @@ CPU_MEASURES = (
 
 
 def prepare_assets(work: Path) -> tuple[Path, Path]:
-    from beam_hpc.backends.reference import tiny_model
+    from beam_hpc.backends.reference.model import tiny_model
     from beam_hpc.data.prepare import prepare
     from beam_hpc.data.tiny import write_tiny_sources
 
@@ -284,11 +284,11 @@ def compare_cpu(args: argparse.Namespace, data: Path, model_path: Path) -> Compa
     from transformers import AutoModelForCausalLM
     from trl_grpo import SamplerMeter, StepTiming, Workload, run_trl
 
-    from beam_hpc.backends.reference.algorithm import group_advantages
-    from beam_hpc.backends.reference.policy import load_tokenizer, load_trainable_state
-    from beam_hpc.backends.reference.prompt_source import encode_prompts, read_rows
-    from beam_hpc.backends.reference.rollout_worker import RolloutWorker
-    from beam_hpc.backends.reference.trainer import Trainer
+    from beam_hpc.backends.reference.loop.algorithm import group_advantages
+    from beam_hpc.backends.reference.loop.prompt_source import encode_prompts, read_rows
+    from beam_hpc.backends.reference.loop.trainer import Trainer
+    from beam_hpc.backends.reference.model.policy import load_tokenizer, load_trainable_state
+    from beam_hpc.backends.reference.rollouts.rollout_worker import RolloutWorker
     from beam_hpc.config.recipe import load_recipe
     from beam_hpc.reward.scoring import score_response
 

@@ -131,7 +131,7 @@ class SamplerMeter:
     runs to the budget as TRL's do under ``min_new_tokens``."""
 
     def __init__(self, device: str, force_length: bool) -> None:
-        from beam_hpc.backends.reference import sampling
+        from beam_hpc.backends.reference.model import sampling
 
         self.sampling, self.device, self.force_length = sampling, device, force_length
         self.original = sampling.generate

@@ -19,7 +19,7 @@ Modes (rows of the table):
   async/1    the same pair on GPU 0, overlapping (only with --async-one-gpu)
 Weight sync rows time one push of the bf16 weights, trainer to rollout, loaded into the model:
 the object store (D2H copy, ``ray.put``, ``ray.get``, H2D copy), NCCL (GPU to GPU broadcast of
-flat buckets, ``beam_hpc.backends.reference.weight_sync``) and a same-GPU copy (the colocated
+flat buckets, ``beam_hpc.backends.reference.rollouts.weight_sync``) and a same-GPU copy (the colocated
 floor). GPU busy is NVML's utilisation (share of time a kernel ran), sampled every 50 ms and
 averaged over the steady steps: a process's first full-length step pays one-off costs (about 2x
 on the H200), so in-turn and colocated means leave it out, and async leaves out the iteration
@@ -158,7 +158,7 @@ def build_model(s: Settings, device: str, dtype: Any) -> Any:
     equal), then cast."""
     import torch
 
-    from beam_hpc.backends.reference.causal_lm import CausalLM, LMConfig
+    from beam_hpc.backends.reference.model.causal_lm import CausalLM, LMConfig
 
     cfg = LMConfig.from_dict({"model_type": "qwen2", **SHAPES[s.shape], "tie_word_embeddings": True})
     torch.manual_seed(s.seed)
@@ -188,7 +188,7 @@ def where_now() -> dict[str, Any]:
 def use_device_noise() -> None:
     """Swap the reference sampler's noise source for :func:`device_noise_processor`, in this
     process only (see the module docstring); the original stays reachable for its timing row."""
-    from beam_hpc.backends.reference import sampling
+    from beam_hpc.backends.reference.model import sampling
 
     global REFERENCE_NOISE
     if sampling.noise_source is not device_noise_source:
@@ -249,8 +249,8 @@ class RolloutRole:
         """Returns (timings, the rollout for the trainer)."""
         import torch
 
-        from beam_hpc.backends.reference.policy import make_batch, response_logits, token_logprobs
-        from beam_hpc.backends.reference.sampling import generate
+        from beam_hpc.backends.reference.model.policy import make_batch, response_logits, token_logprobs
+        from beam_hpc.backends.reference.model.sampling import generate
 
         s = self.s
         flat = [p for p in self.prompts for _ in range(s.responses)]
@@ -273,7 +273,7 @@ class RolloutRole:
         return timing, {"prompt_ids": flat, "response_ids": responses, "old_logp": old, "rewards": rewards}
 
     def load(self, state: dict[str, Any]) -> None:
-        from beam_hpc.backends.reference.policy import load_trainable_state
+        from beam_hpc.backends.reference.model.policy import load_trainable_state
 
         load_trainable_state(self.model, state)
 
@@ -300,8 +300,8 @@ class TrainerRole:
 
         import torch
 
-        from beam_hpc.backends.reference import algorithm
-        from beam_hpc.backends.reference.policy import make_batch, response_logits, token_logprobs
+        from beam_hpc.backends.reference.loop import algorithm
+        from beam_hpc.backends.reference.model.policy import make_batch, response_logits, token_logprobs
 
         s = self.s
         t0 = time.perf_counter()
@@ -347,7 +347,7 @@ class RolloutActor(RolloutRole):
         return param_bytes(self.model)
 
     def connect(self, kind: str, rendezvous: Any = None) -> None:
-        from beam_hpc.backends.reference.weight_sync import make_receiver
+        from beam_hpc.backends.reference.rollouts.weight_sync import make_receiver
 
         rx = make_receiver(kind, rendezvous=rendezvous, rank=1, device=self.device)
         if kind == "nccl":
@@ -383,7 +383,7 @@ class TrainerActor(TrainerRole):
     def connect(self, kind: str, rendezvous: Any = None) -> None:
         import torch
 
-        from beam_hpc.backends.reference.weight_sync import make_sender
+        from beam_hpc.backends.reference.rollouts.weight_sync import make_sender
 
         dtype = torch.bfloat16 if self.device.startswith("cuda") else None
         tx = make_sender(kind, rendezvous=rendezvous, device=self.device, dtype=dtype, bucket_bytes=self.s.bucket_mb * 2**20)
@@ -416,7 +416,7 @@ class Pair:
     def start(cls, s: Settings, placement: str, transports: list[str], timeout_s: float = 600.0) -> Pair:
         import ray
 
-        from beam_hpc.backends.reference.weight_sync import Rendezvous, backend_for
+        from beam_hpc.backends.reference.rollouts.weight_sync import Rendezvous, backend_for
         from beam_hpc.plan.ray_labels import GROUP_RESOURCE_PREFIX
 
         gpus = {"dedicated": 1.0, "shared": 0.5, "cpu": 0.0}[placement]
@@ -667,7 +667,7 @@ class Bench:
         """Seconds per decode step of the reference sampler's CPU noise on [samples, vocab] logits."""
         import torch
 
-        from beam_hpc.backends.reference import sampling
+        from beam_hpc.backends.reference.model import sampling
 
         draw = (REFERENCE_NOISE or sampling.noise_source)(0)
         scores = torch.randn(s.samples, SHAPES[s.shape]["vocab_size"], device=device)

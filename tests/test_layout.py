@@ -138,6 +138,31 @@ def test_imports_point_down_the_layers() -> None:
     assert not bad, "upward imports:\n" + "\n".join(bad)
 
 
+# The reference backend's rooms, top to bottom (beam_hpc/backends/reference/__init__.py says what
+# each holds): the loop drives rollouts and loads the model; rollouts use the model; the model
+# knows neither. A module at the backend's top (its __main__) may use any room.
+REFERENCE = "beam_hpc.backends.reference"
+REFERENCE_ROOMS = ("loop", "rollouts", "model")
+
+
+def _room(module: str) -> str | None:
+    parts = module.removeprefix(REFERENCE + ".").split(".")
+    return parts[0] if module.startswith(REFERENCE + ".") and parts[0] in REFERENCE_ROOMS else None
+
+
+def test_the_reference_backend_rooms_import_downwards() -> None:
+    modules, edges = graph()
+    rooms = {name for name in modules if _room(name)}
+    assert {_room(name) for name in rooms} == set(REFERENCE_ROOMS), "a room of the reference backend is missing"
+    bad = [_describe(imp, modules) for imp in edges
+           if (src := _room(imp.source)) and (dst := _room(imp.target)) and src != dst
+           and REFERENCE_ROOMS.index(dst) < REFERENCE_ROOMS.index(src)]
+    assert not bad, "upward imports between the reference backend's rooms:\n" + "\n".join(bad)
+    flat = sorted(name for name in modules if name.startswith(REFERENCE + ".") and not _room(name)
+                  and name != f"{REFERENCE}.__main__")
+    assert not flat, f"reference backend modules outside its rooms: {flat}"
+
+
 def _reachable(start: str, edges: list[Import], modules: dict[str, Path]) -> dict[str, list[str]]:
     """Every module and third-party package reachable from ``start``, with one path to it."""
     by_source: dict[str, list[str]] = {}

@@ -131,7 +131,7 @@ def cmd_execute(args: argparse.Namespace) -> int:
     if ensure_tiny_data(recipe):
         print(f"prepared the tiny data set in {recipe.data.dir}")
     if recipe.backend_options.get("smollm2_model"):  # here, once, so a missing wheel is one line, not an actor's traceback
-        from beam_hpc.backends.reference.smollm2_model import materialise
+        from beam_hpc.backends.reference.model.smollm2_model import materialise
 
         print(f"SmolLM2-135M-Instruct: {materialise(recipe.model.path)}")
     plan.write()

@@ -2,7 +2,7 @@
 the run's worker (or, for a Miles run, the node's SGLang engines) until Slurm or the user takes it back.
 
 The node program (``--node``) waits for the run (no rendezvous yet is fine: the job may start before
-the run's segment or outlive it), serves through :func:`beam_hpc.backends.reference.outside_worker.serve` across the
+the run's segment or outlive it), serves through :func:`beam_hpc.backends.reference.rollouts.outside_worker.serve` across the
 run's segments, and appends the worker's events, with its node, to ``elastic/jobs/<job>.jsonl``. A
 stop is a signal: ``USR1`` (the walltime lead, or a preemption's grace: Slurm's own job record says
 which), ``TERM`` (a preemption's or the time limit's end, a plain ``scancel``), ``USR2``/``INT``
@@ -213,8 +213,10 @@ class NodeProgram:
             stop.wait(RUN_END_POLL_S)
 
     def serve_worker(self) -> None:
-        from beam_hpc.backends.reference.outside_worker import serve  # the run's rollout worker (reference backend)
-        from beam_hpc.backends.reference.policy import threads_of
+        from beam_hpc.backends.reference.model.policy import threads_of
+        from beam_hpc.backends.reference.rollouts.outside_worker import (
+            serve,  # the run's rollout worker (reference backend)
+        )
 
         threads = threads_of(self.plan.recipe) or 1
         report = serve(self.run_dir, worker_id=self.worker_id, stop=self.stopper.event, threads=threads,

@@ -19,7 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from beam_hpc.backends.reference.rendezvous import elastic_dir  # RUN/elastic/, spelled once there
+from beam_hpc.backends.reference.rollouts.rendezvous import elastic_dir  # RUN/elastic/, spelled once there
 from beam_hpc.run.ledger import append
 
 JOBS_DIR = "jobs"  # under elastic/

@@ -3,7 +3,7 @@ event the program's loops wait on; later ones are only logged.
 
 One owner for this, because two programs stop this way: an extra rollout job's node program
 (:mod:`beam_hpc.elastic.extra_node`) and the outside worker it may be started as
-(:mod:`beam_hpc.backends.reference.outside_worker`). ``USR1`` is Slurm's early warning (walltime lead,
+(:mod:`beam_hpc.backends.reference.rollouts.outside_worker`). ``USR1`` is Slurm's early warning (walltime lead,
 preemption grace), ``TERM`` the end itself or a plain ``scancel``, ``USR2``/``INT`` a user's removal.
 """
 

@@ -268,7 +268,7 @@ class NodeStep:
         binds = node_binds(self.plan, self.rt.token_path, self.group)
         if self.plan.nvme.enabled and self.group.stage_nvme:
             # Actors inherit the raylet's environment: this is how the backend's optimizer
-            # offload finds the dir staged on its own node (beam_hpc.backends.reference.offload).
+            # offload finds the dir staged on its own node (beam_hpc.backends.reference.loop.offload).
             env["BEAM_NVME_DIR"] = self._nvme_dir()
         cmd = node_step_command(self.site, ray_start_argv(node, python), env, binds,
                                 base=clean_env(os.environ), image=image)

@@ -10,7 +10,7 @@ from beam_hpc.plan.plan import GroupPlan, Plan
 def survives_node_loss(plan: Plan, group: GroupPlan) -> bool:
     """Whether the segment goes on when one node of ``group`` is lost mid-run: the dedicated
     rollout group of a reference run, with more than one node. Its driver drops the lost node's
-    worker and serves its units with the workers left (beam_hpc.backends.reference.unit_service);
+    worker and serves its units with the workers left (beam_hpc.backends.reference.rollouts.unit_service);
     a colocated group holds the trainer, and a Miles run's driver is not taught to go on without
     an engine's node, so those end the segment as before."""
     return plan.recipe.backend == "reference" and group.roles == ("rollout",) and group.nodes > 1

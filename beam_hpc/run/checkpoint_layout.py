@@ -27,7 +27,7 @@ from beam_hpc.files import (
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 # In an iteration directory: {file name: [size, sha256]} of every file it was published with. The
-# reference backend writes one (beam_hpc.backends.reference.checkpoint); Miles does not, and a
+# reference backend writes one (beam_hpc.backends.reference.loop.checkpoint); Miles does not, and a
 # checkpoint without one is taken as complete (the layout's rules are all that can be checked).
 MANIFEST_FILE = "manifest.json"
 

@@ -29,9 +29,9 @@ from job_plans import HOST_SITE, make_test_plan
 from polling import poll_until
 from reference_harness import SMALL, assert_bitwise_equal, load_checkpoint, run_backend
 
-from beam_hpc.backends.reference import rendezvous
-from beam_hpc.backends.reference.outside_worker import serve
-from beam_hpc.backends.reference.unit_server import (
+from beam_hpc.backends.reference.rollouts import rendezvous
+from beam_hpc.backends.reference.rollouts.outside_worker import serve
+from beam_hpc.backends.reference.rollouts.unit_server import (
     AUTH_HEADER,
     BODY_LIMITS,
     MAX_CONNECTIONS,
@@ -40,7 +40,7 @@ from beam_hpc.backends.reference.unit_server import (
     ServiceError,
     sign,
 )
-from beam_hpc.backends.reference.units import Unit
+from beam_hpc.backends.reference.rollouts.units import Unit
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.e2e]
 
@@ -190,7 +190,7 @@ def test_hostile_clients_change_nothing_and_the_segment_keeps_serving(tmp_path, 
     reference = threading.Thread(target=run_alone, daemon=True)
     reference.start()  # the run without attack, served by the segment's own worker, meanwhile
     # the honest worker's imports (torch, the policy), paid while the backend starts, not after the attack
-    threading.Thread(target=lambda: __import__("beam_hpc.backends.reference.rollout_worker"), daemon=True).start()
+    threading.Thread(target=lambda: __import__("beam_hpc.backends.reference.rollouts.rollout_worker"), daemon=True).start()
 
     attacked = tmp_path / "attacked"
     plan = _plan(attacked, tiny_assets, [*BASE, "backend_options.rollout_workers=0"])

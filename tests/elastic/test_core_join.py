@@ -4,7 +4,7 @@ and the run ends bitwise equal to the same run without it; and the negative cont
 serves one policy version behind changes the final weights, so the comparison can fail.
 
 Real processes throughout: the backend as the runtime starts it (on the session's real Ray head),
-and ``python -m beam_hpc.backends.reference.outside_worker`` as its own process, found through the run's rendezvous
+and ``python -m beam_hpc.backends.reference.rollouts.outside_worker`` as its own process, found through the run's rendezvous
 file. The only hook is ``BEAM_TEST_SLOW_UNITS`` (beam_hpc.fault_hooks): the outside worker's units
 from rollout 8 on take seconds, so the signal lands inside one. The stale worker is the real worker
 with its policy loading shifted by one version (STALE_WORKER).
@@ -26,7 +26,7 @@ from job_plans import HOST_SITE, make_test_plan
 from polling import poll_until
 from reference_harness import SMALL, assert_bitwise_equal, load_checkpoint, metrics, run_backend
 
-from beam_hpc.backends.reference import policy_store, unit_service
+from beam_hpc.backends.reference.rollouts import policy_store, unit_service
 from beam_hpc.fault_hooks import SLOW_UNITS_VAR
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.e2e]
@@ -65,7 +65,7 @@ ASYNC_BASE = [*SMALL, f"num_rollout={ASYNC_N}", f"checkpoint.interval={ASYNC_N}"
 # weights made it). Each substitution is printed, so that the test can tell the lie was told.
 STALE_WORKER = """
 import sys
-from beam_hpc.backends.reference import outside_worker, policy_store
+from beam_hpc.backends.reference.rollouts import outside_worker, policy_store
 verified, held = policy_store.load_verified, {}
 def one_behind(run_dir, version):
     held[version] = verified(run_dir, version)
@@ -143,7 +143,7 @@ def _run_with_outside_worker(tmp_path: Path, assets, address: str, overrides: li
     lines: list[str] = []
     signalled: list[str] = []
     paused = False
-    command = worker or [sys.executable, "-m", "beam_hpc.backends.reference.outside_worker"]
+    command = worker or [sys.executable, "-m", "beam_hpc.backends.reference.rollouts.outside_worker"]
     try:
         assert poll_until(lambda: _rollouts_done(joined) >= 2 or backend.poll() is not None, 600, 0.2)
         assert backend.poll() is None, "".join(backend_out)[-4000:]

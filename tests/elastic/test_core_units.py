@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from beam_hpc.backends.reference import policy_store, rendezvous, unit_server
-from beam_hpc.backends.reference.unit_server import (
+from beam_hpc.backends.reference.rollouts import policy_store, rendezvous, unit_server
+from beam_hpc.backends.reference.rollouts.unit_server import (
     AUTH_HEADER,
     Client,
     ElasticServer,
@@ -23,7 +23,7 @@ from beam_hpc.backends.reference.unit_server import (
     sign,
     verify,
 )
-from beam_hpc.backends.reference.units import Unit, UnitQueue, cut, seed_parts, within_staleness
+from beam_hpc.backends.reference.rollouts.units import Unit, UnitQueue, cut, seed_parts, within_staleness
 
 
 class Clock:
@@ -460,7 +460,7 @@ def test_many_clients_at_once_never_get_the_same_unit(service) -> None:
 
 
 def test_the_worker_program_refuses_a_directory_that_is_no_run_with_exit_2(tmp_path, capsys) -> None:
-    from beam_hpc.backends.reference.outside_worker import main
+    from beam_hpc.backends.reference.rollouts.outside_worker import main
 
     assert main(["--run-dir", str(tmp_path / "nothing"), "--worker-id", "w"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -480,7 +480,7 @@ def test_the_driver_recomputes_texts_and_rewards_and_checks_shapes_of_a_result(t
     from job_plans import HOST_SITE, make_test_plan
     from reference_harness import SMALL
 
-    from beam_hpc.backends.reference.unit_service import ResultCheck
+    from beam_hpc.backends.reference.rollouts.unit_service import ResultCheck
 
     recipe = make_test_plan(tmp_path / "run", assets=tiny_assets, site=HOST_SITE, overrides=SMALL).recipe
     check = ResultCheck.for_model(recipe, str(tiny_assets.model_dir))

@@ -1,4 +1,4 @@
-"""``beam_hpc.backends.reference.outside_worker.serve`` against a real service on a real socket, with the tiny model
+"""``beam_hpc.backends.reference.rollouts.outside_worker.serve`` against a real service on a real socket, with the tiny model
 and real policy files, no Ray: it computes a unit bit for bit as the segment's own RolloutWorker
 does, takes only versions within the staleness, follows a new segment, and refuses a version whose
 checksum fails (giving its unit back)."""
@@ -14,12 +14,12 @@ from job_plans import HOST_SITE, make_test_plan
 from polling import poll_until
 from reference_harness import SMALL, assert_bitwise_equal
 
-from beam_hpc.backends.reference import policy_store, rendezvous
-from beam_hpc.backends.reference.outside_worker import ServeReport, WorkerError, serve
-from beam_hpc.backends.reference.prompt_source import encode_prompts, read_rows
-from beam_hpc.backends.reference.rollout_worker import RolloutWorker
-from beam_hpc.backends.reference.unit_server import ElasticServer, Service
-from beam_hpc.backends.reference.units import UnitQueue, cut, within_staleness
+from beam_hpc.backends.reference.loop.prompt_source import encode_prompts, read_rows
+from beam_hpc.backends.reference.rollouts import policy_store, rendezvous
+from beam_hpc.backends.reference.rollouts.outside_worker import ServeReport, WorkerError, serve
+from beam_hpc.backends.reference.rollouts.rollout_worker import RolloutWorker
+from beam_hpc.backends.reference.rollouts.unit_server import ElasticServer, Service
+from beam_hpc.backends.reference.rollouts.units import UnitQueue, cut, within_staleness
 
 pytestmark = [pytest.mark.slow]
 

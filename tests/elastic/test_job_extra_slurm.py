@@ -2,7 +2,7 @@
 an ``urgent`` job preempts it, and the run ends bitwise as it would have without it.
 
 Everything is real: the run is submitted as a user submits it (sbatch), the extra job through the
-CLI, its nodes run the run's worker (beam_hpc.backends.reference.outside_worker.serve), the preemption is Slurm's
+CLI, its nodes run the run's worker (beam_hpc.backends.reference.rollouts.outside_worker.serve), the preemption is Slurm's
 (``urgent`` outranks ``spot``, PreemptMode=REQUEUE with a grace time), the removal is the CLI's, and
 an extra job that outlives its run leaves by itself.
 The baseline is the same recipe and seed through the backend alone, while the chain waits on Slurm.
@@ -205,7 +205,7 @@ def test_an_extra_job_joins_is_preempted_and_the_run_ends_bitwise_as_without_it(
     assert _trained(run) == list(range(n)), _trained(run)
     # each unit counted once: every rollout has its fixed number of units, and the units the run
     # counted as served from outside are exactly those the extra job reported accepted
-    from beam_hpc.backends.reference import unit_service
+    from beam_hpc.backends.reference.rollouts import unit_service
 
     last = {}
     for line in (run / "dumps" / metric_names.METRICS_FILE).read_text().splitlines():

@@ -46,7 +46,7 @@ from run_watch import chain_finished, diagnostics, segments
 from run_watch import read_text as _read
 from slurm_cluster import spot_site
 
-from beam_hpc.backends.reference.metrics_log import EVAL_STEP, ROLLOUT_STEP
+from beam_hpc.backends.reference.loop.metrics_log import EVAL_STEP, ROLLOUT_STEP
 from beam_hpc.node import procs
 from beam_hpc.plan.plan import Plan
 from beam_hpc.run import checkpoint_layout, metric_names, tracking

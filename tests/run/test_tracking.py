@@ -20,7 +20,7 @@ import pytest
 from real_wandb import recording_wandb_server, require_wandb
 
 from beam_hpc.backends.miles.flags import OWNED_NOT_EMITTED
-from beam_hpc.backends.reference.metrics_log import EVAL_STEP, ROLLOUT_STEP, logged_steps
+from beam_hpc.backends.reference.loop.metrics_log import EVAL_STEP, ROLLOUT_STEP, logged_steps
 from beam_hpc.backends.registry import driver_command
 from beam_hpc.cli.app import main
 from beam_hpc.config.recipe import load_recipe
@@ -179,7 +179,7 @@ def test_logged_steps_per_tag() -> None:
 
 SEGMENT = textwrap.dedent("""
     import sys
-    from beam_hpc.backends.reference.metrics_log import MetricsLog, WandbSink
+    from beam_hpc.backends.reference.loop.metrics_log import MetricsLog, WandbSink
     from beam_hpc.run.tracking import WandbSettings
     run_dir, seg, start, end = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     sink = WandbSink(WandbSettings("beam-test", None, "offline", "tiny"), run_dir, {"segment": seg})

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the total to run to (the segment's; default: the plan's)")
     args = parser.parse_args(argv)
     log_to_stream("stdout")
-    from beam_hpc.backends.reference.driver import run
+    from beam_hpc.backends.reference.loop.driver import run
 
     return run(args.plan, args.ray_address, num_rollout=args.num_rollout)
 

@@ -37,7 +37,7 @@ from beam_hpc.config.site import Site
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "support" / "fixtures"
-TINY_TOKENIZER = ROOT / "beam_hpc" / "backends" / "reference" / "tiny_shipped"
+TINY_TOKENIZER = ROOT / "beam_hpc" / "backends" / "reference" / "model" / "tiny_shipped"
 MISSING_IN_0_0_2 = ("--save-trigger-sentinel", "--stream-optimizer-state-to-disk", "--offload-train-disk-dir",
                     "--offload-train-target")
 

@@ -17,9 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from beam_hpc.backends.reference import causal_lm, lora  # noqa: E402
-from beam_hpc.backends.reference.chat_tokenizer import ChatTokenizer  # noqa: E402
-from beam_hpc.backends.reference.sampling import generate, noise_source  # noqa: E402
+from beam_hpc.backends.reference.model import causal_lm, lora  # noqa: E402
+from beam_hpc.backends.reference.model.chat_tokenizer import ChatTokenizer  # noqa: E402
+from beam_hpc.backends.reference.model.sampling import generate, noise_source  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow  # imports transformers to compare against it: several seconds per process
@@ -48,7 +48,7 @@ def _hf_generate(model: Any, prompts: list[list[int]], seed: int, max_new: int, 
     backend sampled before it had its own loop)."""
     from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-    from beam_hpc.backends.reference.policy import make_batch
+    from beam_hpc.backends.reference.model.policy import make_batch
 
     draw = noise_source(seed)
 
@@ -88,7 +88,7 @@ def test_logits_and_generation_are_transformers_own(tmp_path, tiny_assets, which
         eos, pad, new = tok.eos_token_id, tok.pad_token_id, 24
         prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": tiny_prompt(10 + 7 * i, 31 + i)}]))
                    for i in range(12)]
-    from beam_hpc.backends.reference.policy import derive_seed, make_batch, response_logits
+    from beam_hpc.backends.reference.model.policy import derive_seed, make_batch, response_logits
 
     batch = make_batch(prompts, _ragged(vocab, 12, seed=2), pad_id=pad)
     with torch.no_grad():
@@ -148,8 +148,8 @@ def test_a_policy_process_imports_neither_transformers_nor_torchs_compiler(tiny_
     PEFT nor torch._dynamo / torch._inductor was imported (each costs CPU-seconds per actor)."""
     script = f"""
 import sys, torch
-from beam_hpc.backends.reference.policy import setup_process, load_tokenizer, load_policy, make_batch, response_logits
-from beam_hpc.backends.reference.sampling import generate
+from beam_hpc.backends.reference.model.policy import setup_process, load_tokenizer, load_policy, make_batch, response_logits
+from beam_hpc.backends.reference.model.sampling import generate
 from beam_hpc.config.recipe import load_recipe
 setup_process(1)
 tok = load_tokenizer({str(tiny_assets.model_dir)!r})

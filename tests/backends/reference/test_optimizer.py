@@ -1,4 +1,4 @@
-"""The trainer's AdamW (``beam_hpc.backends.reference.optimizer``) is torch's AdamW bit for bit, and a
+"""The trainer's AdamW (``beam_hpc.backends.reference.loop.optimizer``) is torch's AdamW bit for bit, and a
 trainer process that trains and checkpoints with it never imports torch's compiler."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _train(optimizer_class: type, steps: int = 6) -> tuple[list, dict, list[floa
 
 
 def test_it_computes_what_torchs_adamw_computes_and_their_states_load_into_each_other() -> None:
-    from beam_hpc.backends.reference.optimizer import AdamW
+    from beam_hpc.backends.reference.loop.optimizer import AdamW
 
     ours, our_state, our_lrs = _train(AdamW)
     theirs, their_state, their_lrs = _train(torch.optim.AdamW)
@@ -59,8 +59,8 @@ def test_a_trainer_process_trains_and_saves_without_importing_torchs_compiler(tm
     model_dir = str(tiny_assets.model_dir)
     script = f"""
 import sys, torch
-from beam_hpc.backends.reference.policy import load_tokenizer
-from beam_hpc.backends.reference.trainer import Trainer
+from beam_hpc.backends.reference.model.policy import load_tokenizer
+from beam_hpc.backends.reference.loop.trainer import Trainer
 from beam_hpc.config.recipe import load_recipe
 recipe = load_recipe("recipes/tiny.yaml", ["output_dir={tmp_path}", "model.path={model_dir}"])
 t = Trainer(recipe.model_dump(mode="json"), "{model_dir}")

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from beam_hpc.backends.reference.algorithm import group_advantages, policy_loss, token_entropy  # noqa: E402
+from beam_hpc.backends.reference.loop.algorithm import group_advantages, policy_loss, token_entropy  # noqa: E402
 
 
 def test_advantages_are_normalised_within_each_group() -> None:

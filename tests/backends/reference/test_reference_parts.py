@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from beam_hpc.backends.reference import checkpoint  # noqa: E402
-from beam_hpc.backends.reference.offload import NVME_ENV, OffloadError, OptimizerOffload  # noqa: E402
-from beam_hpc.backends.reference.prompt_source import Prompt, PromptOrder  # noqa: E402
+from beam_hpc.backends.reference.loop import checkpoint  # noqa: E402
+from beam_hpc.backends.reference.loop.offload import NVME_ENV, OffloadError, OptimizerOffload  # noqa: E402
+from beam_hpc.backends.reference.loop.prompt_source import Prompt, PromptOrder  # noqa: E402
 from beam_hpc.run import checkpoint_layout as layout  # noqa: E402
 
 
@@ -72,7 +72,7 @@ def test_data_order_is_a_pure_function_of_seed_and_cursor() -> None:
 
 
 def _random_policy() -> torch.nn.Module:
-    from beam_hpc.backends.reference.causal_lm import CausalLM, LMConfig
+    from beam_hpc.backends.reference.model.causal_lm import CausalLM, LMConfig
 
     torch.manual_seed(0)
     cfg = LMConfig.from_dict({"model_type": "qwen2", "vocab_size": 40, "hidden_size": 32, "intermediate_size": 64,
@@ -82,7 +82,7 @@ def _random_policy() -> torch.nn.Module:
 
 
 def test_sampling_depends_only_on_seed_and_rollout_id() -> None:
-    from beam_hpc.backends.reference.sampling import generate
+    from beam_hpc.backends.reference.model.sampling import generate
 
     model = _random_policy()
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
@@ -99,7 +99,7 @@ def test_sampling_depends_only_on_seed_and_rollout_id() -> None:
 
 
 def test_top_p_keeps_the_smallest_nucleus() -> None:
-    from beam_hpc.backends.reference.sampling import _top_p_mask
+    from beam_hpc.backends.reference.model.sampling import _top_p_mask
 
     scores = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = torch.isfinite(_top_p_mask(scores, 0.75))

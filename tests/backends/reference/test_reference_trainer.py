@@ -23,7 +23,7 @@ def _recipe(tmp_path: Path, tiny_assets, extra: list[str]) -> dict:
 
 
 def _rollout(model_dir: Path) -> dict:
-    from beam_hpc.backends.reference.policy import load_tokenizer
+    from beam_hpc.backends.reference.model.policy import load_tokenizer
 
     tok = load_tokenizer(str(model_dir))
     g = torch.Generator().manual_seed(0)
@@ -39,7 +39,7 @@ def _rollout(model_dir: Path) -> dict:
 
 @pytest.mark.parametrize("mode", ["full", "lora"])
 def test_save_then_load_is_exact_and_training_continues_identically(tmp_path, tiny_assets, mode) -> None:
-    from beam_hpc.backends.reference.trainer import Trainer
+    from beam_hpc.backends.reference.loop.trainer import Trainer
 
     extra = ["training.mode=lora", "training.lora={rank: 4, alpha: 8}", "training.offload.target=none"] if mode == "lora" else []
     recipe = _recipe(tmp_path, tiny_assets, [*extra, "training.optimizer.warmup_rollouts=3"])

@@ -24,7 +24,7 @@ import pytest
 from job_plans import HOST_SITE, make_test_plan
 from reference_harness import SMALL, assert_bitwise_equal, load_checkpoint, metrics, run_backend
 
-from beam_hpc.backends.reference.unit_service import WORKERS_LOST
+from beam_hpc.backends.reference.rollouts.unit_service import WORKERS_LOST
 from beam_hpc.fault_hooks import SLOW_ROLLOUT_VAR
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

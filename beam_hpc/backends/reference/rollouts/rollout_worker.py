@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from beam_hpc.backends.reference.policy import (
+from beam_hpc.backends.reference.model.policy import (
     device_of,
     load_policy,
     load_tokenizer,
@@ -27,7 +27,7 @@ from beam_hpc.backends.reference.policy import (
     threads_of,
     token_logprobs,
 )
-from beam_hpc.backends.reference.units import Unit, seed_parts
+from beam_hpc.backends.reference.rollouts.units import Unit, seed_parts
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.plan.ray_labels import GROUP_LABEL_KEY
 
@@ -58,7 +58,7 @@ def compute_unit(model: Any, tok: Any, recipe: Recipe, device: str, unit: Unit, 
                  interrupt: Callable[[], None] | None = None) -> dict[str, Any]:
     """One unit's samples: ``samples_per_prompt`` responses to each prompt (a group's responses
     adjacent), with the model already at ``version``. The same function serves the segment's own
-    workers and outside ones (beam_hpc.backends.reference.outside_worker), so a unit comes out bit for bit alike.
+    workers and outside ones (beam_hpc.backends.reference.rollouts.outside_worker), so a unit comes out bit for bit alike.
 
     ``train`` selects the training budget, temperature and penalised reward, and computes the
     behaviour log-probs; otherwise it is an evaluation (no penalty, no log-probs). ``interrupt`` is
@@ -68,7 +68,7 @@ def compute_unit(model: Any, tok: Any, recipe: Recipe, device: str, unit: Unit, 
 
     import torch
 
-    from beam_hpc.backends.reference.sampling import generate
+    from beam_hpc.backends.reference.model.sampling import generate
     from beam_hpc.reward.scoring import score_response
 
     r = recipe
@@ -152,7 +152,7 @@ class RolloutWorker:
 
     def connect_weights(self, kind: str, rendezvous: Any, rank: int) -> None:
         """Make the receiver; with a rendezvous (nccl) join the weight group as ``rank``."""
-        from beam_hpc.backends.reference.weight_sync import make_receiver
+        from beam_hpc.backends.reference.rollouts.weight_sync import make_receiver
 
         self.receiver = make_receiver(kind, rendezvous=rendezvous, rank=rank, device=self.device)
         if rendezvous is not None:

@@ -22,10 +22,10 @@ Endpoints (POST): ``/register`` -> the segment, the run's recipe and model, and 
 that every later request of that worker must carry; ``/lease`` -> a unit (held open up to
 ``LEASE_WAIT_S`` until one suits the worker, else how long to wait); ``/result`` (accepted only from
 the worker that holds the unit's lease, at the unit's version, and after the driver's own check of
-it: :mod:`beam_hpc.backends.reference.unit_service`); ``/heartbeat``; ``/deregister`` (with the keys
+it: :mod:`beam_hpc.backends.reference.rollouts.unit_service`); ``/heartbeat``; ``/deregister`` (with the keys
 it gives back). A worker the segment does not know (it registered with an earlier segment, or
 another registration took its name) gets 409 and registers again. The :class:`Client` here is what
-:mod:`beam_hpc.backends.reference.outside_worker` speaks.
+:mod:`beam_hpc.backends.reference.rollouts.outside_worker` speaks.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from beam_hpc.backends.reference.units import Unit, UnitQueue
+from beam_hpc.backends.reference.rollouts.units import Unit, UnitQueue
 
 log = logging.getLogger(__name__)
 

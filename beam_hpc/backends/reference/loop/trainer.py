@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from beam_hpc.backends.reference import algorithm, policy
-from beam_hpc.backends.reference.offload import OptimizerOffload
-from beam_hpc.backends.reference.rollout_worker import where_am_i
+from beam_hpc.backends.reference.loop import algorithm
+from beam_hpc.backends.reference.loop.offload import OptimizerOffload
+from beam_hpc.backends.reference.model import policy
+from beam_hpc.backends.reference.rollouts.rollout_worker import where_am_i
 from beam_hpc.config.recipe import Recipe
 
 MODEL_FILE = "model.pt"
@@ -26,7 +27,7 @@ class Trainer:
     def __init__(self, recipe: dict[str, Any], model_path: str) -> None:
         import torch
 
-        from beam_hpc.backends.reference.optimizer import AdamW  # torch's, minus its compiler import
+        from beam_hpc.backends.reference.loop.optimizer import AdamW  # torch's, minus its compiler import
 
         self.recipe = r = Recipe.model_validate(recipe)
         policy.setup_process(policy.threads_of(r))
@@ -69,7 +70,7 @@ class Trainer:
     def connect_weights(self, kind: str, rendezvous: Any) -> None:
         """Make the sender; with a rendezvous (nccl) join the weight group as rank 0, which
         returns once every worker has joined too."""
-        from beam_hpc.backends.reference.weight_sync import make_sender
+        from beam_hpc.backends.reference.rollouts.weight_sync import make_sender
 
         self.sender = make_sender(kind, rendezvous=rendezvous, device=self.device)
         if rendezvous is not None:

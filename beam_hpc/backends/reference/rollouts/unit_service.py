@@ -4,7 +4,7 @@ service outside workers join through, and the policy versions they need.
 A feeder thread leases units to the segment's workers (one at a time each, so an outside worker
 always finds work) and hands their results back; when nothing waits, an idle own worker takes a
 unit an outside worker still holds, so the driver never waits on one. While an outside worker is
-registered, the feeder publishes every version a queued unit names (``beam_hpc.backends.reference.policy_store``);
+registered, the feeder publishes every version a queued unit names (``beam_hpc.backends.reference.rollouts.policy_store``);
 an outside worker is offered a unit only once its version is published and within the staleness the
 run allows (0 in a ``--no-async-training`` run, 1 otherwise: rollout k+1 is generated with W_k).
 An outside worker's result is checked against its unit before the queue takes it
@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from beam_hpc.backends.reference import policy_store, rendezvous
-from beam_hpc.backends.reference.policy import load_tokenizer, threads_of
-from beam_hpc.backends.reference.unit_server import ElasticServer, ResultRefused, Service
-from beam_hpc.backends.reference.units import Unit, UnitQueue, within_staleness
+from beam_hpc.backends.reference.model.policy import load_tokenizer, threads_of
+from beam_hpc.backends.reference.rollouts import policy_store, rendezvous
+from beam_hpc.backends.reference.rollouts.unit_server import ElasticServer, ResultRefused, Service
+from beam_hpc.backends.reference.rollouts.units import Unit, UnitQueue, within_staleness
 from beam_hpc.errors import RuntimeFailure
 from beam_hpc.node.ray_node import driver_job
 from beam_hpc.plan.ports import ELASTIC, band_port
@@ -60,7 +60,7 @@ IDLE_WAIT_S = 1.0
 
 
 class Loop(Protocol):
-    """What the service reads of the driver's loop (beam_hpc.backends.reference.driver.Loop)."""
+    """What the service reads of the driver's loop (beam_hpc.backends.reference.loop.driver.Loop)."""
 
     plan: Any
     recipe: Any

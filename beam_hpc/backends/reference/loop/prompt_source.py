@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from beam_hpc.backends.reference.policy import derive_seed
+from beam_hpc.backends.reference.model.policy import derive_seed
 from beam_hpc.errors import InputError
 
 

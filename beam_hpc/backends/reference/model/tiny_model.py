@@ -11,7 +11,7 @@ both a reward signal and room to improve. Deterministic (seeded, fixed thread co
 
 The package ships the result (``tiny_shipped/``) with the key of what made it (:func:`build_key`);
 ``build`` copies it when the key matches instead of spending ~2-3 CPU minutes. After a change:
-``python -m beam_hpc.backends.reference.tiny_model --refresh-shipped``.
+``python -m beam_hpc.backends.reference.model.tiny_model --refresh-shipped``.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def _chat(tok: Any, a: int, b: int) -> str:
 
 
 def _greedy_accuracy(model: Any, tok: Any, pairs: list[tuple[int, int]]) -> float:
-    from beam_hpc.backends.reference.sampling import generate
+    from beam_hpc.backends.reference.model.sampling import generate
 
     prompts = [tok(_chat(tok, a, b), add_special_tokens=False)["input_ids"] for a, b in pairs]
     model.eval()
@@ -123,7 +123,7 @@ def _sft(
     """Answer-only cross-entropy until held-out accuracy reaches STOP_AT; returns that accuracy."""
     import torch
 
-    from beam_hpc.backends.reference.policy import make_batch, response_logits, token_logprobs
+    from beam_hpc.backends.reference.model.policy import make_batch, response_logits, token_logprobs
 
     opt = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
     exclude = exclude | set(held_out)
@@ -227,7 +227,7 @@ def _build_into(out: Path, seed: int, exclude: set[tuple[int, int]]) -> None:
         if not TARGET[0] <= acc <= TARGET[1]:
             raise RuntimeError(
                 f"tiny model warm start ended at {acc:.0%} held-out accuracy, outside {TARGET}; "
-                "tune SFT_LR / SFT_MAX_STEPS in beam_hpc/backends/reference/tiny_model.py"
+                "tune SFT_LR / SFT_MAX_STEPS in beam_hpc/backends/reference/model/tiny_model.py"
             )
         model.generation_config.pad_token_id = tok.pad_token_id
         model.generation_config.eos_token_id = tok.eos_token_id
@@ -266,6 +266,6 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] != ["--refresh-shipped"]:
-        raise SystemExit("usage: python -m beam_hpc.backends.reference.tiny_model --refresh-shipped")
+        raise SystemExit("usage: python -m beam_hpc.backends.reference.model.tiny_model --refresh-shipped")
     logging.basicConfig(level=logging.INFO)
     print(refresh_shipped())
