@@ -154,8 +154,13 @@ KEY_FILE = "build_key.txt"
 
 def build_key(seed: int, exclude: set[tuple[int, int]]) -> str:
     """What determines the built model: this module's code, the seed and the excluded pairs.
-    Import lines and the module docstring are left out: neither changes a weight."""
+    Import lines, the module docstring and the module's own name (in messages that name the file)
+    are left out: none changes a weight, and moving the module must not make the shipped build stale."""
     source = Path(__file__).read_text()
+    parts = Path(__file__).with_suffix("").parts
+    dotted = ".".join(parts[len(parts) - 1 - parts[::-1].index("beam_hpc"):])  # also right under `python -m`
+    for own_name in (dotted, dotted.replace(".", "/") + ".py"):
+        source = source.replace(own_name, "<this module>")
     first = ast.parse(source).body[0]
     skip = (first.end_lineno or 0) if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) else 0
     code = "\n".join(line for line in source.splitlines()[skip:]
