@@ -35,7 +35,8 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d) for d in ("builders", "cluster", "standins"))]
+sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d)
+                             for d in ("builders/runs", "builders/waiting", "cluster", "standins"))]
 
 from job_plans import batch_script, make_test_plan  # noqa: E402
 from slurm_cluster import LocalSlurmCluster  # noqa: E402

@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d) for d in ("builders", "cluster"))]
+sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d)
+                             for d in ("builders/runs", "builders/waiting", "cluster"))]
 
 from reference_harness import SMALL, build_tiny_assets  # noqa: E402
 from slurm_cluster import LocalSlurmCluster  # noqa: E402

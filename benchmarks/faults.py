@@ -66,7 +66,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d) for d in ("builders", "cluster", "standins")), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d)
+                             for d in ("builders/runs", "builders/waiting", "cluster", "standins")),
+                str(ROOT / "benchmarks")]
 
 ROLLOUTS = 80  # the chain's total: room for every stop's progress, and a last segment that completes
 INTERVAL = 5  # periodic checkpoints

@@ -56,7 +56,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d) for d in ("builders", "cluster", "standins"))]
+sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d)
+                             for d in ("builders/runs", "builders/waiting", "cluster", "standins"))]
 
 from polling import poll_until
 from reference_harness import SMALL, TinyAssets, build_tiny_assets

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d) for d in ("builders", "cluster", "standins"))]
+sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / "support" / d)
+                             for d in ("builders/miles", "cluster", "standins"))]
 
 from miles_facts import QWEN3_30B_A3B  # noqa: E402
 

@@ -112,7 +112,7 @@ def _slurm_marked_tests_get_the_cluster(request: pytest.FixtureRequest) -> Itera
 
 @pytest.fixture(scope="session")
 def tiny_assets():  # type: ignore[no-untyped-def]
-    """The tiny model and data, built once by the project's code (tests/support/builders/reference_harness.py)."""
+    """The tiny model and data, built once by the project's code (tests/support/builders/runs/reference_harness.py)."""
     from reference_harness import build_tiny_assets
 
     return build_tiny_assets()
@@ -121,7 +121,7 @@ def tiny_assets():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def reference_ray() -> Iterator[str]:
     """The address of a real one-node Ray cluster carrying both group resources: one for all the
-    xdist workers of a run (tests/support/builders/reference_harness.py, LocalRayHead)."""
+    xdist workers of a run (tests/support/builders/runs/reference_harness.py, LocalRayHead)."""
     from reference_harness import LocalRayHead
 
     with LocalRayHead(share=os.environ.get("PYTEST_XDIST_TESTRUNUID")) as address:

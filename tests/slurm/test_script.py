@@ -1,7 +1,7 @@
 """The one batch-script renderer (beam_hpc.slurm.script.render_batch), without a cluster.
 
 Every script beam-hpc writes is a BatchJob: the run's hetjob script, the Miles conversion job and
-the tests' own job scripts (tests/support/builders/job_plans.py). Here: the header's layout, the site block's
+the tests' own job scripts (tests/support/builders/runs/job_plans.py). Here: the header's layout, the site block's
 order, and that all three writers give the very same site block for one site. Against the real
 local Slurm cluster the scripts run in tests/slurm/test_render_slurm.py,
 tests/backends/miles/test_miles_convert.py and tests/submission/test_submission_launch_parity.py.

@@ -1,7 +1,7 @@
 """The checkpoint check before a Miles segment resumes, on real Megatron ``torch_dist`` checkpoints.
 
 The checkpoints are written by megatron-core's own ``dist_checkpointing.save`` on the CPU
-(``tests/support/builders/megatron_ckpt.py``), once per module, and copied per test before being damaged on purpose:
+(``tests/support/builders/miles/megatron_ckpt.py``), once per module, and copied per test before being damaged on purpose:
 a shard file truncated, a format record or index missing, bytes overwritten inside a shard, the data
 cursor missing. The launcher hook runs on the argv that ``miles_args.build_driver`` emits for the
 dedicated recipe. Runtime: ~15-30 s, mostly importing megatron-core (twice: writer subprocess, here).

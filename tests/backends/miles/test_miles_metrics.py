@@ -1,6 +1,6 @@
 """What Miles writes is what beam-hpc reads: status, plot and the lifecycle on miles-rl's own logging.
 
-miles-rl 0.0.2's logging code (tests/support/builders/miles_logging.py: ``_log_rollout_data``,
+miles-rl 0.0.2's logging code (tests/support/builders/miles/miles_logging.py: ``_log_rollout_data``,
 ``_log_eval_rollout_data``, the trainer's ``log_rollout_data``, ``log_perf_data_raw``, Miles's
 TensorBoard tracking) runs on real ``Sample`` objects, scored by beam-hpc's Miles reward function,
 into a run directory's ``tensorboard/``, as in a Miles segment that ran three rollouts, saved once,

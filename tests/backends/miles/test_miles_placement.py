@@ -40,7 +40,7 @@ from beam_hpc.backends.miles.placement import (
 from beam_hpc.plan.paths import RunPaths
 
 ROOT = Path(__file__).resolve().parents[3]
-TESTS = ROOT / "tests" / "support"  # the shared test helpers, importable by the Ray workers too
+TESTS = ROOT / "tests" / "support"  # the shared test helpers
 STANDIN = TESTS / "standins" / "miles_standin"
 HEAD, TRAINERS = "127.0.0.2", ("127.0.0.3", "127.0.0.4")
 LABEL = "beam-group"
@@ -207,7 +207,7 @@ class LoopbackRay:
             "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
             # Ray workers import the Miles double (as they would import Miles in its image) and
             # this test module (for the probe task below, which Ray pickles by its module's name).
-            "PYTHONPATH": os.pathsep.join([str(STANDIN), str(Path(__file__).resolve().parent), str(TESTS / "builders"), str(ROOT)]),
+            "PYTHONPATH": os.pathsep.join([str(STANDIN), str(Path(__file__).resolve().parent), str(ROOT)]),
         }
         self.procs: list[subprocess.Popen] = []
         self.ray_bin = str(Path(sys.executable).with_name("ray"))

@@ -1,7 +1,7 @@
 """Miles's custom reward adapter scores exactly as ``beam_hpc.reward.scoring`` does, and carries
 Miles's own checker's verdict beside it.
 
-Miles is real here (miles-rl, tests/support/real_miles.py): the samples are Miles's own
+Miles is real here (miles-rl, tests/support/builders/miles/real_miles.py): the samples are Miles's own
 ``miles.utils.types.Sample``, and the verdict comes from its ``grade_answer_verl``. The calling
 contract (read in radixark/miles@31f1ca961, see the adapter's docstring): Miles loads
 ``--custom-rm-path`` as ``module.attr``, awaits ``fn(args, sample)`` with one ``Sample`` (or a list

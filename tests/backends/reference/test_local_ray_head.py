@@ -1,4 +1,4 @@
-"""The tests' shared local Ray head (tests/support/builders/reference_harness.py, LocalRayHead): the
+"""The tests' shared local Ray head (tests/support/builders/runs/reference_harness.py, LocalRayHead): the
 xdist workers of one run use one head, a worker that leaves while another holds a lease leaves it
 running, and the last one out stops it and leaves nothing in /tmp."""
 
@@ -18,6 +18,7 @@ from beam_hpc.node import procs
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 BUILDERS = Path(__file__).resolve().parents[2] / "support" / "builders"
+HARNESS_PATH = [str(BUILDERS / "runs"), str(BUILDERS / "waiting")]  # reference_harness and the polling it uses
 
 
 def test_workers_of_one_run_share_a_head_and_the_last_one_out_stops_it() -> None:
@@ -31,7 +32,7 @@ def test_workers_of_one_run_share_a_head_and_the_last_one_out_stops_it() -> None
         # another worker (another process) with the run's key: the same head, and leaving it
         # while this process still holds its lease stops nothing
         other = subprocess.run(
-            [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(BUILDERS)!r})\n"
+            [sys.executable, "-c", f"import sys; sys.path[:0] = {HARNESS_PATH!r}\n"
              "from reference_harness import LocalRayHead\n"
              f"h = LocalRayHead(share={key!r})\nprint(h.__enter__())\nh.__exit__(None, None, None)"],
             capture_output=True, text=True, timeout=120)

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "builders"))  # run as a program: polling
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "builders" / "waiting"))  # run as a program: polling
 from polling import poll_until  # noqa: E402
 
 from beam_hpc.files import write_atomic

@@ -28,7 +28,7 @@ tested against this double of what beam-hpc relies on, written from Miles's docu
   miles-rl's own logging code writes.
 
 What it does instead of training: each rollout is a short sleep (``BEAM_STANDIN_ROLLOUT_S``, default
-0.5 s, a knob of this double only). Checkpoint contents come from ``tests/support/builders/megatron_ckpt.py``
+0.5 s, a knob of this double only). Checkpoint contents come from ``tests/support/builders/miles/megatron_ckpt.py``
 (small real megatron-core torch_dist checkpoints), so that what a resume checks with megatron-core
 is what Miles would have left. Everything it saw is recorded, atomically after every event, in
 ``<--dump-details>/standin-<start rollout>.json`` (one file per launch: a resumed segment writes
@@ -181,9 +181,9 @@ def _dataset_state(load: str, rollout_id: int) -> Path:
 
 
 def _write_iteration(save: Path, rollout_id: int, seed: int) -> None:
-    """The Megatron iteration directory, written by megatron-core itself (tests/support/builders/megatron_ckpt.py);
+    """The Megatron iteration directory, written by megatron-core itself (tests/support/builders/miles/megatron_ckpt.py);
     the data cursor is this double's own (written before), the tracker comes after."""
-    tests_dir = str(Path(__file__).resolve().parents[2] / "builders")
+    tests_dir = str(Path(__file__).resolve().parents[2] / "builders" / "miles")
     if tests_dir not in sys.path:
         sys.path.append(tests_dir)
     from megatron_ckpt import write_torch_dist_checkpoint

@@ -15,7 +15,7 @@ conversion job relies on, and what this double therefore does the same way:
   callers read as success.
 
 The checkpoint itself is a small real megatron-core torch_dist checkpoint from
-``tests/support/builders/megatron_ckpt.py`` (not the HF weights: there are none here). Each rank records its argv
+``tests/support/builders/miles/megatron_ckpt.py`` (not the HF weights: there are none here). Each rank records its argv
 and environment in ``<--save>.standin/rank-<r>.json`` beside the output, so a test can check what
 the job ran.
 """
@@ -27,7 +27,7 @@ import shutil
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[3] / "builders"  # megatron_ckpt
+TESTS = Path(__file__).resolve().parents[3] / "builders" / "miles"  # megatron_ckpt
 
 
 def main() -> None:

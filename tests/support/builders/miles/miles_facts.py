@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MILES_MAIN = Path(__file__).resolve().parents[1] / "fixtures" / "miles_main"
+MILES_MAIN = Path(__file__).resolve().parents[2] / "fixtures" / "miles_main"
 
 QWEN3_30B_A3B = {
     "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,

@@ -27,7 +27,7 @@ from beam_hpc.files import write_json_atomic
 from beam_hpc.node import procs
 from beam_hpc.node.ray_node import stop_pids
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 TINY_RECIPE = REPO / "recipes" / "tiny.yaml"
 HEAD_FILE = "head.json"  # a shared LocalRayHead's address, ray start PID and temp dir
 

@@ -19,7 +19,7 @@ from beam_hpc.config.recipe import apply_overrides, load_yaml, recipe_from_dict
 from beam_hpc.config.site import site_from_dict
 from beam_hpc.plan.plan import DriverCommand, Plan, make_plan
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 HOLD_DRIVER = ROOT / "tests" / "support" / "programs" / "ray_hold_driver.py"
 
 

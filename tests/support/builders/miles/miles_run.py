@@ -13,7 +13,7 @@ from miles_facts import QWEN3_8B
 
 from beam_hpc.config.recipe import load_yaml
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 STANDIN = ROOT / "tests" / "support" / "standins" / "miles_standin"
 NUM_ROLLOUT = 10
 PROMPTS = 4

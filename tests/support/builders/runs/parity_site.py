@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 MODULE = "beamtest/1.0"
 SITE_ENV = {"BEAM_PARITY_SITE": "from-the-site", "NCCL_NVLS_ENABLE": "0", "BEAM_MODULE_RAN": "no"}
 # what the job must see: the site's env, with BEAM_MODULE_RAN turned to "yes" by the module function

@@ -11,7 +11,7 @@ driver need checkpoints that are what Miles saves on a cluster, not a look-alike
     <save_dir>/latest_checkpointed_iteration.txt           "19", written last
 
 Use from Python (``write_torch_dist_checkpoint(save_dir, 19)``) or as a command
-(``python tests/support/builders/megatron_ckpt.py SAVE_DIR ITER [ITER...] [--seed S] [--no-dataset-state]``). The
+(``python tests/support/builders/miles/megatron_ckpt.py SAVE_DIR ITER [ITER...] [--seed S] [--no-dataset-state]``). The
 Python helpers run the command in a subprocess, so the caller never has a process group, a
 multiprocessing manager or megatron-core's import side effects left behind; several iterations in one
 call share one subprocess (megatron-core takes seconds to import).

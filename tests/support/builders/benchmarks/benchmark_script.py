@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[4] / "benchmarks"
 
 
 def load(name: str) -> ModuleType:
