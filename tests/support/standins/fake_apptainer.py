@@ -19,7 +19,9 @@ apptainer.conf's "mount home = yes" and "mount tmp = yes" defaults):
 Here the "container" is a private mount namespace of the host's filesystem (there is no image root
 filesystem): the default binds are the host's own paths, and ``--contain``/``--no-home`` cover /tmp,
 /var/tmp and $HOME with empty tmpfs; binds then go on top (a target outside those that the host lacks
-is not made: listed as unmounted). It needs root only where something must be mounted. With
+is not made: listed as unmounted). The checkout and its venv stand for the image's own files (Python
+and beam-hpc, which a real image carries in its root filesystem): where they live under a covered
+path (a clone under /tmp), they are shown again there. It needs root only where something must be mounted. With
 ``FAKE_APPTAINER_RECORD=DIR`` it writes, per exec, what it got (binds, image, command) and which of
 the paths named in ``FAKE_APPTAINER_PROBE`` (os.pathsep-separated) exist inside, to DIR.
 """
@@ -32,6 +34,7 @@ from pathlib import Path
 FAKE_APPTAINER = r'''#!{python}
 import ctypes, os, stat, sys
 IMAGE_ENV = {{"RAY_AUTH_MODE": "disabled", "IMAGE_ONLY": "from-image"}}  # as a Dockerfile ENV would
+IMAGE_FILES = {image_files!r}  # what stands for the image's own files (Python, beam-hpc): never covered
 CLONE_NEWNS, MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_SLAVE = (
     0x20000, 1, 2, 4, 32, 4096, 16384, 1 << 19)
 AT_FDCWD, OPEN_TREE_CLONE, O_CLOEXEC, AT_RECURSIVE, MOVE_MOUNT_F_EMPTY_PATH = -100, 1, 0o2000000, 0x8000, 4
@@ -79,6 +82,9 @@ def mount(src, dst, fstype, flags, data=None):
 
 unmounted = []
 plan = []  # (source, target, read-only) of binds that change what the process sees
+# The image's own files are in its root filesystem, not in the host's /tmp or $HOME: where this
+# checkout or its venv lives under a covered path, it is shown again there, as the image would be.
+plan += [(f, f, False) for f in IMAGE_FILES if under(f, covered) and os.path.exists(f)]
 for b in binds:
     src, dst, opts = (b.split(":") + ["", ""])[:3]
     dst = dst or src
@@ -133,6 +139,8 @@ def install_fake_apptainer(bin_dir: Path) -> Path:
     """Write the stand-in as ``bin_dir/apptainer``; put ``bin_dir`` first on PATH to use it."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     fake = bin_dir / "apptainer"
-    fake.write_text(FAKE_APPTAINER.format(python=sys.executable))
+    repo = Path(__file__).resolve().parents[3]
+    image_files = sorted({str(repo), sys.prefix, sys.base_prefix})
+    fake.write_text(FAKE_APPTAINER.format(python=sys.executable, image_files=image_files))
     fake.chmod(0o755)
     return bin_dir
