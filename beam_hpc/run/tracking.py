@@ -144,11 +144,6 @@ def fragment_dirs(run_dir: str | Path) -> list[Path]:
     return sorted(found, key=_fragment_key)
 
 
-# the name the reference backend's reader uses (backends/reference/loop/metrics_log.py); it lists
-# fragments, of which a reference segment writes one
-segment_dirs = fragment_dirs
-
-
 def transaction_log(fragment: Path) -> Path | None:
     logs = sorted(fragment.glob("run-*.wandb"))
     return logs[0] if logs else None

@@ -63,7 +63,7 @@ class WandbSink:
 
         self.run_id = tracking.run_id(run_dir)
         rows: list[dict[str, Any]] = []
-        for d in tracking.segment_dirs(run_dir):  # before init: the new segment's directory is not there yet
+        for d in tracking.fragment_dirs(run_dir):  # before init: the new segment's fragment is not there yet
             log = tracking.transaction_log(d)
             if log is not None:
                 rows += tracking.history(log)
