@@ -121,6 +121,13 @@ SOURCES: dict[str, str] = {
 }
 
 
+# What a user who asks Miles for engines it did not launch is told: no Miles run can take them today
+# (Miles main 31f1ca96 gives them no GPUs: placement_group.py:97-99, then server_group.py:90-91).
+_NO_ATTACHED_ENGINES = ("leave it out: Miles starts no engine it did not launch itself (radixark/miles 31f1ca96 "
+                        "placement_group.py:97-99, server_group.py:90-91), and `beam-hpc rollout add` refuses Miles runs "
+                        "for that reason; for more rollout capacity raise topology.rollout.nodes and resubmit")
+
+
 # Flags beam-hpc never emits but owns all the same: the lifecycle, checkpoints, topology and data
 # depend on Miles *not* getting them, so ``backend_options.extra_args`` refuses them (exit 2),
 # naming what to use instead.
@@ -143,9 +150,9 @@ OWNED_NOT_EMITTED: dict[str, str] = {
     "--wandb-run-id": "leave it out: every segment logs to the run's one W&B run (<output>/wandb/run_id)",
     # reserved for attaching extra jobs' engines at segment start, which no Miles run does today: Miles
     # main gives attached engines no GPUs (backends.miles.external_engines.refusal; rollout add exits 2)
-    "--rollout-external": "use `beam-hpc rollout add` instead: segment start attaches the registered engines",
-    "--rollout-external-engine-addrs": "use `beam-hpc rollout add` instead: segment start attaches the registered engines",
-    "--worker-urls": "use `beam-hpc rollout add` instead: segment start gives Miles's router the registered engines",
+    "--rollout-external": _NO_ATTACHED_ENGINES,
+    "--rollout-external-engine-addrs": _NO_ATTACHED_ENGINES,
+    "--worker-urls": _NO_ATTACHED_ENGINES,
 }
 # Flags that Miles's own model scripts may also set (the MLA scripts set --attention-softmax-in-fp32,
 # some set dropout 0): the architecture flags may repeat them with the recipe's value, and beam-hpc
