@@ -1,94 +1,167 @@
 """benchmarks/ettr.py's simulator: a failure-free chain whose ETTR is known by hand, and scripted node
-losses that show the policy seam and the product's decision code at work."""
+losses that show the product's own rules at work: the plan's survives_node_loss and
+elastic.replace.on_node_lost decide whether a segment goes on and whether a replacement is asked
+for (a Miles recipe, or a rollout group of one node, projects exactly as a full restart), and
+lifecycle.decide.decide what follows a segment."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Any
 
 import benchmark_script
 import pytest
 
 sim = benchmark_script.load("ettr")
 
-# 100 s steps, a 10 s save every 5 rollouts, 50 s bring-up, a 2,000 s walltime with a 100 s lead
-SMALL = sim.Scale("small", trainer_nodes=2, rollout_nodes=4, bringup_s=50, queue_s=30, replace_s=300)
-COSTS = sim.Costs(step_s=100, save_s=10, interval=5, walltime_s=2000, lead_s=100, detect_s=5, operator_s=600,
-                  max_segments=50, per_gpu_hour=0.0)
-
+# The seed's topology (8 trainer + 4 rollout nodes, two 16-GPU engines) with 100 s steps, a 10 s
+# save every 5 rollouts, 50 s bring-up, a 2,000 s walltime with a 100 s lead: the recipe fields
+# through the product's plan, the rest as Costs.
+SMALL = sim.Shape("small", trainer_nodes=8, rollout_nodes=4, prompts=32, bringup_s=50, queue_s=30, replace_s=300)
+RECIPE = ("lifecycle.walltime=00:33:20", "lifecycle.lead_s=100", "checkpoint.interval=5")
+COSTS = sim.Costs(step_s=100, save_s=10, detect_s=5, operator_s=600, per_gpu_hour=0.0)
 LOSSES = replace(COSTS, per_gpu_hour=1.0)  # for the scripted losses below (their times are the script's)
 
 
-class Scripted(random.Random):
-    """Node losses at the held seconds given (after each, the next), each on the group given."""
+def config(backend: str = "reference", *overrides: str, shape: Any = SMALL) -> Any:
+    return sim.config_for(shape, backend, *RECIPE, *overrides)
 
-    def __init__(self, gaps: list[float], groups: list[str]) -> None:
+
+class Scripted(random.Random):
+    """Node losses at the held seconds given (after each, the next), each on the group given, and
+    (for a rollout node) the node index given, else the first one up."""
+
+    def __init__(self, gaps: list[float], groups: list[str], nodes: list[int] | None = None) -> None:
         super().__init__(0)
-        self.gaps, self.groups = list(gaps), list(groups)
+        self.gaps, self.groups, self.nodes = list(gaps), list(groups), list(nodes or [])
 
     def expovariate(self, lambd: float) -> float:
         return self.gaps.pop(0) if self.gaps else 1e12
 
-    def random(self) -> float:
+    def random(self) -> float:  # the simulator lists the plan's groups trainer first
         return 0.0 if (self.groups.pop(0) if self.groups else "trainer") == "trainer" else 0.999
+
+    def choice(self, seq: Any) -> Any:
+        want = self.nodes.pop(0) if self.nodes else seq[0]
+        assert want in seq
+        return want
+
+
+def run(cfg: Any, policy: Any, rng: random.Random, costs: Any = LOSSES, n: int = 20) -> Any:
+    return sim.simulate(cfg, costs, policy, n, rng)
 
 
 def test_without_failures_the_ettr_is_the_one_worked_out_by_hand() -> None:
     """Segment 1: bring-up to 50, rollouts 1-15 with three saves to 1,580, 16-18 to 1,880; rollout 19
     would pass the lead (1,900): save on request, end at 1,890. Segment 2: bring-up, rollouts 19-20
     and the final save: 260 s. 20 rollouts x 100 s over 2,150 s held."""
-    r = sim.simulate(SMALL, COSTS, sim.FullRestart(), 20, random.Random(0))
-    assert r.segments == 2 and r.restarts == 0 and r.chain_stops == 0
+    r = run(config(), sim.FullRestart(), random.Random(0), costs=COSTS)
+    assert r.segments == 2 and r.restarts == 0 and r.chain_stops == 0 and r.unfinished == 0
     assert r.ettr == pytest.approx(2000 / 2150) and r.ettr_full_speed == pytest.approx(2000 / 2150)
     assert r.span_ettr == pytest.approx(2000 / (2150 + 30))  # the queue wait is in the span, not held
 
 
-def test_a_lost_rollout_node_restarts_today_and_only_slows_the_run_in_place() -> None:
-    """A rollout node lost 300 s into the first segment. Full restart: the segment ends as a node
-    failure, decide() resubmits from the checkpoint at 0 (none yet): 2 rollouts re-done. In place:
-    1 of the 2 engines down (16-GPU engines of 2 nodes: 4 rollout nodes make 2), steps twice as slow
-    until the replacement serves 300 s later, no restart, and the same 20 rollouts are kept."""
-    restart = sim.simulate(SMALL, LOSSES, sim.FullRestart(), 20, Scripted([300], ["rollout"]))
-    in_place = sim.simulate(SMALL, LOSSES, sim.InPlaceReplacement(replace_s=300), 20, Scripted([300], ["rollout"]))
-    assert (restart.restarts, in_place.restarts) == (1, 0) and restart.node_losses == in_place.node_losses == 1
-    assert in_place.ettr > restart.ettr
-    assert in_place.ettr_full_speed < in_place.ettr  # the slowed steps count as training, not at full speed
+def test_the_simulator_asks_the_products_rule_with_the_real_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-place policy is the product's survives_node_loss on the plan plan_for made, and
+    elastic.replace.on_node_lost with the segment's own nodes left and the recipe's cap."""
+    cfg = config()
+    seen: list[tuple[Any, ...]] = []
+    real_survives, real_on_lost = sim.survives_node_loss, sim.on_node_lost
+
+    def survives(plan: Any, group: Any) -> bool:
+        seen.append(("survives", plan, group.name))
+        return real_survives(plan, group)
+
+    def on_lost(**kw: Any) -> Any:
+        seen.append(("on_node_lost", kw))
+        return real_on_lost(**kw)
+
+    monkeypatch.setattr(sim, "survives_node_loss", survives)
+    monkeypatch.setattr(sim, "on_node_lost", on_lost)
+    run(cfg, sim.ProductRule(cfg), Scripted([300], ["rollout"]))
+    assert seen == [("survives", cfg.plan, "rollout"),
+                    ("on_node_lost", {"survives": True, "others_up": 3, "replacements": 0, "cap": 2})]
+    assert cfg.plan.recipe.backend == "reference" and cfg.plan.group("rollout").nodes == 4
+
+
+def test_where_the_product_ends_the_segment_the_projection_is_the_full_restarts() -> None:
+    """A rollout node lost 300 s in. The seed's Miles recipe, and a reference recipe whose rollout
+    group is one node: the product's rule says the group does not survive, so the in-place
+    projection is the full-restart one for the same draws (here and over random draws at a high
+    rate). The reference recipe with 4 rollout nodes goes on: no restart, a slower run, a replacement."""
+    miles, single = config("miles"), config("reference", "topology.rollout.nodes=1",
+                                                "topology.rollout.gpus_per_engine=8")
+    assert not sim.survives_node_loss(miles.plan, miles.plan.group("rollout"))
+    assert not sim.survives_node_loss(single.plan, single.plan.group("rollout"))
+    restart = run(miles, sim.FullRestart(), Scripted([300], ["rollout"]))
+    assert restart.restarts == 1 and restart.node_losses == 1
+    for cfg in (miles, single):
+        assert run(cfg, sim.ProductRule(cfg), Scripted([300], ["rollout"])) == restart
+        busy = replace(COSTS, per_gpu_hour=0.02)  # about a node loss every 250 held seconds
+        assert (run(cfg, sim.ProductRule(cfg), random.Random(7), costs=busy, n=60)
+                == run(cfg, sim.FullRestart(), random.Random(7), costs=busy, n=60))
+    ref = config()
+    in_place = run(ref, sim.ProductRule(ref), Scripted([300], ["rollout"]))
+    assert (in_place.restarts, in_place.went_on, in_place.replacements) == (0, 1, 1)
+    assert in_place.ettr > restart.ettr and in_place != restart
+    assert in_place.ettr_full_speed < in_place.ettr  # an engine of 2 down: steps twice as slow until it is back
     assert in_place.replacement_gpu_h > 0 == restart.replacement_gpu_h
 
 
+def test_the_cap_on_replacements_is_the_recipes() -> None:
+    """Two rollout nodes of one engine lost, 300 and 600 s in: the recipe's default cap of 2
+    replaces both; ``lifecycle.max_replacements`` 1 replaces one, and 0 none (the run goes on with
+    an engine fewer until the segment ends, so it runs slower)."""
+    runs = {cap: run(c, sim.ProductRule(c), Scripted([300, 300], ["rollout", "rollout"], [0, 1]))
+            for cap, c in ((2, config()), (1, config("reference", "lifecycle.max_replacements=1")),
+                           (0, config("reference", "lifecycle.max_replacements=0")))}
+    assert [runs[c].replacements for c in (2, 1, 0)] == [2, 1, 0]
+    assert runs[0].replacement_gpu_h == 0 < runs[1].replacement_gpu_h < runs[2].replacement_gpu_h
+    assert all(r.restarts == 0 and r.went_on == 2 for r in runs.values())
+    assert runs[0].ettr_full_speed < runs[2].ettr_full_speed
+
+
+def test_with_no_whole_engine_left_the_stall_watchdog_ends_the_segment() -> None:
+    """No replacements (cap 0), one node of each engine lost: the product goes on (two of the
+    segment's rollout nodes still run) but no engine is whole, so no rollout finishes until the
+    product's stall watchdog (20 minutes at the floor) stops the segment; decide() resubmits."""
+    cfg = config("reference", "lifecycle.max_replacements=0")
+    r = run(cfg, sim.ProductRule(cfg), Scripted([300, 300], ["rollout", "rollout"], [0, 2]))
+    assert (r.stalls, r.restarts, r.went_on, r.replacements) == (1, 0, 2, 0)
+    assert r.unfinished == 0 and r.ettr < run(cfg, sim.FullRestart(), Scripted([300], ["rollout"])).ettr
+
+
 def test_a_lost_trainer_node_restarts_under_both_policies() -> None:
-    runs = [sim.simulate(SMALL, LOSSES, policy, 20, Scripted([300], ["trainer"]))
-            for policy in (sim.FullRestart(), sim.InPlaceReplacement(replace_s=300))]
-    assert [r.restarts for r in runs] == [1, 1] and runs[0].ettr == pytest.approx(runs[1].ettr)
+    cfg = config()
+    runs = [run(cfg, policy, Scripted([300], ["trainer"])) for policy in (sim.FullRestart(), sim.ProductRule(cfg))]
+    assert [r.restarts for r in runs] == [1, 1] and runs[0] == runs[1]
 
 
 def test_the_product_rule_book_stops_a_chain_that_fails_twice_without_progress() -> None:
     """Two segments in a row lose a node before their first checkpoint: decide() stops the chain
     (its rule 4), the simulated operator resubmits, and the run still completes."""
-    r = sim.simulate(SMALL, LOSSES, sim.FullRestart(), 20, Scripted([200, 200], ["trainer", "trainer"]))
+    r = run(config(), sim.FullRestart(), Scripted([200, 200], ["trainer", "trainer"]))
     assert (r.restarts, r.chain_stops, r.stops_no_progress) == (2, 1, 1)
     assert r.ettr > 0
 
 
-def test_the_cap_on_replacements_is_the_recipes_and_leaves_the_engine_down_once_reached() -> None:
-    """Two rollout nodes lost, 300 and 900 s into the run, with a cap of 1: the first is replaced
-    (back at 600 s), the second is not, so the run goes on with one engine fewer until the segment
-    ends; with a cap of 5 it is replaced too."""
-    assert sim.InPlaceReplacement(replace_s=1).cap == 2  # lifecycle.max_replacements' default
-    capped = sim.simulate(SMALL, LOSSES, sim.InPlaceReplacement(replace_s=300, cap=1), 20,
-                          Scripted([300, 600], ["rollout", "rollout"]))
-    free = sim.simulate(SMALL, LOSSES, sim.InPlaceReplacement(replace_s=300, cap=5), 20,
-                        Scripted([300, 600], ["rollout", "rollout"]))
-    assert capped.restarts == free.restarts == 0 and capped.ettr_full_speed < free.ettr_full_speed
+def test_a_run_that_cannot_finish_is_given_up_at_the_horizon() -> None:
+    r = run(config(), sim.FullRestart(), random.Random(1), costs=replace(COSTS, per_gpu_hour=1.0, horizon=3))
+    assert r.unfinished == 1 and r.ettr == 0 and r.days * 86400 >= 3 * 20 * 100
 
 
-def test_the_projection_runs_every_policy_on_every_scale() -> None:
-    rows = sim.project(runs=2, seed=3, days=1)
-    policies = ["full restart", "in place, cap 2", "in place, no cap"]
-    assert [(r["scale"], r["policy"]) for r in rows][:3] == [(sim.SCALES[0].name, p) for p in policies]
+def test_the_projection_runs_every_policy_on_every_size() -> None:
+    shapes = (SMALL, replace(sim.SHAPES[1], name="1,024"))
+    rows = sim.project(runs=2, seed=3, days=1, costs=replace(COSTS, per_gpu_hour=1e-3), overrides=RECIPE,
+                       shapes=shapes)
+    policies = ["full restart", "(a) product, miles recipe", "(b) product, reference, cap 2",
+                "(b) product, reference, no cap"]
+    assert [(r["scale"], r["policy"]) for r in rows] == [(s.name, p) for s in shapes for p in policies]
     by = {(r["gpus"], r["policy"]): r for r in rows}
-    for scale in sim.SCALES:
-        for policy in policies:
-            assert 0 < by[(scale.gpus, policy)]["ettr_mean"] <= 1
-    assert "| 1,024 GPUs | 1024 (86 + 42; 21) |" in sim.table(rows)
-    assert sim.main(["--runs", "0"]) == 2
+    assert by[(1024, policies[1])]["ettr_mean"] == by[(1024, policies[0])]["ettr_mean"]
+    assert by[(1024, policies[2])]["survives"] == {"trainer": False, "rollout": True}
+    assert by[(1024, policies[3])]["max_replacements"] == sim.NO_CAP
+    assert all(0 < r["ettr_mean"] <= 1 for r in rows)
+    assert "| 1,024 | 1024 (88 + 40; 20) |" in sim.table(rows)
+    assert sim.main(["--runs", "0"]) == 2 and sim.main(["--interval", "0"]) == 2
