@@ -497,19 +497,37 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _rates(text: str) -> dict[str, float] | None:
+    """``--rate``'s rates by name (None: not one the script knows)."""
+    if text == "both":
+        return dict(RATES)
+    if text in RATES:
+        return {text: RATES[text]}
+    try:
+        rate = float(text)
+    except ValueError:
+        return None
+    return {f"{rate:g}": rate} if rate > 0 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=40, help="simulated runs per size and policy (default 40)")
     p.add_argument("--seed", type=int, default=1, help="failure draws (the same for every policy)")
     p.add_argument("--days", type=float, default=7.0, help="training a run needs at full speed, in days (default 7)")
     p.add_argument("--interval", type=int, help="checkpoint.interval for every recipe (default: the recipe's, 20)")
-    p.add_argument("--rate", choices=[*RATES, "both"], default="both",
-                   help="per-GPU failure rate: Llama 3's, RobustRL's 10%% injection (as read here), or both")
+    p.add_argument("--rate", default="both",
+                   help="per-GPU-hour node-loss rate: llama3 (Llama 3's), robustrl (RobustRL's 10%% injection as "
+                        "read here), both (default), or a number (a sensitivity run)")
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)
     problems = [f"--{name}: {value}; give a number above 0" for name, value in
                 (("runs", args.runs), ("days", args.days), ("interval", args.interval))
                 if value is not None and value <= 0]
+    rates = _rates(args.rate)
+    if rates is None:
+        problems.append(f"--rate: {args.rate!r}; give llama3, robustrl, both or a number of node losses per GPU-hour "
+                        "above 0, e.g. 4.4e-5")
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 2
@@ -517,8 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"runs": args.runs, "seed": args.seed, "days": args.days, "overrides": list(overrides),
                            "sources": SOURCES, "shapes": [asdict(s) for s in SHAPES], "tables": {}}
     try:
-        for name in (RATES if args.rate == "both" else [args.rate]):
-            costs = Costs(per_gpu_hour=RATES[name])
+        for name, rate in rates.items():
+            costs = Costs(per_gpu_hour=rate)
             rows = project(args.runs, args.seed, args.days, costs, overrides)
             print(f"## rate {name}: {costs.per_gpu_hour:.3g} node losses per GPU-hour; {args.runs} runs per row, "
                   f"seed {args.seed}, {args.days:g} days of training at full speed "

@@ -164,4 +164,4 @@ def test_the_projection_runs_every_policy_on_every_size() -> None:
     assert by[(1024, policies[3])]["max_replacements"] == sim.NO_CAP
     assert all(0 < r["ettr_mean"] <= 1 for r in rows)
     assert "| 1,024 | 1024 (88 + 40; 20) |" in sim.table(rows)
-    assert sim.main(["--runs", "0"]) == 2 and sim.main(["--interval", "0"]) == 2
+    assert sim.main(["--runs", "0"]) == 2 and sim.main(["--interval", "0"]) == 2 and sim.main(["--rate", "0"]) == 2
