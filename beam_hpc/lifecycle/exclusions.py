@@ -87,7 +87,8 @@ def record_cleared(output_dir: str | Path, nodes: Sequence[str], *, now: float |
     at = time.time() if now is None else now
     added = [{"node": ALL if n == "all" else n, "time": at} for n in dict.fromkeys(nodes)]
     if added:
-        write_json_atomic(cleared_path(output_dir), read_cleared(output_dir) + added)
+        path, records = cleared_path(output_dir), read_cleared(output_dir) + added
+        write_json_atomic(path, records)
     return added
 
 

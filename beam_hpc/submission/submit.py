@@ -20,8 +20,6 @@ from beam_hpc.config.recipe import Recipe, apply_overrides, load_yaml, recipe_fr
 from beam_hpc.config.site import Site, find_site, site_from_dict
 from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.lifecycle import exclusions, quarantine
-from beam_hpc.node import container
-from beam_hpc.plan.paths import RunPaths
 from beam_hpc.plan.plan import Plan
 from beam_hpc.plan.segment_args import SegmentArgs
 from beam_hpc.run import accounting, checkpoint_layout, ledger
@@ -30,7 +28,7 @@ from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.script import extra_parameters
 from beam_hpc.submission import tmp_disk
 from beam_hpc.submission.request import SubmitRequest, Via
-from beam_hpc.submission.run_guard import check_before_submit, check_resume, check_run_dir
+from beam_hpc.submission.run_guard import check_submission
 
 
 class SubmitError(RuntimeFailure):
@@ -108,26 +106,6 @@ def prepare_run(request: SubmitRequest) -> Path:
     return script
 
 
-def check_paths(recipe: Recipe, site: Site) -> None:
-    """Paths that must exist before a job is worth queueing (checked on the login node, which sees
-    the same shared storage as the nodes). A model that the backend makes itself (the tiny model,
-    or SmolLM2 materialised from its wheel) is exempt."""
-    made_by_backend = recipe.backend_options.get("tiny_model") or recipe.backend_options.get("smollm2_model")
-    image = container.image_file(site)  # an Apptainer .sif or a pyxis squashfs (not a registry URI)
-    need = [("data.dir", recipe.data.train_path()), ("data.dir", recipe.data.eval_path()),
-            *([] if made_by_backend else [("model.path", recipe.model.path)]),
-            *([("container.image", image)] if image else [])]
-    container.check_pyxis_srun(site)  # pyxis: this srun must take its options (exit 2 before sbatch)
-    for field_name, path in need:
-        if not Path(path).exists():
-            hint = {
-                "data.dir": "run `beam-hpc prepare --data-dir DIR` or set data.dir",
-                "model.path": "run `beam-hpc prepare --model ID` or set model.path",
-                "container.image": "run `beam-hpc image build` or fix container.image in the site",
-            }[field_name]
-            raise InputError(f"{field_name}: {path} does not exist; {hint}")
-
-
 def run_sbatch(cmd: list[str], env: dict[str, str] | None = None) -> str:
     """Run an ``sbatch`` line (:meth:`SubmitRequest.sbatch_argv`) through the Slurm client, return the job
     id; Slurm's own message on refusal."""
@@ -178,31 +156,22 @@ def submit(
     source = f"{source} + site {st.name}"
     # --num-rollout is the recipe's total for a new plan and, as a segment argument, what the job
     # runs to and passes on to its resubmissions (plan.json is never rewritten in the job)
-    plan = plan_for(rec, st, tmp_disk=tmp_disk.declared_tmp_disk(rec, st))  # a --tmp Slurm can place
+    declared = tmp_disk.declared_tmp_disk(rec, st)  # a --tmp Slurm can place
+    plan = plan_for(rec, st, tmp_disk=declared)
     extra_parameters(st)  # the site's sbatch_extra must be sbatch options submitit can take too
     if include_nodes and not resume:
         raise InputError("--include-node: only a resumed run has excluded nodes; add --resume")
-    segment = SegmentArgs(resume=resume, num_rollout=num_rollout, smoke=smoke)
-    if dry_run:
-        check_run_dir(rec.output_dir)
-    if dry_run and not smoke and checkpoint_layout.latest_iteration(RunPaths(rec.output_dir).checkpoints) is not None:
-        # The read-only checks of the real submission, minus the lock (which a dry run may not
-        # judge): what the real submit would refuse about the run's checkpoints (too few rollouts,
-        # another identity, a missing dataset state, a fresh run onto them) is refused here too. A
-        # dry run for a directory without checkpoints only shows the command (so a resume line can
-        # be prepared in advance).
-        check_resume(rec, resume=resume)
+    segment = SegmentArgs(resume=resume, num_rollout=num_rollout, smoke=smoke)  # the flags agree
+    # what the real submission would refuse about the inputs and the run directory, a dry run
+    # refuses too (less the inputs' existence and the lock, which a dry run may not judge)
+    check_submission(rec, st, resume=resume, dry_run=dry_run, smoke=smoke)
     # the nodes the job must not get, decided before the dry run returns: it prints the request
     # that is then submitted (a --include-node clearing is recorded only when it is submitted)
     exclude = excluded_nodes(plan, st, resume=resume, include=include_nodes or [])
-    request = SubmitRequest(plan=plan, segment=segment, via=how, dependency=dependency, source=source,
-                            exclude=tuple(exclude))
+    request = SubmitRequest(plan=plan, segment=segment, via=how, dependency=dependency, source=source, exclude=tuple(exclude))
     cost = gpu_hours_estimate(request.plan, resume=resume)
     if dry_run:
         return Submission(request=request, estimate=cost)
-    check_paths(rec, st)
-    if not smoke:  # a smoke run touches no checkpoint, lock or ledger
-        check_before_submit(rec, resume=resume)
     if include_nodes:
         exclusions.record_cleared(plan.output_dir, include_nodes)
     sub = schedule(request)
