@@ -4,7 +4,11 @@ When a segment goes on without a lost rollout node (beam_hpc.job.runner, ``lost_
 for a replacement with ``beam-hpc rollout add RUN --nodes 1 --exclude NODE``, run as a program
 (the submission layer is above the job's, so the job does not import it): one rollout-only job of
 the rollout group's shape, the lost node, the run's excluded nodes and the site's quarantine left
-out, on the site's rollout partition, with every check ``rollout add`` makes. It joins the run as
+out, with every check ``rollout add`` makes. It goes to the site's ``replacement_partition`` when
+the site names one (a backfill partition, whose idle nodes bring the capacity back sooner than the
+run's own queue), and to the rollout group's own partition when it names none or when that
+partition cannot take the job (``rollout add`` refuses it: not a partition of the cluster, down,
+too small for the rollout group's shape; or sbatch refuses it). It joins the run as
 any extra job does (it registers with the segment's rollout service and serves units) and leaves
 when the run ends. A per-run cap (the recipe's ``lifecycle.max_replacements``) keeps a flapping
 cluster from submitting without end: the replacements a run has asked for are counted in its
@@ -66,10 +70,36 @@ def replacements(run_dir: str | Path) -> list[dict]:
     return out
 
 
-def add_command(plan: Plan, node: str) -> list[str]:
-    """``beam-hpc rollout add`` for one node of the rollout group's shape, ``node`` left out."""
+def add_command(plan: Plan, node: str, partition: str | None = None) -> list[str]:
+    """``beam-hpc rollout add`` for one node of the rollout group's shape, ``node`` left out, in
+    ``partition`` (None: the rollout group's own, which ``rollout add`` picks)."""
+    where = ["--partition", partition] if partition else []
     return [sys.executable, "-m", "beam_hpc.cli.app", "rollout", "add", plan.output_dir, "--nodes", "1",
-            "--exclude", node]
+            *where, "--exclude", node]
+
+
+def partitions_to_try(plan: Plan) -> list[str | None]:
+    """Where a replacement is asked for, in order: the site's ``replacement_partition`` first when
+    it names one, then the rollout group's own partition (None: ``rollout add``'s default)."""
+    backfill = plan.site.replacement_partition
+    return [backfill, None] if backfill else [None]
+
+
+def _submit(argv: list[str], node: str, label: str) -> str | None:
+    """Run one ``rollout add``; the new job's id, or None with the reason in the log."""
+    try:  # without the job's SLURM_* variables: the new job must not inherit this one's
+        proc = subprocess.run(argv, env=slurm_env_free(), capture_output=True, text=True, timeout=ADD_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        log.error("rollout node %s lost: `%s` (%s) did not finish: %s", node, " ".join(argv[2:]), label, err)
+        return None
+    found = _SUBMITTED.search(proc.stdout)
+    if proc.returncode != 0 or found is None:
+        why = (proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}").splitlines()
+        log.error("rollout node %s lost: no replacement in %s: `%s` exited %d: %s", node, label, " ".join(argv[2:]),
+                  proc.returncode, " / ".join(why[-5:]))
+        return None
+    return found[1]
 
 
 def replace_lost(plan: Plan, lost: Mapping[str, str], *, segment: str) -> str | None:
@@ -83,24 +113,21 @@ def replace_lost(plan: Plan, lost: Mapping[str, str], *, segment: str) -> str | 
             log.warning("rollout node %s lost: no replacement, the run has asked for %d of "
                         "lifecycle.max_replacements=%d (raise it if the cluster is not flapping)", node, len(done), cap)
             return None
-        argv = add_command(plan, node)
-        try:  # without the job's SLURM_* variables: the new job must not inherit this one's
-            proc = subprocess.run(argv, env=slurm_env_free(), capture_output=True, text=True, timeout=ADD_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL, check=False)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            log.error("rollout node %s lost: `%s` did not finish: %s", node, " ".join(argv[2:]), err)
+        job_id: str | None = None
+        partition: str | None = None
+        for partition in partitions_to_try(plan):
+            label = (f"site replacement_partition {partition}" if partition
+                     else "the rollout group's own partition")
+            job_id = _submit(add_command(plan, node, partition), node, label)
+            if job_id is not None:
+                break
+        if job_id is None:
             return None
-        found = _SUBMITTED.search(proc.stdout)
-        if proc.returncode != 0 or found is None:
-            why = (proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}").splitlines()
-            log.error("rollout node %s lost: no replacement: `%s` exited %d: %s", node, " ".join(argv[2:]),
-                      proc.returncode, " / ".join(why[-5:]))
-            return None
-        job_id = found[1]
         registry.record(plan.output_dir, job_id, {"event": REPLACEMENT_EVENT, "replaces": node, "segment": segment,
                                                   "why": str(lost.get("why", ""))})
-    log.warning("rollout node %s lost: replacement job %s submitted (%d of lifecycle.max_replacements=%d); it joins "
-                "the run as an extra rollout job", node, job_id, len(done) + 1, cap)
+    log.warning("rollout node %s lost: replacement job %s submitted in %s (%d of lifecycle.max_replacements=%d); it "
+                "joins the run as an extra rollout job", node, job_id, partition or "the rollout group's partition",
+                len(done) + 1, cap)
     return job_id
 
 

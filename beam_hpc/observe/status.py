@@ -4,7 +4,8 @@ Owns two concerns: gathering (the ledger's segments, the live Slurm state, the c
 scalars) and the numbers derived from them (rollouts done, goodput, ETA, GPU-hours, eval by both
 answer checkers). Reading the run directory itself is :mod:`beam_hpc.observe.run_dir`, the scalar
 series :mod:`beam_hpc.run.scalars`, the segment rows :mod:`beam_hpc.observe.segment_rows`, the live
-Slurm state :mod:`beam_hpc.observe.live_job`, the text table :mod:`beam_hpc.observe.status_table`.
+Slurm state :mod:`beam_hpc.observe.live_job`, the lost rollout nodes and their cost
+:mod:`beam_hpc.observe.node_losses`, the text table :mod:`beam_hpc.observe.status_table`.
 
 It runs on a login node, possibly while the job writes to the same directory, possibly long after
 the job is gone: so it reads only files their writers publish atomically or append to line by line,
@@ -24,8 +25,10 @@ from typing import Any
 
 from beam_hpc.errors import shorten
 from beam_hpc.lifecycle.decide import Action
+from beam_hpc.observe.ettr import ettr
 from beam_hpc.observe.eval_set import eval_set_of
 from beam_hpc.observe.live_job import ACTIVE_STATES, WAITING_STATES, slurm_job_state
+from beam_hpc.observe.node_losses import node_losses
 from beam_hpc.observe.run_dir import RunDirError, check_run_dir, checkpoint_problems, load_plan
 from beam_hpc.observe.segment_rows import SegmentState, current_job, segment_rows
 from beam_hpc.plan.paths import RunPaths
@@ -43,6 +46,10 @@ STATUS_SCHEMA = 1
 # - eval: the latest numbers on the run's evaluation set (beam_hpc.observe.eval_set); ``accuracy`` is
 #   beam-hpc's checker, ``miles_checker`` Miles's own (what the seed reported), "unavailable" where Miles
 #   could not be imported when the run scored.
+# - ETTR (beam_hpc.observe.ettr): stricter than goodput: the kept rollouts' step seconds over the wall
+#   time of the finished segments (a running one is left out until it ends).
+# - node losses (beam_hpc.observe.node_losses): rollout nodes lost mid-segment that the run went on
+#   without, each with the GPU-hours its GPUs were held serving nothing and its replacement's own.
 # - ETA: remaining rollouts x the measured allocated seconds per kept rollout (start-up and saves
 #   included, queue waits not).
 # -- gather ------------------------------------------------------------------------------------
@@ -81,6 +88,7 @@ def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None)
     generated = max(seen) + 1 if seen else done
 
     goodput = _goodput(rows, scalars, done)
+    extra = _extra_rollout(root, plan, max(generated, done), slurm=slurm, now=now)
     return {
         "schema": STATUS_SCHEMA,
         "run_dir": str(root),
@@ -110,7 +118,9 @@ def gather(run_dir: str | Path, *, slurm: bool = True, now: float | None = None)
         "goodput": goodput,
         "gpu_hours": _gpu_hours(records, plan, now),
         "excluded_nodes": _excluded_nodes(root, records),
-        "extra_rollout": _extra_rollout(root, plan, max(generated, done), slurm=slurm, now=now),
+        "extra_rollout": extra,
+        "node_losses": node_losses(root, records, plan, extra["jobs"], now=now),
+        "ettr": _ettr(records, now),
         "stalls": _stalls(records, paths),
         "eta": _eta(rows, scalars, goodput, done, generated, total, live, now),
         "resubmission_pending": rows[-1]["resubmission_pending"] if rows else None,
@@ -189,6 +199,17 @@ def _gpu_hours(records: list[dict[str, Any]], plan: dict[str, Any] | None, now: 
     h = accounting.account(records, gpus, now=now)
     return {"gpus": gpus, "held": h.held_h, "useful": h.useful_h, "lost": dict(h.lost_h), "goodput": h.goodput,
             "partial": h.partial, "basis": "GPUs x segment wall time, from the ledger (beam_hpc.run.accounting)"}
+
+
+def _ettr(records: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    """Effective training time ratio (beam_hpc.observe.ettr), stricter than goodput: only the
+    training steps of the rollouts the final checkpoints keep, over the wall time held."""
+    e = ettr(records, now=now)
+    return {"value": e.ratio, "training_s": e.training_s, "held_s": e.held_s, "span_ratio": e.span_ratio,
+            "rollouts_kept": e.rollouts_kept, "segments": e.segments, "running_left_out": e.running,
+            "partial": e.partial,
+            "basis": "rollout-step seconds of the kept rollouts, each once / wall time of the finished segments; "
+                     "span_ratio: over first start to last end, queue waits included"}
 
 
 def _extra_rollout(root: Path, plan: dict[str, Any] | None, generated: int, *, slurm: bool,

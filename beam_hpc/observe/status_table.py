@@ -62,6 +62,51 @@ def _format_extra_rollout(x: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def _format_ettr(e: dict[str, Any] | None) -> list[str]:
+    """The ETTR line: training on kept rollouts over the wall time held, and over the span."""
+    if not e:
+        return []
+    if e.get("value") is None:
+        return ["ETTR       - (no segment has ended yet)"]
+    span = f"; {e['span_ratio'] * 100:.0f}% of the span, queue waits included" if e.get("span_ratio") else ""
+    notes = [n for n, on in (("the running segment left out until it ends", e.get("running_left_out")),
+                             ("partial: some rollouts timed at the run's mean step", e.get("partial"))) if on]
+    return [f"ETTR       {e['value'] * 100:.0f}% ({duration(e['training_s'])} training {e['rollouts_kept']} kept "
+            f"rollouts / {duration(e['held_s'])} held by {e['segments']} segment(s){span})"
+            + (f" [{'; '.join(notes)}]" if notes else "")]
+
+
+def _format_node_losses(nl: dict[str, Any] | None) -> list[str]:
+    """One line per rollout node lost mid-segment (when, where, its cost, its replacement), then the totals."""
+    if not nl or not nl.get("losses"):
+        return []
+    out = []
+    for x in nl["losses"]:
+        when = "at a time not recorded" if x["time"] is None else f"at {_clock(x['time'])}" + (
+            " (when its replacement was asked)" if x["time_basis"] == "replacement asked" else "")
+        if x["idle_gpu_hours"] is None:
+            cost = "its cost is unknown (" + ("the ledger does not say when it was lost" if x["time"] is None
+                                              else "no readable plan.json: its GPUs are unknown") + ")"
+        else:
+            cost = (f"its {x['gpus']} GPUs held serving nothing {x['idle_gpu_hours']:,.2f} GPU-hours "
+                    + ("so far (the segment runs)" if x["running"] else "to the segment's end"))
+        rep = x.get("replacement")
+        if rep is not None:
+            where = f" in {rep['partition']}" if rep.get("partition") else ""
+            state = f"{rep['state']}, " if rep.get("state") else ""
+            rep_txt = f"replaced by job {rep['job_id']}{where} ({state}{rep.get('gpu_hours') or 0.0:,.2f} GPU-hours)"
+        elif nl.get("max_replacements") is not None and nl["replacements"] >= nl["max_replacements"]:
+            rep_txt = (f"no replacement: the run asked for {nl['replacements']} of lifecycle.max_replacements="
+                       f"{nl['max_replacements']}")
+        else:
+            rep_txt = f"no replacement recorded (see logs/{x['segment']}/segment.log)"
+        out.append(f"lost node  {x['node']} in segment {x['segment']} {when}: {cost}; {rep_txt}")
+    partial = " (partial: some losses have no known cost)" if nl.get("partial") else ""
+    out.append(f"node loss  {len(nl['losses'])} rollout node(s) lost, {nl['idle_gpu_hours']:,.2f} GPU-hours held "
+               f"serving nothing{partial}; replacements {nl['replacement_gpu_hours']:,.2f} GPU-hours of their own")
+    return out
+
+
 def format_status(s: dict[str, Any]) -> str:
     """The default, human view of :func:`gather`'s dict."""
     r, ev, gp, eta, sl = s["rollouts"], s["eval"], s["goodput"], s["eta"], s["slurm"]
@@ -105,6 +150,7 @@ def format_status(s: dict[str, Any]) -> str:
     gp_txt = f"{gp['value'] * 100:.0f}%" if gp["value"] is not None else "-"
     lines.append(f"goodput    {gp_txt} ({duration(gp['kept_rollout_s'])} of kept rollouts / "
                  f"{duration(gp['allocated_s'])} allocated)")
+    lines += _format_ettr(s.get("ettr"))
     if eta["remaining_rollouts"] == 0:
         eta_txt = "done: every rollout is generated"
     elif eta["eta_s"] is not None:
@@ -118,6 +164,7 @@ def format_status(s: dict[str, Any]) -> str:
     lines.append(f"ETA        {eta_txt}")
     lines += _format_gpu_hours(s.get("gpu_hours"))
     lines += _format_extra_rollout(s.get("extra_rollout"))
+    lines += _format_node_losses(s.get("node_losses"))
     for e in s.get("excluded_nodes") or []:
         lines.append(f"excluded   {e['node']} (since segment {e['segment']}: {e['why']})")
     for st in s.get("stalls") or []:
