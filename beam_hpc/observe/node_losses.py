@@ -21,8 +21,10 @@ The time of a loss is ``lost_at`` where the ledger has it, else the time the rep
 else unknown (no cost is given rather than a guess).
 
 What a loss cost: the lost node's GPUs (the rollout group's ``gpus_per_node``) from the loss to the
-segment's end (to now while it runs), which the run's GPU-hours count as held (accounting counts every
-group's GPUs for a segment's whole wall time) while they serve nothing. Beside it, the replacement's
+segment's end (to now while it runs): rollout capacity the run went without, which the run's
+GPU-hours still count as held (beam_hpc.run.accounting counts every group's GPUs for a segment's
+whole wall time), serving nothing; Slurm itself excises a lost node from a ``--no-kill`` job, so
+its own accounting stops billing it at the loss. Beside it, the replacement's
 own GPU-hours: its nodes' time from their start to their leaving (beam_hpc.elastic.registry), not in
 the run's. Not counted: the unit the lost node was serving, which goes back to the queue and is
 served again by the nodes left (at most one unit per worker of the node; the ledger does not record
@@ -39,8 +41,8 @@ from beam_hpc.run.accounting import segment_time
 
 # How beam_hpc/job/runner.py begins the ``why`` of a rollout node it went on without.
 LOST_WHY = "rollout node lost mid-segment"
-BASIS = ("a loss: the lost node's GPUs from the loss to the segment's end (now, while it runs), held by the "
-         "run and serving nothing; a replacement: its own nodes' GPU-hours, not in the run's")
+BASIS = ("a loss: the lost node's GPUs from the loss to the segment's end (now, while it runs), counted in the "
+         "run's held GPU-hours and serving nothing; a replacement: its own nodes' GPU-hours, not in the run's")
 
 
 def _num(value: Any) -> float | None:

@@ -88,8 +88,9 @@ def _format_node_losses(nl: dict[str, Any] | None) -> list[str]:
             cost = "its cost is unknown (" + ("the ledger does not say when it was lost" if x["time"] is None
                                               else "no readable plan.json: its GPUs are unknown") + ")"
         else:
-            cost = (f"its {x['gpus']} GPUs held serving nothing {x['idle_gpu_hours']:,.2f} GPU-hours "
-                    + ("so far (the segment runs)" if x["running"] else "to the segment's end"))
+            cost = (f"its {x['gpus']} GPUs out {x['idle_gpu_hours']:,.2f} GPU-hours "
+                    + ("so far (the segment runs)" if x["running"] else "to the segment's end")
+                    + ", counted in the run's held GPU-hours, serving nothing")
         rep = x.get("replacement")
         if rep is not None:
             where = f" in {rep['partition']}" if rep.get("partition") else ""
@@ -102,8 +103,8 @@ def _format_node_losses(nl: dict[str, Any] | None) -> list[str]:
             rep_txt = f"no replacement recorded (see logs/{x['segment']}/segment.log)"
         out.append(f"lost node  {x['node']} in segment {x['segment']} {when}: {cost}; {rep_txt}")
     partial = " (partial: some losses have no known cost)" if nl.get("partial") else ""
-    out.append(f"node loss  {len(nl['losses'])} rollout node(s) lost, {nl['idle_gpu_hours']:,.2f} GPU-hours held "
-               f"serving nothing{partial}; replacements {nl['replacement_gpu_hours']:,.2f} GPU-hours of their own")
+    out.append(f"node loss  {len(nl['losses'])} rollout node(s) lost, {nl['idle_gpu_hours']:,.2f} GPU-hours of "
+               f"their GPUs out{partial}; replacements {nl['replacement_gpu_hours']:,.2f} GPU-hours of their own")
     return out
 
 
