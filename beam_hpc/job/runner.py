@@ -82,7 +82,7 @@ class JobOutcome:
     teardown_s: float | None = None
     segment_dir: str = ""
     failed_nodes: list[dict[str, str]] = field(default_factory=list)  # {"node", "why"}: to exclude next time
-    lost_nodes: list[dict[str, str]] = field(default_factory=list)  # rollout nodes lost while the segment went on
+    lost_nodes: list[dict[str, Any]] = field(default_factory=list)  # rollout nodes lost while the segment went on
 
     def write(self) -> Path:
         path = SegmentPaths(self.segment_dir).outcome
@@ -128,7 +128,7 @@ class JobRunner:
         self.ready_s: float | None = None
         self.stop_reason: str | None = None
         self._torn_down: float | None = None
-        self.lost_nodes: list[dict[str, str]] = []  # rollout nodes lost mid-run, the segment going on
+        self.lost_nodes: list[dict[str, Any]] = []  # rollout nodes lost mid-run, the segment going on
         # called with each such node ({"node", "why"}): the segment asks for its replacement
         self.on_rollout_node_lost: Callable[[dict[str, str]], object] | None = None
 
@@ -233,7 +233,9 @@ class JobRunner:
         self.steps.remove(h)
         log.warning("%s: a rollout node; the segment goes on with the rollout nodes left", failure)
         for f in failure.failed_nodes:
-            lost = {"node": f["node"], "why": f"rollout node lost mid-segment (it went on): {f['why']}"}
+            # lost_at: when the segment saw it (status charges the node's GPUs from then, observe/node_losses)
+            lost = {"node": f["node"], "why": f"rollout node lost mid-segment (it went on): {f['why']}",
+                    "lost_at": round(time.time(), 3)}
             self.lost_nodes.append(lost)
             if self.on_rollout_node_lost is not None:
                 try:

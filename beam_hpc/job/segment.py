@@ -227,7 +227,7 @@ class Segment:
 
     # -- the end ----------------------------------------------------------------------------------
     def _finish(self, reason: Reason, detail: str, *, retryable: bool = True,
-                failed_nodes: list[dict[str, str]] | None = None, lost_nodes: list[dict[str, str]] | None = None,
+                failed_nodes: list[dict[str, str]] | None = None, lost_nodes: list[dict[str, object]] | None = None,
                 stall: dict | None = None) -> int:
         """Hand the outcome to the end of the segment (beam_hpc.lifecycle.end), once per segment."""
         if self.stopping.over:

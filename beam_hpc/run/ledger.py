@@ -149,7 +149,10 @@ def end_record(
         "ready_s": ready_s,
         "rollouts_run": rollouts_run,
         "last_save_at": last_save_at,
-        "failed_nodes": [{"node": str(f["node"]), "why": str(f.get("why", ""))} for f in failed_nodes or []],
+        # lost_at: a rollout node the segment went on without (beam_hpc.job.runner), and when
+        "failed_nodes": [{"node": str(f["node"]), "why": str(f.get("why", "")),
+                          **({"lost_at": float(f["lost_at"])} if f.get("lost_at") is not None else {})}
+                         for f in failed_nodes or []],
         **({"stall": stall} if stall is not None else {}),
         # Slurm could not be reached until the job's end: {"command": what to run, "why"}
         **({"resubmission_pending": resubmission_pending} if resubmission_pending is not None else {}),
