@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -989,6 +990,17 @@ def node_loss_report(record: dict[str, Any]) -> str:
             if got:
                 lines.append(f"{what} {policy}: mean {sum(got) / len(got):.3f} over {len(got)} chain(s) with a loss "
                              f"(min {min(got):.3f}, max {max(got):.3f})")
+    lines += ["", "Projected, not measured: the rollouts a chain needs for ETTR 0.9 if its overhead (held - training "
+              "seconds: bring-ups, saves, teardown, and for a restart the re-done rollouts and the wait) stays what "
+              "these chains measured and the step time too: N >= 9 x overhead / step."]
+    for label, pick in (("uninterrupted", lambda seed, r: seed is None),
+                        *((p_, lambda seed, r, p_=p_: seed is not None and r["policy"] == p_) for p_ in POLICIES)):
+        chosen = [r for seed, r in rows_ if pick(seed, r) and r["kept"]]
+        if chosen:
+            over = sum(r["held_s"] - r["training_s"] for r in chosen) / len(chosen)
+            step = sum(r["training_s"] / r["kept"] for r in chosen) / len(chosen)
+            lines.append(f"  {label}: overhead {over:.0f} s, step {step:.1f} s -> N >= {math.ceil(9 * over / step)} "
+                         f"rollouts ({len(chosen)} chain(s))")
     loads = record["load"]
     if loads:
         lines.append(f"wall {record['wall_s']:.0f} s; load (1-min average) min {min(loads):.2f} mean "

@@ -81,6 +81,9 @@ def test_each_chain_row_is_the_ledgers_ettr_with_what_the_restart_trained_again(
     assert "| in_place | 1 | n4 lost after 8 rollouts | 1 (completed) | 0.727 | 0.889 |" in text
     assert "| restart | 1 | n4 lost after 8 rollouts | 2 (preempted, completed) | 0.571 | 0.667 |" in text
     assert "2: 9, 0.0100" in text and "ETTR in_place: mean 0.727" in text
+    # overheads 30 s and 60 s at 4 s a step: 0.9 needs 9 x 30 / 4 and 9 x 60 / 4 rollouts
+    assert "in_place: overhead 30 s, step 4.0 s -> N >= 68 rollouts" in text
+    assert "restart: overhead 60 s, step 4.0 s -> N >= 135 rollouts" in text
 
 
 def test_the_verdict_fails_on_different_weights_an_incomplete_chain_or_an_error(tmp_path: Path, capsys) -> None:
