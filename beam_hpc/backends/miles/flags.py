@@ -148,6 +148,13 @@ OWNED_NOT_EMITTED: dict[str, str] = {
     "--critic-num-nodes": "leave it out: beam-hpc's topology places no critic group",
     "--critic-num-gpus-per-node": "leave it out: beam-hpc's topology places no critic group",
     "--wandb-run-id": "leave it out: every segment logs to the run's one W&B run (<output>/wandb/run_id)",
+    # --use-fault-tolerance alone means "rollout" (radixark/miles 31f1ca96 arguments.py:2793-2801): the
+    # engine health checks and in-place restarts a segment relies on to go on after an engine dies;
+    # a list without "rollout" turns them off (rollout_manager.py:115), and "train" switches Miles
+    # to independent data-parallel replicas with local non-persistent checkpoints (arguments.py:2856-2870)
+    "--ft-components": ("leave it out: beam-hpc runs Miles with --use-fault-tolerance, whose default (rollout) "
+                        "restarts a dead SGLang engine in place; other lists turn that off or switch Miles to "
+                        "its independent-DP trainer mode, which beam-hpc's segments do not resume"),
     # reserved for attaching extra jobs' engines at segment start, which no Miles run does today: Miles
     # main gives attached engines no GPUs (backends.miles.external_engines.refusal; rollout add exits 2)
     "--rollout-external": _NO_ATTACHED_ENGINES,

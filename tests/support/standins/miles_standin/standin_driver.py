@@ -27,6 +27,19 @@ tested against this double of what beam-hpc relies on, written from Miles's docu
   ``eval/<name>/error_cat/<value>``. tests/backends/miles/test_miles_metrics.py checks these names against the tags
   miles-rl's own logging code writes.
 
+Rollout engines (under a Ray cluster, not colocated, with rollout GPUs): as Miles's rollout manager,
+it starts one SGLang engine per ``--rollout-num-gpus-per-engine`` GPUs of the rollout slice of its
+placement group (a Ray actor that runs the SGLang stand-in, ``tests/support/standins/sglang_standin``),
+sends each rollout's ``--rollout-batch-size x --n-samples-per-prompt`` requests to them, and after each
+rollout's training pushes the new weight version to every engine. With ``--use-fault-tolerance`` a
+health monitor checks the engines, kills one that fails its check, and the next weight update starts
+it again on the same placement-group bundle, as Miles main does: the facts, with Miles's file and
+line numbers, are in ``miles/utils/health_monitor.py`` of this double (the monitor), with
+``miles/ray/rollout/server_group.py``, ``rollout_manager.py`` and
+``miles/backends/sglang_utils/sglang_engine.py``. Each engine start, kill and recovery is an event
+in the record's ``engine_events``, and each rollout's answers (which engine served how many
+requests, the weight versions they carried, the retries) in ``generated``.
+
 What it does instead of training: each rollout is a short sleep (``BEAM_STANDIN_ROLLOUT_S``, default
 0.5 s, a knob of this double only). Checkpoint contents come from ``tests/support/builders/miles/megatron_ckpt.py``
 (small real megatron-core torch_dist checkpoints), so that what a resume checks with megatron-core
@@ -47,6 +60,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -86,6 +100,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--eval-interval", type=int, default=None)
     p.add_argument("--eval-prompt-data", nargs="+", default=None)
     p.add_argument("--log-reward-category", default=None)
+    # rollout engines and Miles's fault tolerance (arguments.py:917-960 at 31f1ca961; defaults are Miles's)
+    p.add_argument("--hf-checkpoint", default=None)
+    p.add_argument("--num-gpus-per-node", type=int, default=8)
+    p.add_argument("--n-samples-per-prompt", type=int, default=1)
+    p.add_argument("--use-fault-tolerance", action="store_true")
+    p.add_argument("--ft-components", nargs="+", default=None, choices=("rollout", "train"))
+    p.add_argument("--rollout-health-check-interval", type=float, default=30.0)
+    p.add_argument("--rollout-health-check-timeout", type=float, default=30.0)
+    p.add_argument("--rollout-health-check-first-wait", type=float, default=0.0)
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -103,15 +126,28 @@ class Record:
             "pid": os.getpid(),
             "saves": [],
             "rollouts": [],
+            "engine_events": [],
+            "generated": [],
         }
+        self.lock = threading.RLock()  # the health monitor's thread writes events too
+
+    def event(self, what: str, **fields: Any) -> None:
+        with self.lock:
+            self.data["engine_events"].append({"event": what, "t": round(time.time(), 3),
+                                               "rollout_id": self.data.get("current_rollout"), **fields})
+            self.flush()
 
     def update(self, **fields: Any) -> None:
-        self.data.update(fields)
-        self.flush()
+        with self.lock:
+            self.data.update(fields)
+            self.flush()
 
     def flush(self) -> None:
+        with self.lock:
+            self._write(json.dumps(self.data, indent=1))
+
+    def _write(self, text: str) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.data, indent=1)
         names = ["standin.json"]
         if "start_rollout_id" in self.data:
             names.append(f"standin-{self.data['start_rollout_id']}.json")
@@ -137,14 +173,13 @@ def engine_base_gpus(args: Any, pgs: dict) -> list[int]:
     return [int(rollout_gpu_ids[i * per_engine]) for i in range(args.rollout_num_gpus // per_engine)]
 
 
-def probe_placement(args: argparse.Namespace, create_placement_groups: Callable[[Any], dict]) -> dict:
-    """Create Miles's placement group and report where a GPU task on each bundle really runs
-    (0.4 GPU, as Miles's train actors ask); the placement group is left to the process's end."""
+def probe_placement(args: argparse.Namespace, pgs: dict) -> dict:
+    """Report where a GPU task on each bundle of Miles's placement group really runs (0.4 GPU, as
+    Miles's train actors ask); the placement group is left to the process's end."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     where = ray.remote(num_gpus=0.4, num_cpus=0.4)(_where)
-    pgs = create_placement_groups(args)
     engine_gpus = engine_base_gpus(args, pgs)
     env_names = ["TENSORBOARD_DIR", "BEAM_REWARD_OVERLONG_BUFFER", "MILES_HOST_IP"]
     report: dict[str, list] = {}
@@ -279,8 +314,15 @@ def run(argv: list[str], entry: str, create_placement_groups: Callable[[Any], di
     record.update(start_rollout_id=start, loaded=loaded)
     import ray
 
+    manager = None
     if create_placement_groups is not None and ray.is_initialized():
-        record.update(**probe_placement(args, create_placement_groups))
+        pgs = create_placement_groups(args)
+        record.update(**probe_placement(args, pgs))
+        if not args.colocate and pgs["rollout"][1]:  # Miles: create_rollout_manager(args, pgs["rollout"])
+            from miles.ray.rollout.rollout_manager import RolloutManager
+
+            manager = RolloutManager(args, pgs["rollout"], record.event)
+            manager.update_weights(str(start))  # Miles's first weight update, before the first rollout
     pace = float(os.environ.get(ROLLOUT_S_VAR, "0.5"))
     sentinel = Path(args.save_trigger_sentinel) if args.save_trigger_sentinel else None
     num_rollout = args.num_rollout if args.num_rollout is not None else start + 1
@@ -290,11 +332,22 @@ def run(argv: list[str], entry: str, create_placement_groups: Callable[[Any], di
     writers = standin_wandb.start(argv)
     for rollout_id in range(start, num_rollout):
         t0 = time.monotonic()
-        time.sleep(pace)  # "generate + train"
+        record.update(current_rollout=rollout_id)
+        if manager is not None:
+            generated = manager.generate(rollout_id)
+            generated["generate_s"] = round(time.monotonic() - t0, 3)
+            with record.lock:
+                record.data["generated"].append(generated)
+        time.sleep(pace)  # "train"
+        if manager is not None:
+            t1 = time.monotonic()
+            manager.update_weights(str(rollout_id + 1))
+            generated["update_s"] = round(time.monotonic() - t1, 3)
         metrics.rollout(rollout_id, time.monotonic() - t0)
         if writers is not None:
             writers.rollout(rollout_id)
-        record.data["rollouts"].append(rollout_id)
+        with record.lock:
+            record.data["rollouts"].append(rollout_id)
         why = []
         if args.save_interval and (rollout_id + 1) % args.save_interval == 0:
             why.append("interval")
@@ -308,7 +361,8 @@ def run(argv: list[str], entry: str, create_placement_groups: Callable[[Any], di
             save_checkpoint(args, rollout_id)
             seconds = time.monotonic() - t0
             metrics.saved(seconds)
-            record.data["saves"].append({"rollout_id": rollout_id, "why": why, "seconds": round(seconds, 3)})
+            with record.lock:
+                record.data["saves"].append({"rollout_id": rollout_id, "why": why, "seconds": round(seconds, 3)})
         # the record lands before the sentinel goes: beam-hpc stops the driver as soon as it sees the
         # sentinel gone and the checkpoint complete, and the tests read this record afterwards
         record.flush()
@@ -316,4 +370,6 @@ def run(argv: list[str], entry: str, create_placement_groups: Callable[[Any], di
             sentinel.unlink(missing_ok=True)  # Miles: "a checkpoint is saved and the file is removed"
     if writers is not None:
         writers.close()
+    if manager is not None:
+        manager.dispose()
     record.update(finished=True)

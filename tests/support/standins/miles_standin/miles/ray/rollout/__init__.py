@@ -1,0 +1,1 @@
+"""Stand-in for ``miles.ray.rollout`` (only ``server_group``), tests only."""
