@@ -28,8 +28,9 @@ decision code, not by a model of it:
 - a segment whose rollouts cannot go on (the product went on, but no engine is whole) ends when
   the product's stall watchdog fires (:func:`beam_hpc.lifecycle.stall.timeouts`), as ``stalled``.
 
-``full restart`` (:class:`FullRestart`) is the comparison: any lost node ends the segment and
-decide() resubmits from the last checkpoint (the product before issue 42, and the product today
+``full restart`` is the product too: the same reference recipe with ``lifecycle.rollout_node_loss:
+restart``, under which survives_node_loss says no for every group, so any lost node ends the segment
+and decide() resubmits from the last checkpoint (the product before issue 42, and the product today
 for every Miles run).
 
 The model of a run (each value is printed with its source):
@@ -196,7 +197,8 @@ SOURCES = {
                                           "probability 10% a day (assumption: the abstract gives no unit)",
     "lost node: goes on, replaced": "the product's rule: beam_hpc.plan.node_loss.survives_node_loss(plan, group), then "
                                     "beam_hpc.elastic.replace.on_node_lost(survives, others_up, replacements, "
-                                    "cap=lifecycle.max_replacements) on the plan made by plan_for",
+                                    "cap=lifecycle.max_replacements) on the plan made by plan_for; full restart: "
+                                    "the same on the recipe with lifecycle.rollout_node_loss=restart",
     "after a segment": "the product's rule book: beam_hpc.lifecycle.decide.decide",
     "topology": "recipes/dedicated.yaml: 8 trainer + 4 rollout nodes, 16-GPU engines; 88 + 40 and 680 + 344 nodes at "
                 "scale (whole 64-GPU expert blocks), batch.prompts 32 / 352 / 2,720 (64 samples a data-parallel rank)",
@@ -240,16 +242,6 @@ class Policy(Protocol):
     name: str
 
     def on_node_lost(self, lost: NodeLost) -> Reaction: ...
-
-
-@dataclass(frozen=True)
-class FullRestart:
-    """Any lost node revokes the allocation and ends the segment."""
-
-    name: str = "full restart"
-
-    def on_node_lost(self, lost: NodeLost) -> Reaction:
-        return Reaction(end_segment=True)
 
 
 @dataclass(frozen=True)
@@ -444,16 +436,16 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def variants(shape: Shape, *overrides: str) -> list[tuple[str, Config, Policy]]:
-    """The rows of one size: full restart, then the product's rule on (a) the seed's Miles recipe
-    and (b) the same recipe on the reference backend, with the recipe's replacement cap and none."""
-    miles = config_for(shape, "miles", *overrides)
+    """The rows of one size, each the product's rule on its own plan: full restart (the reference
+    recipe with ``lifecycle.rollout_node_loss: restart``), (a) the seed's Miles recipe as it is, and
+    (b) the recipe on the reference backend (in place), with the recipe's replacement cap and none."""
+    configs = [("full restart", config_for(shape, "reference", *overrides, "lifecycle.rollout_node_loss=restart")),
+               ("(a) product, miles recipe", config_for(shape, "miles", *overrides))]
     ref = config_for(shape, "reference", *overrides)
-    cap = ref.recipe.lifecycle.max_replacements
-    free = config_for(shape, "reference", *overrides, f"lifecycle.max_replacements={NO_CAP}")
-    return [("full restart", miles, FullRestart()),
-            ("(a) product, miles recipe", miles, ProductRule(miles)),
-            (f"(b) product, reference, cap {cap}", ref, ProductRule(ref)),
-            ("(b) product, reference, no cap", free, ProductRule(free))]
+    configs += [(f"(b) product, reference, cap {ref.recipe.lifecycle.max_replacements}", ref),
+                ("(b) product, reference, no cap",
+                 config_for(shape, "reference", *overrides, f"lifecycle.max_replacements={NO_CAP}"))]
+    return [(label, c, ProductRule(c)) for label, c in configs]
 
 
 def project(runs: int, seed: int, days: float, costs: Costs = Costs(), overrides: tuple[str, ...] = (),

@@ -48,15 +48,21 @@ class Scripted(random.Random):
         return want
 
 
-def run(cfg: Any, policy: Any, rng: random.Random, costs: Any = LOSSES, n: int = 20) -> Any:
-    return sim.simulate(cfg, costs, policy, n, rng)
+def restart(*overrides: str) -> Any:
+    """The full-restart policy as the product has it: lifecycle.rollout_node_loss: restart."""
+    return config("reference", "lifecycle.rollout_node_loss=restart", *overrides)
+
+
+def run(cfg: Any, rng: random.Random, costs: Any = LOSSES, n: int = 20) -> Any:
+    """One simulated run under the product's rule on ``cfg``'s plan."""
+    return sim.simulate(cfg, costs, sim.ProductRule(cfg), n, rng)
 
 
 def test_without_failures_the_ettr_is_the_one_worked_out_by_hand() -> None:
     """Segment 1: bring-up to 50, rollouts 1-15 with three saves to 1,580, 16-18 to 1,880; rollout 19
     would pass the lead (1,900): save on request, end at 1,890. Segment 2: bring-up, rollouts 19-20
     and the final save: 260 s. 20 rollouts x 100 s over 2,150 s held."""
-    r = run(config(), sim.FullRestart(), random.Random(0), costs=COSTS)
+    r = run(restart(), random.Random(0), costs=COSTS)
     assert r.segments == 2 and r.restarts == 0 and r.chain_stops == 0 and r.unfinished == 0
     assert r.ettr == pytest.approx(2000 / 2150) and r.ettr_full_speed == pytest.approx(2000 / 2150)
     assert r.span_ettr == pytest.approx(2000 / (2150 + 30))  # the queue wait is in the span, not held
@@ -79,41 +85,41 @@ def test_the_simulator_asks_the_products_rule_with_the_real_plan(monkeypatch: py
 
     monkeypatch.setattr(sim, "survives_node_loss", survives)
     monkeypatch.setattr(sim, "on_node_lost", on_lost)
-    run(cfg, sim.ProductRule(cfg), Scripted([300], ["rollout"]))
+    run(cfg, Scripted([300], ["rollout"]))
     assert seen == [("survives", cfg.plan, "rollout"),
                     ("on_node_lost", {"survives": True, "others_up": 3, "replacements": 0, "cap": 2})]
     assert cfg.plan.recipe.backend == "reference" and cfg.plan.group("rollout").nodes == 4
 
 
 def test_where_the_product_ends_the_segment_the_projection_is_the_full_restarts() -> None:
-    """A rollout node lost 300 s in. The seed's Miles recipe, and a reference recipe whose rollout
-    group is one node: the product's rule says the group does not survive, so the in-place
-    projection is the full-restart one for the same draws (here and over random draws at a high
-    rate). The reference recipe with 4 rollout nodes goes on: no restart, a slower run, a replacement."""
-    miles, single = config("miles"), config("reference", "topology.rollout.nodes=1",
-                                                "topology.rollout.gpus_per_engine=8")
-    assert not sim.survives_node_loss(miles.plan, miles.plan.group("rollout"))
-    assert not sim.survives_node_loss(single.plan, single.plan.group("rollout"))
-    restart = run(miles, sim.FullRestart(), Scripted([300], ["rollout"]))
-    assert restart.restarts == 1 and restart.node_losses == 1
-    for cfg in (miles, single):
-        assert run(cfg, sim.ProductRule(cfg), Scripted([300], ["rollout"])) == restart
-        busy = replace(COSTS, per_gpu_hour=0.02)  # about a node loss every 250 held seconds
-        assert (run(cfg, sim.ProductRule(cfg), random.Random(7), costs=busy, n=60)
-                == run(cfg, sim.FullRestart(), random.Random(7), costs=busy, n=60))
-    ref = config()
-    in_place = run(ref, sim.ProductRule(ref), Scripted([300], ["rollout"]))
+    """A rollout node lost 300 s in. The seed's Miles recipe, a reference recipe whose rollout group
+    is one node, and one with lifecycle.rollout_node_loss: restart: the product's rule says the group
+    does not survive, so each projects exactly as the full restart for the same draws (here and over
+    random draws at a high rate). The reference recipe with 4 rollout nodes goes on: no restart, a
+    slower run, a replacement."""
+    one_node = ("topology.rollout.nodes=1", "topology.rollout.gpus_per_engine=8")
+    full = restart()
+    busy = replace(COSTS, per_gpu_hour=0.02)  # about a node loss every 250 held seconds
+    lost = run(full, Scripted([300], ["rollout"]))
+    many = run(full, random.Random(1), costs=busy, n=60)
+    assert lost.restarts == 1 and lost.node_losses == 1 and lost.went_on == 0 and many.restarts > 3
+    for cfg, same_shape in ((config("miles"), full), (config("reference", *one_node), restart(*one_node))):
+        assert not sim.survives_node_loss(cfg.plan, cfg.plan.group("rollout"))
+        assert run(cfg, Scripted([300], ["rollout"])) == lost
+        assert run(cfg, random.Random(1), costs=busy, n=60) == run(same_shape, random.Random(1), costs=busy, n=60)
+    in_place = run(config(), Scripted([300], ["rollout"]))
     assert (in_place.restarts, in_place.went_on, in_place.replacements) == (0, 1, 1)
-    assert in_place.ettr > restart.ettr and in_place != restart
+    assert in_place.ettr > lost.ettr and in_place != lost
     assert in_place.ettr_full_speed < in_place.ettr  # an engine of 2 down: steps twice as slow until it is back
-    assert in_place.replacement_gpu_h > 0 == restart.replacement_gpu_h
+    assert in_place.replacement_gpu_h > 0 == lost.replacement_gpu_h
+    assert run(config(), random.Random(1), costs=busy, n=60).went_on > 0 == many.went_on
 
 
 def test_the_cap_on_replacements_is_the_recipes() -> None:
     """Two rollout nodes of one engine lost, 300 and 600 s in: the recipe's default cap of 2
     replaces both; ``lifecycle.max_replacements`` 1 replaces one, and 0 none (the run goes on with
     an engine fewer until the segment ends, so it runs slower)."""
-    runs = {cap: run(c, sim.ProductRule(c), Scripted([300, 300], ["rollout", "rollout"], [0, 1]))
+    runs = {cap: run(c, Scripted([300, 300], ["rollout", "rollout"], [0, 1]))
             for cap, c in ((2, config()), (1, config("reference", "lifecycle.max_replacements=1")),
                            (0, config("reference", "lifecycle.max_replacements=0")))}
     assert [runs[c].replacements for c in (2, 1, 0)] == [2, 1, 0]
@@ -127,27 +133,26 @@ def test_with_no_whole_engine_left_the_stall_watchdog_ends_the_segment() -> None
     segment's rollout nodes still run) but no engine is whole, so no rollout finishes until the
     product's stall watchdog (20 minutes at the floor) stops the segment; decide() resubmits."""
     cfg = config("reference", "lifecycle.max_replacements=0")
-    r = run(cfg, sim.ProductRule(cfg), Scripted([300, 300], ["rollout", "rollout"], [0, 2]))
+    r = run(cfg, Scripted([300, 300], ["rollout", "rollout"], [0, 2]))
     assert (r.stalls, r.restarts, r.went_on, r.replacements) == (1, 0, 2, 0)
-    assert r.unfinished == 0 and r.ettr < run(cfg, sim.FullRestart(), Scripted([300], ["rollout"])).ettr
+    assert r.unfinished == 0 and r.ettr < run(restart(), Scripted([300], ["rollout"])).ettr
 
 
 def test_a_lost_trainer_node_restarts_under_both_policies() -> None:
-    cfg = config()
-    runs = [run(cfg, policy, Scripted([300], ["trainer"])) for policy in (sim.FullRestart(), sim.ProductRule(cfg))]
+    runs = [run(cfg, Scripted([300], ["trainer"])) for cfg in (restart(), config())]
     assert [r.restarts for r in runs] == [1, 1] and runs[0] == runs[1]
 
 
 def test_the_product_rule_book_stops_a_chain_that_fails_twice_without_progress() -> None:
     """Two segments in a row lose a node before their first checkpoint: decide() stops the chain
     (its rule 4), the simulated operator resubmits, and the run still completes."""
-    r = run(config(), sim.FullRestart(), Scripted([200, 200], ["trainer", "trainer"]))
+    r = run(restart(), Scripted([200, 200], ["trainer", "trainer"]))
     assert (r.restarts, r.chain_stops, r.stops_no_progress) == (2, 1, 1)
     assert r.ettr > 0
 
 
 def test_a_run_that_cannot_finish_is_given_up_at_the_horizon() -> None:
-    r = run(config(), sim.FullRestart(), random.Random(1), costs=replace(COSTS, per_gpu_hour=1.0, horizon=3))
+    r = run(restart(), random.Random(1), costs=replace(COSTS, per_gpu_hour=1.0, horizon=3))
     assert r.unfinished == 1 and r.ettr == 0 and r.days * 86400 >= 3 * 20 * 100
 
 
@@ -160,6 +165,8 @@ def test_the_projection_runs_every_policy_on_every_size() -> None:
     assert [(r["scale"], r["policy"]) for r in rows] == [(s.name, p) for s in shapes for p in policies]
     by = {(r["gpus"], r["policy"]): r for r in rows}
     assert by[(1024, policies[1])]["ettr_mean"] == by[(1024, policies[0])]["ettr_mean"]
+    assert by[(1024, policies[0])]["survives"] == by[(1024, policies[1])]["survives"] == {
+        "trainer": False, "rollout": False}
     assert by[(1024, policies[2])]["survives"] == {"trainer": False, "rollout": True}
     assert by[(1024, policies[3])]["max_replacements"] == sim.NO_CAP
     assert all(0 < r["ettr_mean"] <= 1 for r in rows)
