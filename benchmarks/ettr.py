@@ -1,6 +1,6 @@
 """Projected ETTR at 96, 1,024 and 8,192 GPUs: full restart against the product's own rule for a lost node.
 
-    python benchmarks/ettr.py [--runs 40] [--seed 1] [--days 7] [--interval N] [--rate llama3|robustrl|both]
+    python benchmarks/ettr.py [--runs 40] [--seed 1] [--days 7] [--interval N] [--rate llama3|robustrl|both|X]
                               [--json out.json]
 
 ETTR (issue 42) is the time spent training on work that is kept over the wall time held. This
