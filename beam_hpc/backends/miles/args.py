@@ -309,7 +309,14 @@ def _outputs(out: _Argv, recipe: Recipe) -> None:
     fixed ``--load`` Miles resumes from ``latest_checkpointed_iteration.txt`` and the saved data
     cursor, and on the first segment falls back to ``--ref-load``. The lifecycle creates the
     ``--save-trigger-sentinel`` file; Miles saves at the next rollout boundary and deletes it.
-    TensorBoard's directory reaches Miles only as ``TENSORBOARD_DIR`` (:func:`driver_env`)."""
+    TensorBoard's directory reaches Miles only as ``TENSORBOARD_DIR`` (:func:`driver_env`).
+    ``--use-fault-tolerance`` on every Miles run, colocated too (radixark/miles 31f1ca96; its own
+    launchers pass it by default): alone it means rollout fault tolerance only, a health monitor that
+    kills an SGLang engine failing ``/health_generate`` and a restart on the same GPUs before the next
+    weight update, so a dead engine on a live node no longer ends the segment; it costs one health
+    request per engine per ``--rollout-health-check-interval`` (30 s) while engines are onloaded.
+    ``--ft-components`` is refused (flags.OWNED_NOT_EMITTED). Facts and lines: the Miles double's
+    ``miles/utils/health_monitor.py`` under tests/support/standins/miles_standin."""
     paths = RUN
     out.add("--save", paths.checkpoints)
     out.add("--load", paths.checkpoints)

@@ -13,10 +13,10 @@ bundle, same GPU, a new process) and serving the new weights again. Miles's heal
 (30 s by default) is shortened with its own flags through ``backend_options.extra_args``, which
 also shows that Miles's parser flags pass the recipe checks.
 
-When an engine's node is gone instead, Miles's relaunch waits for a bundle that no node of the
-allocation can hold (the double's docstring gives the lines); beam-hpc ends such a segment as a
-node failure (``beam_hpc.plan.node_loss``: only a reference run's rollout group goes on without
-a node), covered for the reference backend by tests/lifecycle/test_lifecycle_slurm.py.
+When an engine's node is gone instead (the second test), Miles's relaunch would wait for a bundle
+that no node of the allocation can hold (the double's docstring gives the lines), so a Miles run does
+not ask Slurm to keep the job (``beam_hpc.plan.node_loss``: only a reference run's rollout group goes
+on without a node): the segment ends and the chain goes on in a new one.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,13 +35,19 @@ from run_watch import chain_finished, diagnostics, segments
 
 from beam_hpc.config.recipe import recipe_from_dict
 from beam_hpc.config.site import site_from_dict
+from beam_hpc.node import procs
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e]
 
-N = 12
-ROLLOUT_S = "1.0"  # the double's "train" time per rollout: room to strike and recover mid-run
+N = 8
+# The double's "train" time per rollout. Miles checks engines only while its monitor runs (from each
+# generate to the next weight update) and every --rollout-health-check-interval: an engine that dies
+# after the last check before a weight update fails that update (Miles sends it the weights; the
+# driver exits 1 and the segment retries: seen here with 0.6 s). The test strikes just after a rollout
+# ends, so the 2 s of training before the next update hold several checks.
+ROLLOUT_S = "2.0"
 TIMEOUT_S = 300  # a shared 2-core machine; about a minute when it is quiet
-HEALTH = ["--rollout-health-check-interval", "1", "--rollout-health-check-timeout", "5"]
+HEALTH = ["--rollout-health-check-interval", "0.5", "--rollout-health-check-timeout", "5"]
 
 
 @pytest.fixture
@@ -66,25 +73,45 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_a_killed_engine_is_restarted_in_place_and_the_segment_completes(slurm_cluster, run_dir: Path) -> None:
+def _submit(run_dir: Path, num_rollout: int, gpus_per_node: int) -> str:
+    """The Miles chain of tests/support/builders/miles/miles_run.py with one rollout node of
+    ``gpus_per_node`` one-GPU engines, Miles's health checks every second, submitted with sbatch."""
     from beam_hpc.submission.submit import submit
 
     d = miles_recipe(run_dir.parent)
-    d["num_rollout"] = N
-    d["topology"] = {"trainer": {"nodes": 1, "gpus_per_node": 2},  # Miles: both groups of the same node size
-                     "rollout": {"nodes": 1, "gpus_per_node": 2, "gpus_per_engine": 1}}  # two engines, one node
+    d["num_rollout"] = num_rollout
+    d["topology"] = {"trainer": {"nodes": 1, "gpus_per_node": gpus_per_node},  # Miles: both groups of one node size
+                     "rollout": {"nodes": 1, "gpus_per_node": gpus_per_node, "gpus_per_engine": 1}}
     d["backend_options"] = {"extra_args": HEALTH}
     s = local_site()
     s["env"]["BEAM_STANDIN_ROLLOUT_S"] = ROLLOUT_S
-    sub = submit(recipe_from_dict(d, "miles engine recovery"), site_from_dict(s, "local site, Miles double"),
-                 via="sbatch")
+    sub = submit(recipe_from_dict(d, "miles engine faults"), site_from_dict(s, "local site, Miles double"), via="sbatch")
+    return str(sub.job_id)
+
+
+def _timeline(run: Path) -> str:
+    """One line per segment and per rollout's engine phases (printed with -s)."""
+    segs = segments(run)
+    t0 = segs[0]["start"]["time"] if segs else 0.0
+    rows = [f"{x['segment']}: +{x['start']['time'] - t0:.1f}s .. +{x.get('end', {}).get('time', t0) - t0:.1f}s "
+            f"{x.get('end', {}).get('reason')} {x.get('end', {}).get('detail')}" for x in segs]
+    for path in sorted((run / "dumps").glob("standin-*.json")):
+        r = json.loads(path.read_text())
+        rows += [f"  {path.name} rollout {g['rollout_id']}: generate {g.get('generate_s')} s, weight update "
+                 f"{g.get('update_s')} s, retries {g['retries']}" for g in r["generated"]]
+        rows += [f"  {path.name} {e['event']} engine {e['engine']} at rollout {e['rollout_id']}" for e in r["engine_events"]]
+    return "\n".join(rows)
+
+
+def test_a_killed_engine_is_restarted_in_place_and_the_segment_completes(slurm_cluster, run_dir: Path) -> None:
     run = run_dir
+    job = _submit(run, N, gpus_per_node=2)  # two engines on the rollout node
 
     def two_rollouts_on_two_engines() -> bool:
         r = _record(run)
         return len(r.get("rollouts", [])) >= 2 and len([e for e in r["engine_events"] if e["event"] == "started"]) == 2
 
-    run_watch.wait_for("two rollouts on two engines", two_rollouts_on_two_engines, run, TIMEOUT_S, poll_s=0.3)
+    run_watch.wait_for("two rollouts on two engines", two_rollouts_on_two_engines, run, TIMEOUT_S, poll_s=0.1)
     before = _record(run)
     started = {e["engine"]: e for e in before["engine_events"] if e["event"] == "started"}
     victim = started[1]
@@ -92,8 +119,9 @@ def test_a_killed_engine_is_restarted_in_place_and_the_segment_completes(slurm_c
     struck_at = len(before["rollouts"])
     run_watch.wait_for("the run to complete", lambda: chain_finished(run), run, TIMEOUT_S, poll_s=0.5)
 
+    print(f"\nengine killed after {struck_at} rollouts:\n{_timeline(run)}")
     segs = segments(run)
-    assert len(segs) == 1 and segs[0]["start"]["job_id"] == str(sub.job_id), diagnostics(run)
+    assert len(segs) == 1 and segs[0]["start"]["job_id"] == job, diagnostics(run)
     assert segs[0]["end"]["reason"] == "completed" and segs[0]["end"]["rollouts_at_end"] == N, diagnostics(run)
     assert segs[0]["end"]["failed_nodes"] == [], segs[0]["end"]
     r = _record(run)
@@ -115,8 +143,61 @@ def test_a_killed_engine_is_restarted_in_place_and_the_segment_completes(slurm_c
     assert after and all(recovered["url"] in g["served"] and started[0]["url"] in g["served"] for g in after), after
     assert [g["weight_versions"] for g in r["generated"]] == [[str(i)] for i in range(N)], r["generated"]
     # no request lost: the dead engine's share went to the engine left (Miles's retries) until the recovery
-    per_rollout = PROMPTS * d["batch"]["responses_per_prompt"]
+    argv = r["argv"]
+    per_rollout = int(argv[argv.index("--rollout-batch-size") + 1]) * int(argv[argv.index("--n-samples-per-prompt") + 1])
+    assert per_rollout == PROMPTS * 2  # miles_run's batch: PROMPTS prompts, 2 responses each
     assert [sum(g["served"].values()) for g in r["generated"]] == [per_rollout] * N, r["generated"]
     assert all(victim["url"] not in g["served"] for g in after), after
     # the engines went with the driver (Miles's dispose; the double's servers die with their actors)
     assert not _alive(recovered["pid"])
+
+
+def _rollout_step(run: Path, job: str) -> dict:
+    """The rollout node step's report (hostname, pid) of segment ``job``."""
+    (path,) = sorted((run / "logs" / f"{job}-0" / "nodes").glob("rollout-*.json"))
+    return json.loads(path.read_text())
+
+
+def test_a_lost_engine_node_ends_the_segment_and_the_next_one_completes(slurm_cluster, run_dir: Path) -> None:
+    """The rollout node itself lost, as Slurm sees a node failure (DOWN, every process of its node step
+    gone: the raylet, the engine's actor and server): Miles could not restart the engine (its bundle
+    has no node left to go to), and the segment ends as it does for any node loss of a Miles run; the
+    chain goes on in a new segment that completes the run. (On this cluster Slurm requeues the job:
+    the ledger says preempted, with no failed node, and the node comes back to service at once.)"""
+    run = run_dir
+    n = 3
+    job = _submit(run, n, gpus_per_node=1)
+    run_watch.wait_for("a rollout on the engine", lambda: len(_record(run).get("rollouts", [])) >= 1, run, TIMEOUT_S,
+                       poll_s=0.3)
+    step = _rollout_step(run, job)
+    node = step["hostname"]
+    try:
+        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=beam-test-engine-node-lost")
+        for pid in procs.with_descendants([int(step["pid"])]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        struck_at = len(_record(run)["rollouts"])
+        # segment 1's record, read before the next segment's driver (from rollout 0 again: no checkpoint
+        # was saved) writes its own under the same name
+        run_watch.wait_for("segment 1 to end", lambda: "end" in (segments(run) or [{}])[0], run, TIMEOUT_S, poll_s=0.3)
+        one = _record(run)
+        run_watch.wait_for("the run to complete", lambda: chain_finished(run), run, TIMEOUT_S, poll_s=0.5)
+    finally:  # the local cluster's slurmd still answers: Slurm returns the node by itself; resume if not
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False, capture_output=True)
+    print(f"\nrollout node {node} lost after {struck_at} rollouts:\n{_timeline(run)}")
+    segs = segments(run)
+    assert struck_at < n and len(segs) == 2, diagnostics(run)
+    first, second = segs
+    # Slurm revokes the job (a Miles run asks for no --no-kill, beam_hpc.plan.node_loss): requeued (a
+    # preemption, as the job sees it) or, when the segment saw its node step end first, a node failure
+    assert first["start"]["job_id"] == job and (first["end"]["reason"], first["end"]["next"]["action"]) in (
+        ("preempted", "requeue"), ("node-failure", "resubmit")), diagnostics(run)
+    assert second["end"]["reason"] == "completed" and second["end"]["rollouts_at_end"] == n, diagnostics(run)
+    # Miles never brought the engine back in segment 1 (its relaunch had no node to go to)
+    assert [e["event"] for e in one["engine_events"]][:1] == ["started"] and not one.get("finished"), one
+    assert not [e for e in one["engine_events"] if e["event"] == "recovered"], one["engine_events"]
+    two = json.loads((run / "dumps" / "standin.json").read_text())
+    assert two["finished"] and two["rollouts"][-1] == n - 1 and two["pid"] != one["pid"]
+    print("segment 1 end:", json.dumps(first["end"], indent=1))

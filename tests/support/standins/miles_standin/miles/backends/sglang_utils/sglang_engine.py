@@ -36,10 +36,11 @@ from typing import Any
 SGLANG_STANDIN = Path(__file__).resolve().parents[4] / "sglang_standin"
 START_TIMEOUT_S = 120.0  # Miles waits without a limit while the process lives; a bound keeps a broken test short
 PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: the forked child only makes the call
 
 
 def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _free_port(host: str) -> int:
