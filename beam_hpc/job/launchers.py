@@ -382,19 +382,26 @@ def reports(rt: ClusterRuntime, group: GroupPlan) -> list[dict]:
 
 
 def node_failure(launcher: Launcher, rt: ClusterRuntime, h: StepHandle) -> NodeStepFailed:
-    """What a node step that ended means: the node named by its own report, else by the launcher's
-    output (srun's task errors), else the first node of the handle, with its log."""
+    """What a node step that ended means: the node whose task the launcher saw end first (srun's
+    task errors, in the order they happened), else the node named by its own report, else the first
+    node of the handle, with its log. The launcher comes first because one srun step covers every
+    node of a group that does not survive a node's loss: when one node's task dies (a lost node
+    writes no report), srun ends the others (``--kill-on-bad-exit``), and those may report "failed"
+    on their way out; blaming them would exclude healthy nodes and keep the lost one. A node's own
+    report still gives the detail when it is the one that failed."""
     g, rc = h.group, h.proc.returncode
     failed = [r for r in reports(rt, g) if r.get("state") == "failed"]
     if h.local_index is not None:
         failed = [r for r in failed if r.get("local_index") == h.local_index] or failed
     errors = launcher.launcher_errors(h)
-    if failed:
+    if errors:
+        node, i, detail = errors[0]
+        own = next((r for r in failed if int(r.get("local_index", -1)) == i), None)
+        detail = own.get("error", detail) if own is not None else detail
+    elif failed:
         r = failed[0]
         i = int(r.get("local_index", 0))
         node, detail = rt.node_name(g.name, i), r.get("error", "failed")
-    elif errors:
-        node, i, detail = errors[0]
     else:
         i = h.local_index or 0
         node, detail = rt.node_name(g.name, i), f"exit code {rc}"

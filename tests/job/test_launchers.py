@@ -65,3 +65,43 @@ def test_srun_for_a_het_job_and_a_refusal_for_a_plain_one(tmp_path: Path) -> Non
     assert isinstance(launcher, SrunLauncher) and launcher.loopback and ctx.job_id == "5"
     with pytest.raises(JobError, match="het"):  # a plain job where the plan has two groups
         for_job(plan, env={"SLURM_JOB_ID": "5"})
+
+
+def test_a_lost_node_in_a_group_step_is_the_one_srun_saw_end_first(tmp_path: Path) -> None:
+    """One srun step covers every node of a group that does not survive a node's loss. When one
+    node is lost its task dies without a word (no report), srun ends the others
+    (``--kill-on-bad-exit``), and they may report "failed" on their way out: the node to blame is
+    the task srun saw end first, not a node that reported last (on the local cluster the head trainer
+    node was excluded and the lost one kept). A node that failed on its own keeps its report's reason."""
+    import subprocess
+
+    from beam_hpc.job.context import JobContext
+    from beam_hpc.job.launchers import StepHandle, node_failure
+    from beam_hpc.plan.paths import SegmentPaths
+
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=2, rollout_nodes=1)
+    rt = ClusterRuntime(job_id="5", job_num=5, restart=0, job_tag="t", head_ip="127.0.0.1", gcs_port=1, host_stride=1,
+                        token_path=str(tmp_path / "token"), segment_dir=str(tmp_path / "seg"), nonce="n", deadline=0.0,
+                        nodelists={"trainer": ["n1", "n2"], "rollout": ["n3"]})
+    reports = SegmentPaths(rt.segment_dir)
+    Path(reports.node_report("trainer", 0)).parent.mkdir(parents=True)
+    # n1 (task 0) was ended by srun after n2 (task 1) was lost, and said so in its report
+    Path(reports.node_report("trainer", 0)).write_text('{"state": "failed", "local_index": 0, "error": "SIGTERM"}')
+    output = tmp_path / "srun-trainer.log"
+    output.write_text("srun: error: n2: task 1: Killed\nsrun: Terminating StepId=5+0.1\n"
+                      "srun: error: n1: task 0: Terminated\n")
+    proc = subprocess.Popen(["false"])
+    proc.wait()
+    handle = StepHandle(group=plan.group("trainer"), proc=proc, local_index=None, output=output)
+    srun = SrunLauncher(JobContext(job_id="5", job_num=5, restart=0, component_ids={"trainer": "5", "rollout": "6"},
+                                   nodelists=rt.nodelists), loopback=True)
+    err = node_failure(srun, rt, handle)
+    assert err.failed_nodes == [{"node": "n2", "why": "node step failed: Killed"}], err.failed_nodes
+    assert "on node n2 ended: Killed" in str(err)
+    # a node that failed on its own: srun names it first, and its report says why
+    Path(reports.node_report("trainer", 1)).write_text('{"state": "failed", "local_index": 1, "error": "NVMe missing"}')
+    err = node_failure(srun, rt, handle)
+    assert err.failed_nodes == [{"node": "n2", "why": "node step failed: NVMe missing"}], err.failed_nodes
+    # no word from srun (its output lost): the node's own report
+    output.write_text("")
+    assert node_failure(srun, rt, handle).failed_nodes[0]["node"] == "n1"

@@ -116,6 +116,17 @@ def assert_bitwise_equal(a: Any, b: Any, where: str = "") -> int:
     return 0
 
 
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free now on the loopback (held open together, so none repeats)."""
+    import socket
+
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
 class LocalRayHead:
     """A real one-node Ray cluster (``ray start --head --block``) carrying both group resources and
     the ``beam-group=local`` label, shared by the tests that run the backend against an existing
@@ -182,9 +193,11 @@ class LocalRayHead:
         from beam_hpc.node.ray_node import ray_cli_argv
 
         self.temp_dir = Path(tempfile.mkdtemp(prefix="rbt", dir="/tmp"))  # short: socket paths < 107 bytes
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        # every port Ray would otherwise take at a fixed default (the dashboard's 8265, whose process
+        # starts even with --include-dashboard=false, the dashboard agent's 52365, the metrics
+        # export's): free ones, as the product pins its own per job (beam_hpc.node.ray_node), so that
+        # two pytest sessions on one machine each start a head
+        port, *agent_ports = _free_ports(6)
         self.address = f"127.0.0.1:{port}"
         # as the product's nodes (beam_hpc.node.ray_node): no idle workers started for the first
         # driver, no drain on SIGTERM (the autoscaler's monitor stays: `ray status` reads its report)
@@ -197,6 +210,9 @@ class LocalRayHead:
             "--labels=beam-group=local", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
             # 200 MB for each of three workers' runs at once: less and a shared head spills objects
             "--disable-usage-stats", "--object-store-memory=600000000",
+            *(f"--{kind}={p}" for kind, p in zip(("dashboard-port", "dashboard-agent-grpc-port", "dashboard-agent-listen-port",
+                                                  "runtime-env-agent-port", "metrics-export-port"), agent_ports,
+                                                 strict=True)),
         ]
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         def ready() -> bool:  # when the GCS reports our resources
