@@ -152,7 +152,10 @@ class OwnCluster:
             token_dir.parent.rmdir()  # .ray-auth, when no other segment's token is left
 
 
-_SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? (\d+)[^:]*: (.+)")
+# srun's words for a task that ended badly, and for a node Slurm declared failed under the step (it
+# then kills the step's other tasks, which come after it: "srun: error: Node failure on n2",
+# "srun: error: n1: task 0: Killed", measured on the local cluster with Slurm 22.05)
+_SRUN_TASK_ERROR = re.compile(r"srun: error: (?:Node failure on (?P<lost>\S+)|(?P<node>\S+): tasks? (?P<task>\d+)[^:]*: (?P<what>.+))")
 
 
 class SrunLauncher(OwnCluster):
@@ -277,7 +280,9 @@ class SrunLauncher(OwnCluster):
             text = handle.output.read_text(errors="replace")
         except OSError:
             return []
-        return [(m[1], int(m[2]), m[3].strip()) for m in _SRUN_TASK_ERROR.finditer(text)]
+        nodes = self.ctx.nodelists.get(handle.group.name, [])
+        return [(m["lost"], nodes.index(m["lost"]) if m["lost"] in nodes else 0, "node failure") if m["lost"]
+                else (m["node"], int(m["task"]), m["what"].strip()) for m in _SRUN_TASK_ERROR.finditer(text)]
 
 
 class LocalLauncher(OwnCluster):

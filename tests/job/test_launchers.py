@@ -102,6 +102,11 @@ def test_a_lost_node_in_a_group_step_is_the_one_srun_saw_end_first(tmp_path: Pat
     Path(reports.node_report("trainer", 1)).write_text('{"state": "failed", "local_index": 1, "error": "NVMe missing"}')
     err = node_failure(srun, rt, handle)
     assert err.failed_nodes == [{"node": "n2", "why": "node step failed: NVMe missing"}], err.failed_nodes
+    # Slurm declared the node failed under the step (what srun printed when the local cluster lost n2)
+    Path(reports.node_report("trainer", 1)).unlink()
+    output.write_text("srun: error: Node failure on n2\nsrun: error: n1: task 0: Killed\n"
+                      "srun: launch/slurm: _step_signal: Terminating StepId=75.0\nsrun: Force Terminated StepId=75.0\n")
+    assert node_failure(srun, rt, handle).failed_nodes == [{"node": "n2", "why": "node step failed: node failure"}]
     # no word from srun (its output lost): the node's own report
     output.write_text("")
     assert node_failure(srun, rt, handle).failed_nodes[0]["node"] == "n1"

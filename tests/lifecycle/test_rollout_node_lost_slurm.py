@@ -8,15 +8,17 @@ and the process tree). The job asked Slurm not to revoke it (``--no-kill`` on ev
 Slurm 22.05 applies a node failure to all of a hetjob's components and keeps a component only with
 ``--no-kill`` and more than one node, hence the two trainer nodes here), the segment records the
 node, asks for a replacement (one extra rollout job, the lost node excluded) and goes on with the
-other rollout node; the replacement joins and serves units, and the run completes in that one
-segment: every rollout trained once, the final checkpoint bitwise that of the same run left alone.
+other rollout node, training every rollout once (the lost worker counted in the rollouts' metrics).
 ``status`` shows the loss (the node excluded), the replacement and its GPU-hours. The node is
 put back (``state=resume``) whatever happens, so other tests find it. (On this cluster the node's
 slurmd still answers, so Slurm returns the node to service within a second of the DOWN; the job
 has excised it by then, and the step on it was killed.)
 
-A trainer node's loss still ends the segment and resubmits from the checkpoint with the node
-excluded: tests/lifecycle/test_lifecycle_slurm.py::test_a_failed_node_is_excluded_from_the_next_segment_and_the_run_completes.
+The same run then loses a trainer node the same way (DOWN, its node step and raylet SIGKILLed),
+two rollouts later: that ends the segment as a node failure, as before issue 42, and
+the chain resubmits from the last checkpoint with both lost nodes excluded; the second segment
+completes the run (the replacement joins it and serves), and its final weights are bitwise those
+of the run left alone. One run for both, so the suite pays one bring-up less than two tests would.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from pathlib import Path
 
 import pytest
 from job_plans import HOST_SITE, make_test_plan
-from reference_harness import SMALL, assert_bitwise_equal, load_checkpoint, run_backend
+from reference_harness import SMALL, assert_bitwise_equal, load_checkpoint, metrics, run_backend
 from run_watch import chain_finished, diagnostics, segments
 from test_lifecycle_slurm import TINY, rollout_ids, runs, submit_run, timeline, wait_for  # noqa: F401 (fixture)
 
+from beam_hpc.backends.reference.rollouts.unit_service import WORKERS_LOST
 from beam_hpc.elastic.replace import replacements
 from beam_hpc.fault_hooks import SLOW_ROLLOUT_VAR
 from beam_hpc.node import procs
@@ -42,18 +45,42 @@ from beam_hpc.observe.status_table import format_status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e, pytest.mark.slow]
 
-N = 14
+N = 16
+INTERVAL = 4
 TOPOLOGY = ("topology.trainer.nodes=2", "topology.trainer.gpus_per_node=1", "topology.rollout.nodes=2",
             "topology.rollout.gpus_per_node=1", "training.async_training=false", "backend_options.unit_prompts=1")
 
 
-def _report_of(run: Path, node_ip: str) -> dict:
-    """The rollout node step's report (hostname, pid, ray_pid) of the node with this address."""
-    for path in run.glob("logs/*/nodes/rollout-*.json"):
+def _report_of(run: Path, group: str, node_ip: str | None = None, index: int | None = None) -> dict:
+    """A node step's report (hostname, pid, ray_pid, ip) of ``group``: the one with this address,
+    or the one of this index (``nodes/<group>-<index>.json``)."""
+    for path in sorted(run.glob(f"logs/*/nodes/{group}-*.json")):
         report = json.loads(path.read_text())
-        if report.get("ip") == node_ip:
+        if report.get("ip") == node_ip or path.stem == f"{group}-{index}":
             return report
-    raise AssertionError(f"no rollout node report with ip {node_ip}: {sorted(run.glob('logs/*/nodes/*'))}")
+    raise AssertionError(f"no {group} node report (ip {node_ip}, index {index}): {sorted(run.glob('logs/*/nodes/*'))}")
+
+
+def _strike(slurm_cluster, node: str, pids: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """What a node failure does, as Slurm and the job see it: the node DOWN, its processes gone."""
+    slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=beam-test-node-lost")
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _excluded(job_id: str) -> list[str] | None:
+    """The nodes Slurm holds the job away from (its ExcNodeList, expanded), or None when Slurm has
+    forgotten the finished job."""
+    shown = subprocess.run(["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True,
+                           check=False).stdout
+    if "ExcNodeList=" not in shown:
+        return None
+    names = shown.split("ExcNodeList=")[1].split()[0]
+    return [] if names == "(null)" else subprocess.run(["scontrol", "show", "hostnames", names], capture_output=True,
+                                                       text=True, check=True).stdout.split()
 
 
 def _elastic_story(run: Path) -> str:
@@ -63,57 +90,75 @@ def _elastic_story(run: Path) -> str:
     return "\n".join(parts)
 
 
-def test_a_lost_rollout_node_leaves_the_segment_running_and_the_run_exact(slurm_cluster, tiny_assets, runs,  # noqa: F811
-                                                                          reference_ray, monkeypatch) -> None:
+def test_a_lost_rollout_node_leaves_the_segment_running_and_a_lost_trainer_node_ends_it(
+        slurm_cluster, tiny_assets, runs, reference_ray, monkeypatch) -> None:  # noqa: F811
     assert TINY.is_file()
     run = runs / "rollout-node-lost"
-    # exported to the job (and to the replacement) by sbatch: room to strike mid-run, and for the
-    # replacement to start and serve before the run ends
+    # exported to the job (and to the replacement) by sbatch: room to strike mid-run twice, and for
+    # the replacement to start and serve
     monkeypatch.setenv(SLOW_ROLLOUT_VAR, "1.5")
-    plan, job = submit_run(run, tiny_assets, num_rollout=N, interval=4, extra=TOPOLOGY)
+    plan, job = submit_run(run, tiny_assets, num_rollout=N, interval=INTERVAL, extra=TOPOLOGY)
     script = Path(plan.paths.script).read_text()
     assert script.count("#SBATCH --no-kill") == 2, script  # every component of the hetjob
     whole = runs / "uninterrupted"
     whole_plan = make_test_plan(whole, assets=tiny_assets, site=HOST_SITE,
-                                overrides=[*SMALL, *TOPOLOGY, f"num_rollout={N}", "checkpoint.interval=4"])
+                                overrides=[*SMALL, *TOPOLOGY, f"num_rollout={N}", f"checkpoint.interval={INTERVAL}"])
     alone = ThreadPoolExecutor(1).submit(run_backend, whole_plan.paths.plan, reference_ray)
     wait_for("two trained rollouts", lambda: len(rollout_ids(run)) >= 2, run, timeout=400)
     placement = json.loads((run / "placement.json").read_text())
     worker = placement["rollout"][1]
     assert worker["node_ip"] != placement["rollout"][0]["node_ip"], placement  # one worker a node
-    victim = _report_of(run, worker["node_ip"])
+    victim = _report_of(run, "rollout", node_ip=worker["node_ip"])
     node = victim["hostname"]
+    trainer_node = ""
     try:
-        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=beam-test-rollout-node-lost")
-        gone = procs.with_descendants([int(victim["pid"])]) + [int(worker["pid"])]
-        for pid in gone:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _strike(slurm_cluster, node, procs.with_descendants([int(victim["pid"])]) + [int(worker["pid"])])
         at = len(rollout_ids(run))
+        # the segment goes on; two rollouts later a trainer node (not the batch host, whose loss
+        # Slurm answers itself) is lost: the segment must end (the replacement serves the next one)
+        wait_for("two more rollouts", lambda: len(rollout_ids(run)) >= at + 2 or chain_finished(run), run)
+        trainer = _report_of(run, "trainer", index=1)
+        trainer_node, trainer_at = trainer["hostname"], len(rollout_ids(run))
+        assert trainer_at < N - INTERVAL, f"the run reached {trainer_at} of {N} rollouts: no room to lose a trainer node"
+        _strike(slurm_cluster, trainer_node, procs.with_descendants([int(trainer["pid"])]))
         wait_for("the run to complete", lambda: chain_finished(run), run)
     finally:
-        # the local cluster's slurmd of the node still answers, so Slurm returns it to service by itself
+        # the local cluster's slurmd of a node still answers, so Slurm returns it to service by itself
         # (ReturnToService); resume is for a node that is still DOWN, and refused (harmlessly) otherwise
-        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False, capture_output=True)
+        for name in filter(None, (node, trainer_node)):
+            subprocess.run(["scontrol", "update", f"nodename={name}", "state=resume"], check=False, capture_output=True)
     segs = segments(run)
-    print(f"\nrollout node {node} lost after {at} rollouts:\n{timeline(run)}")
+    print(f"\nrollout node {node} lost after {at} rollouts, trainer node {trainer_node} after {trainer_at}:\n"
+          f"{timeline(run)}")
     assert at < N, f"the node was struck after the run ended ({at} rollouts)"
-    assert len(segs) == 1 and segs[0]["start"]["job_id"] == job, diagnostics(run)
-    end = segs[0]["end"]
-    assert end["reason"] == "completed" and end["rollouts_at_end"] == N, diagnostics(run)
-    assert [f["node"] for f in end["failed_nodes"]] == [node], end  # recorded: the next segments leave it out
-    assert "rollout node lost" in end["failed_nodes"][0]["why"], end
+    assert len(segs) == 2 and segs[0]["start"]["job_id"] == job, diagnostics(run)
+    # the first segment went on without the rollout node, and ended at the trainer node's loss
+    first, second = segs[0]["end"], segs[1]
+    assert first["reason"] == "node-failure", diagnostics(run)
+    lost = {f["node"]: f["why"] for f in first["failed_nodes"]}
+    srun_said = "".join(p.read_text(errors="replace")[-2000:] for p in run.glob("logs/*-0/srun-trainer.log"))
+    reported = "".join(p.read_text() for p in sorted(run.glob("logs/*/nodes/trainer-*.json")))
+    assert set(lost) == {node, trainer_node}, f"{first}\n{srun_said}\n{reported}"  # both: the next segments leave them out
+    assert "rollout node lost" in lost[node] and "rollout node lost" not in lost[trainer_node], lost
+    assert first["next"]["action"] == "resubmit", first
     driver_log = "".join(p.read_text(errors="replace") for p in run.glob("logs/*/driver.log"))
     assert "rollout worker segment:1 lost" in driver_log, driver_log[-3000:]
-    assert rollout_ids(run) == list(range(N)), rollout_ids(run)  # every rollout once: nothing trained again
+    lost_counts = [m[WORKERS_LOST] for m in metrics(run, "rollout")]  # per rollout, in training order
+    assert lost_counts[0] == 0.0 and 1.0 in lost_counts[:trainer_at], lost_counts
+    # resumed from the last checkpoint before the trainer's loss: only the rollouts after it again
+    resumed_at = second["start"]["rollouts_at_start"]
+    assert resumed_at == first["rollouts_at_end"] and resumed_at % INTERVAL == 0 and resumed_at <= trainer_at, \
+        timeline(run)
+    assert {node, trainer_node} <= set(_excluded(second["start"]["job_id"]) or {node, trainer_node})
+    assert second["end"]["reason"] == "completed" and second["end"]["rollouts_at_end"] == N, diagnostics(run)
+    ids = rollout_ids(run)  # in training order: the first segment's, then the second's
+    cut = next((i for i in range(1, len(ids)) if ids[i] <= ids[i - 1]), resumed_at)  # (none again: no cut)
+    assert ids[:cut] == list(range(cut)) and ids[cut:] == list(range(resumed_at, N)), ids
+    assert trainer_at <= cut, (trainer_at, ids)  # trained again: only those after the checkpoint resumed from
     # the replacement: asked for by the segment, the lost node excluded, and it served
     (rep,) = replacements(run)
     assert rep["replaces"] == node and rep["segment"] == f"{job}-0", rep
-    shown = subprocess.run(["scontrol", "--oneliner", "show", "job", rep["job_id"]], capture_output=True, text=True,
-                           check=False).stdout
-    assert not shown or f"ExcNodeList={node}" in shown, shown  # (Slurm may have forgotten a finished job)
+    assert node in (_excluded(rep["job_id"]) or [node])
     s = gather(run, slurm=False)
     (row,) = s["extra_rollout"]["jobs"]
     assert row["replaces"] == node and row["units"] > 0 and row["gpu_hours"] > 0, f"{row}\n{_elastic_story(run)}"
