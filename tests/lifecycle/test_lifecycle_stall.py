@@ -42,8 +42,9 @@ SITE = ROOT / "env" / "local.yaml"
 RUN_TIMEOUT_S = 540  # a shared 2-core machine: bring-up alone can take 30-60 s under load
 N, INTERVAL = 4, 2  # checkpoints after rollouts 1 and 3
 # lifecycle.stall_timeout_s: short, so the test waits little (a healthy rollout here takes well under
-# 1 s, a few seconds at load 20); the first rollout of a segment keeps its default
-STALL_S = 12
+# 1 s, a few seconds at load 20; on a host half as fast, a rollout with its save took over 12 s and
+# was caught as a stall, so 40 s); the first rollout of a segment keeps its default
+STALL_S = 40
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,9 @@ def test_a_lost_rollout_node_leaves_the_segment_running_and_a_lost_trainer_node_
     # exported to the job (and to the replacement) by sbatch: room to strike mid-run twice, and for
     # the replacement to start and serve
     monkeypatch.setenv(SLOW_ROLLOUT_VAR, "1.5")
-    plan, job = submit_run(run, tiny_assets, num_rollout=N, interval=INTERVAL, extra=TOPOLOGY)
+    # two segments' bring-ups in one walltime each: on a slow host a node's `ray start` may need its
+    # retries (minutes), and the walltime must not be what ends the second segment
+    plan, job = submit_run(run, tiny_assets, num_rollout=N, interval=INTERVAL, extra=TOPOLOGY, walltime="00:25:00")
     script = Path(plan.paths.script).read_text()
     assert script.count("#SBATCH --no-kill") == 2, script  # every component of the hetjob
     whole = runs / "uninterrupted"
