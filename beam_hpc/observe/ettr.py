@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.plan.paths import LEDGER_FILE
-from beam_hpc.run.accounting import segment_time
+from beam_hpc.run.accounting import as_number, segment_time
 from beam_hpc.run.ledger import read_ledger
 
 
@@ -57,8 +57,6 @@ class Ettr:
         return self.training_s / self.span_s if self.span_s else None
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 class _Kept:
@@ -100,14 +98,14 @@ def ettr(segments: list[dict[str, Any]], *, now: float | None = None) -> Ettr:
         if t.running:
             running = True
             continue
-        t0 = _num(start.get("time"))
-        at_start = int(_num(start.get("rollouts_at_start")) or 0)
+        t0 = as_number(start.get("time"))
+        at_start = int(as_number(start.get("rollouts_at_start")) or 0)
         if end is not None:
-            at_end = int(_num(end.get("rollouts_at_end")) or 0)
-            step_s = _num((end.get("timings") or {}).get("rollout_s"))
-            t1 = _num(end.get("time"))
+            at_end = int(as_number(end.get("rollouts_at_end")) or 0)
+            step_s = as_number((end.get("timings") or {}).get("rollout_s"))
+            t1 = as_number(end.get("time"))
         else:  # killed without an end line: what it saved shows in the next start line
-            at_end = int(_num((following or {}).get("rollouts_at_start")) or 0)
+            at_end = int(as_number((following or {}).get("rollouts_at_start")) or 0)
             step_s, t1 = None, (t0 or 0.0) + t.wall_s
         kept.resume_from(at_start)
         kept.keep(at_start, at_end, step_s)

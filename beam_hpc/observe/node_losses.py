@@ -9,8 +9,9 @@ Two records, both on shared storage:
 
 - the ledger's end line: each lost rollout node is one entry of ``failed_nodes`` (beam_hpc.job.runner
   hands them to beam_hpc.lifecycle.end, which writes them with beam_hpc.run.ledger.end_record). An
-  entry is a loss where it carries ``lost_at`` (the time of the loss, a number), or, as the writer
-  records it today, where its ``why`` starts with :data:`LOST_WHY` (the runner's words);
+  entry is a loss where it carries ``lost_at`` (the time of the loss, a number, which the runner
+  writes), or, in a ledger written before ``lost_at`` was, where its ``why`` starts with
+  :data:`LOST_WHY` (the runner's words);
 - the run's elastic registry: the ``replacement`` event (beam_hpc.elastic.replace) the segment
   records when it asked for a replacement: the job, the node it replaces, the segment and the time
   it was asked, seconds after the loss. A segment that is still running has no end line yet, so its
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from beam_hpc.elastic.replace import replacements
-from beam_hpc.run.accounting import segment_time
+from beam_hpc.run.accounting import as_number, segment_time
 
 # How beam_hpc/job/runner.py begins the ``why`` of a rollout node it went on without.
 LOST_WHY = "rollout node lost mid-segment"
@@ -45,13 +46,11 @@ BASIS = ("a loss: the lost node's GPUs from the loss to the segment's end (now, 
          "run's held GPU-hours and serving nothing; a replacement: its own nodes' GPU-hours, not in the run's")
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def is_lost_rollout_node(entry: dict[str, Any]) -> bool:
     """A ``failed_nodes`` entry of a rollout node the segment went on without."""
-    return _num(entry.get("lost_at")) is not None or str(entry.get("why", "")).startswith(LOST_WHY)
+    return as_number(entry.get("lost_at")) is not None or str(entry.get("why", "")).startswith(LOST_WHY)
 
 
 def _rollout_gpus(plan: dict[str, Any] | None) -> int | None:
@@ -75,7 +74,7 @@ def _segment_ends(records: list[dict[str, Any]], now: float) -> dict[str, tuple[
     out: dict[str, tuple[float | None, bool]] = {}
     for i, seg in enumerate(records):
         t = segment_time(seg, next_start=next((s for s in starts[i + 1:] if s), None), now=now)
-        t0 = _num((seg.get("start") or {}).get("time"))
+        t0 = as_number((seg.get("start") or {}).get("time"))
         out[seg["segment"]] = (t0 + t.wall_s if t is not None and t0 is not None else None,
                                bool(t is not None and t.running))
     return out
@@ -95,7 +94,7 @@ def node_losses(root: str | Path, records: list[dict[str, Any]], plan: dict[str,
         for entry in (seg.get("end") or {}).get("failed_nodes") or []:
             if isinstance(entry, dict) and is_lost_rollout_node(entry):
                 found.append({"node": str(entry.get("node")), "segment": seg["segment"],
-                              "why": str(entry.get("why", "")), "lost_at": _num(entry.get("lost_at"))})
+                              "why": str(entry.get("why", "")), "lost_at": as_number(entry.get("lost_at"))})
     ended = {(f["node"], f["segment"]) for f in found}
     for a in asked:  # a running segment's losses: its end line is not written yet
         if (a.get("replaces"), a.get("segment")) not in ended:
@@ -104,8 +103,8 @@ def node_losses(root: str | Path, records: list[dict[str, Any]], plan: dict[str,
     for f in found:
         rep = next((a for a in asked if a.get("replaces") == f["node"] and a.get("segment") == f["segment"]), None)
         t, basis = f["lost_at"], "recorded"
-        if t is None and rep is not None and _num(rep.get("time")) is not None:
-            t, basis = _num(rep.get("time")), "replacement asked"
+        if t is None and rep is not None and as_number(rep.get("time")) is not None:
+            t, basis = as_number(rep.get("time")), "replacement asked"
         end, running = ends.get(f["segment"], (None, False))
         idle = gpus * max(0.0, end - t) / 3600.0 if (gpus is not None and t is not None and end is not None) else None
         job = jobs.get(str(rep.get("job_id"))) if rep is not None else None

@@ -80,7 +80,9 @@ class RunHours:
         return self.useful_h / self.held_h if self.held_h > 0 else None
 
 
-def _num(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
+    """A ledger field's number, or None where a hand edit or a foreign writer left something else
+    (a bool is not a number here). Every ledger reader in observe/ uses this one."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -88,7 +90,7 @@ def segment_time(seg: dict[str, Any], *, next_start: dict[str, Any] | None, now:
     """Where one merged ledger segment's time went; None when it has no readable start line."""
     start = seg.get("start") or {}
     end = seg.get("end")
-    t0 = _num(start.get("time"))
+    t0 = as_number(start.get("time"))
     if t0 is None:
         return None
     lost = {c: 0.0 for c in CAUSES}
@@ -97,32 +99,32 @@ def segment_time(seg: dict[str, Any], *, next_start: dict[str, Any] | None, now:
             return SegmentTime(seg["segment"], max(0.0, now - t0), {}, running=True)
         # killed without an end line: held until the next segment started, at most the time limit its
         # start line recorded (Slurm's, so an edited --time counts as the job ran with it)
-        t1 = _num(next_start.get("time")) or t0
-        walltime = _num(start.get("walltime_s"))
+        t1 = as_number(next_start.get("time")) or t0
+        walltime = as_number(start.get("walltime_s"))
         wall = max(0.0, min(t1 - t0, walltime) if walltime else t1 - t0)
-        progressed = (_num(next_start.get("rollouts_at_start")) or 0) > (_num(start.get("rollouts_at_start")) or 0)
+        progressed = (as_number(next_start.get("rollouts_at_start")) or 0) > (as_number(start.get("rollouts_at_start")) or 0)
         if progressed:  # it saved something before it died: what it lost is not recorded
             return SegmentTime(seg["segment"], wall, lost, attributed=False)
         return SegmentTime(seg["segment"], wall, {**lost, FAILED: wall})
-    t1 = _num(end.get("time")) or t0
+    t1 = as_number(end.get("time")) or t0
     wall = max(0.0, t1 - t0)
-    kept = (_num(end.get("rollouts_at_end")) or 0) - (_num(start.get("rollouts_at_start")) or 0)
+    kept = (as_number(end.get("rollouts_at_end")) or 0) - (as_number(start.get("rollouts_at_start")) or 0)
     reason = end.get("reason")
     if reason in _FAILURES and kept <= 0:
         return SegmentTime(seg["segment"], wall, {**lost, FAILED: wall})
     if reason == Reason.STALLED and kept <= 0:
         return SegmentTime(seg["segment"], wall, {**lost, STALLED: wall})
-    ready_s = _num(end.get("ready_s"))
+    ready_s = as_number(end.get("ready_s"))
     lost[BRINGUP] = min(wall, ready_s) if ready_s is not None else 0.0
-    rollout_s = _num((end.get("timings") or {}).get("rollout_s"))
-    run = _num(end.get("rollouts_run"))
+    rollout_s = as_number((end.get("timings") or {}).get("rollout_s"))
+    run = as_number(end.get("rollouts_run"))
     if rollout_s is not None and run is not None:
         lost[REDONE] = max(0.0, run - max(kept, 0)) * rollout_s
     lost[DAMAGED] = min(_damaged_rollouts(start), max(kept, 0)) * (rollout_s or 0.0)
-    last_save = _num(end.get("last_save_at"))
+    last_save = as_number(end.get("last_save_at"))
     if reason in _STOPPED_BY_SLURM and last_save is not None and t0 <= last_save <= t1:
         lost[TAIL] = max(0.0, (t1 - last_save) - lost[REDONE])
-    stalled_since = _num((end.get("stall") or {}).get("since")) if reason == Reason.STALLED else None
+    stalled_since = as_number((end.get("stall") or {}).get("since")) if reason == Reason.STALLED else None
     if stalled_since is not None:
         lost[STALLED] = max(0.0, t1 - max(t0, stalled_since))
     attributed = ready_s is not None and rollout_s is not None and run is not None
@@ -136,9 +138,9 @@ def _damaged_rollouts(start: dict[str, Any]) -> int:
     """Rollouts a segment trains again because it passed over damaged checkpoints: from where it
     resumed up to the newest one it passed over (of which it counts those it kept; those it ran
     past its own last checkpoint are re-done rollouts already)."""
-    passed = [_num(d.get("iteration")) for d in start.get("damaged_checkpoints") or [] if isinstance(d, dict)]
+    passed = [as_number(d.get("iteration")) for d in start.get("damaged_checkpoints") or [] if isinstance(d, dict)]
     newest = max((p for p in passed if p is not None), default=None)
-    at_start = _num(start.get("rollouts_at_start")) or 0
+    at_start = as_number(start.get("rollouts_at_start")) or 0
     return 0 if newest is None else max(0, int(newest) + 1 - int(at_start))
 
 
