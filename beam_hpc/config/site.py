@@ -11,14 +11,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import (
-    Field,
-    SerializerFunctionWrapHandler,
-    ValidationError,
-    field_validator,
-    model_serializer,
-    model_validator,
-)
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from beam_hpc.config.recipe import _format_errors, _Strict, load_yaml
 from beam_hpc.config.slurm_size import SIZE_HINT, parse_mib
@@ -86,10 +79,12 @@ class PerGroup(_Strict):
 PartitionSpec = PerGroup
 
 
-# Fields added after runs were made, left out of a dump while unset: a plan records a digest of the
-# site's dump (beam_hpc.plan.plan.inputs_sha), so a new key in every dump would make every existing
-# run's plan.json read as edited, and re-render every script.
-_LEFT_OUT_WHEN_UNSET = ("replacement_partition",)
+def _left_out_while_unset(value: object) -> bool:
+    """A field added after runs were made stays out of the site's dump while unset: a plan records a
+    digest of that dump (beam_hpc.plan.plan.inputs_sha), so a new key in every dump would make every
+    existing run's plan.json read as edited and re-render every script (as the recipe's
+    lifecycle.rollout_node_loss, at its default)."""
+    return value is None
 
 
 class Site(_Strict):
@@ -100,7 +95,7 @@ class Site(_Strict):
     # without waiting in the run's own queue; checked against the cluster as `rollout add --partition`
     # checks it, and when it cannot take the job the replacement goes to the rollout group's own
     # partition. Unset: the rollout group's own partition (partitions.rollout, else partitions.trainer).
-    replacement_partition: str | None = Field(None, min_length=1)
+    replacement_partition: str | None = Field(None, min_length=1, exclude_if=_left_out_while_unset)
     constraints: PerGroup = Field(default_factory=PerGroup)  # --constraint per group
     account: str | None = None
     qos: str | None = None
@@ -145,15 +140,6 @@ class Site(_Strict):
         container's interpreter inside the image (Apptainer or pyxis), else the site's own (``python:
         auto`` is resolved when the site is loaded, to the interpreter that submitted the run)."""
         return self.container.python if self.container.runtime != "host" else self.python
-
-    @model_serializer(mode="wrap")
-    def _without_unset_new_fields(self, handler: SerializerFunctionWrapHandler) -> dict:
-        """The dump, less the :data:`_LEFT_OUT_WHEN_UNSET` fields that are unset (see there)."""
-        data = handler(self)
-        for name in _LEFT_OUT_WHEN_UNSET:
-            if data.get(name, 0) is None:
-                del data[name]
-        return data
 
     @field_validator("tmp", mode="before")
     @classmethod
