@@ -770,30 +770,6 @@ def losses_per_run(group_nodes: int) -> int:
     return max(1, round(FAILURE_SHARE * group_nodes))
 
 
-def _free_ports(count: int) -> int:
-    """A slurmctld port whose ``count`` slurmd ports (17001 + port - 6817 + i) are free as well."""
-    import socket
-
-    from slurm_cluster import ClusterSpec
-
-    for port in range(7300 + (os.getpid() % 40) * 12, 7900, 12):
-        wanted = [port, *range(ClusterSpec(ctld_port=port).first_slurmd_port,
-                               ClusterSpec(ctld_port=port).first_slurmd_port + count)]
-        socks = []
-        try:
-            for p in wanted:
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return port
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range for the campaign's private Slurm cluster")
-
-
 class NodeLossChain:
     """One chain of the tiny recipe under one policy, on the private ``cluster``; ``loss`` (or
     None: the uninterrupted chain) struck once."""
@@ -1021,13 +997,14 @@ def node_loss_campaign(seeds: list[int], rollouts: int, *, keep: bool, json_path
                        policies: tuple[str, ...] = POLICIES) -> int:
     import yaml
     from job_plans import PRIVATE_CLUSTER_PORTS
+    from private_cluster import free_ctld_port
     from slurm_cluster import ClusterSpec, LocalSlurmCluster
 
     shared = LocalSlurmCluster()  # up for its munged, which a private cluster borrows
     shared.join()
     root = Path(tempfile.mkdtemp(prefix="beam-nl-", dir="/tmp"))
     cluster = LocalSlurmCluster(ClusterSpec(lab=root / "lab", nodes=NL_NODES, small_disk_nodes=0, spot_nodes=1,
-                                            ctld_port=_free_ports(NL_NODES + 1), cluster_name="beamnodeloss",
+                                            ctld_port=free_ctld_port(NL_NODES + 1), cluster_name="beamnodeloss",
                                             link_etc=False,
                                             first_job_id=NL_FIRST_JOB_ID + (os.getpid() % 1000) * 100))
     load = LoadSampler()

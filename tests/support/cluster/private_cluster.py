@@ -22,12 +22,13 @@ from pathlib import Path
 from slurm_cluster import ClusterSpec, LocalSlurmCluster
 
 
-def _free_port() -> int:
-    """A slurmctld port whose slurmd ports (17001 + port - 6817 ...) are free too."""
-    start = 6900 + (os.getpid() % 200) * 4
-    for port in range(start, start + 400, 4):
+def free_ctld_port(slurmds: int = 4) -> int:
+    """A slurmctld port whose ``slurmds`` slurmd ports (17001 + port - 6817 ...) are free too (also
+    benchmarks/faults.py's private cluster); candidates ``slurmds`` apart, so two never share one."""
+    start = 6900 + (os.getpid() % 200) * slurmds
+    for port in range(start, start + 100 * slurmds, slurmds):
         spec = ClusterSpec(ctld_port=port)
-        wanted = [port] + [spec.first_slurmd_port + i for i in range(4)]
+        wanted = [port] + [spec.first_slurmd_port + i for i in range(slurmds)]
         try:
             with contextlib.ExitStack() as stack:
                 for p in wanted:
@@ -45,7 +46,7 @@ def private_cluster(name: str, first_job_id: int) -> Iterator[LocalSlurmCluster]
     cluster up first, for munged); its controller started again before it is taken down."""
     lab = Path(tempfile.mkdtemp(prefix=f"beam-{name[:6]}-", dir="/tmp"))
     cluster = LocalSlurmCluster(ClusterSpec(lab=lab, nodes=2, small_disk_nodes=0, spot_nodes=1,
-                                            ctld_port=_free_port(), cluster_name=name, link_etc=False,
+                                            ctld_port=free_ctld_port(), cluster_name=name, link_etc=False,
                                             first_job_id=first_job_id + (os.getpid() % 1000) * 100))
     t0 = time.monotonic()
     cluster.up(started_by_tests=True)
