@@ -227,12 +227,18 @@ class LocalSlurmCluster:
     def scratch_runs(self, prefix: str) -> Iterator[Path]:
         """A directory for a test's run directories, outside pytest's numbered temp dirs (other
         pytest sessions prune those, and a run directory must outlive every segment of its chain);
-        the jobs under it are cancelled and it is removed afterwards, passed or failed."""
+        the jobs under it are cancelled and it is removed afterwards, passed or failed: once they
+        have left the queue (at most a minute), as a job's programs may still write into its run
+        directory on their way out (an extra rollout job records its leaving) and would make it
+        again after the removal."""
         root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
         try:
             yield root
         finally:
-            self.cancel_jobs_under(root)
+            ids = self.cancel_jobs_under(root)
+            if ids:
+                poll_until(lambda: not self.run("squeue", "--noheader", "--jobs", ",".join(ids),
+                                                check=False).stdout.strip(), 60, 0.5)
             shutil.rmtree(root, ignore_errors=True)
 
     def _queue_empty(self) -> bool:
