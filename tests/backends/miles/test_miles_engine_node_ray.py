@@ -9,8 +9,10 @@ a spare):
 
 - the node of the only engine is killed (its raylet, workers and the SGLang server): the health
   monitor kills the engine's slot;
-- the next weight update's recover blocks: no node can hold the bundle (Miles has no time limit
-  there; this test waits 15 s);
+- once the GCS has declared the node dead, the next weight update's recover blocks: no node can
+  hold the bundle (Miles has no time limit there; this test waits 15 s). A recover that starts
+  before the GCS knows places the restarted engine on the dead node, and it raises ActorDiedError
+  (the health check, every 0.5 s here, can beat the GCS's node check);
 - a node with a free GPU and the bundle's label joins the same Ray cluster: Ray reschedules the
   bundle onto it, recover returns, the engine runs there and serves the new weights.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -67,9 +70,8 @@ def test_a_lost_engine_node_blocks_recovery_until_a_node_joins_the_ray_cluster()
     try:
         cluster._start(HEAD, "head", "--head", f"--port={cluster.port}", "--include-dashboard=false")
         _wait("the Ray head", lambda: cluster.procs[0].poll() is None and _listens(HEAD, cluster.port), 90)
-        cluster._start(ENGINE_NODE, GROUP, f"--address={cluster.address}")
         ray.init(address=cluster.address, logging_level="WARNING")
-        _wait("two Ray nodes", lambda: sum(n["Alive"] for n in ray.nodes()) == 2, 120)
+        engine_node = _join(cluster, ENGINE_NODE)
         from miles.ray.rollout.rollout_manager import RolloutManager
 
         args = SimpleNamespace(rollout_num_gpus_per_engine=1, num_gpus_per_node=2, hf_checkpoint="m", seed=1,
@@ -84,21 +86,36 @@ def test_a_lost_engine_node_blocks_recovery_until_a_node_joins_the_ray_cluster()
         first = manager.group.all_engines[0].info
         assert first["node"] == ENGINE_NODE, first
 
-        gone = procs.with_descendants([cluster.procs[1].pid])  # the node: ray start, raylet, workers, server
+        gone = procs.with_descendants([engine_node.pid])  # the node: ray start, raylet, workers, server
         for pid in gone:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         _wait("the health monitor to kill the engine", lambda: [w for w, _ in events] == ["started", "killed"], 120)
-        done = threading.Event()
-        threading.Thread(target=lambda: (manager.update_weights("1"), done.set()), daemon=True).start()
-        assert not done.wait(BLOCKED_S), "recover returned with no node to hold the engine's bundle"
+        # The update starts once the GCS has declared the node dead and Ray is placing the bundle
+        # again. Before that an engine restarted on the bundle is placed on the dead node and dies,
+        # and Miles's recover raises ActorDiedError (seen here when the check interval beat the GCS).
+        _wait("the GCS to declare the engine node dead", lambda: not _alive(ENGINE_NODE), 60)
+        _wait("the bundle to be rescheduled",
+              lambda: [t["state"] for t in placement_group_table().values()] == ["RESCHEDULING"], 60)
+        done, raised = threading.Event(), []
+
+        def update() -> None:  # an exception here would otherwise only end the thread
+            try:
+                manager.update_weights("1")
+            except BaseException as e:
+                raised.append(e)
+            done.set()
+
+        threading.Thread(target=update, daemon=True).start()
+        assert not done.wait(BLOCKED_S), f"recover returned with no node to hold the engine's bundle: {raised}"
         assert [t["state"] for t in placement_group_table().values()] == ["RESCHEDULING"]
         assert manager.group.all_engines[0].state == "allocated"  # the actor exists, Ray cannot place it
 
-        cluster._start(SPARE, GROUP, f"--address={cluster.address}")
+        _join(cluster, SPARE)
         assert done.wait(180), "recover did not return once a node could hold the bundle"
+        assert not raised, f"the weight update raised {raised[0]!r}"
         again = manager.group.all_engines[0].info
         assert again["node"] == SPARE and again["bundle"] == first["bundle"], (first, again)
         assert manager.generate(1)["weight_versions"] == ["1"]  # the new engine got the update before serving
@@ -111,6 +128,32 @@ def test_a_lost_engine_node_blocks_recovery_until_a_node_joins_the_ray_cluster()
         _forget_miles()
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def _join(cluster: LoopbackRay, ip: str, attempts: int = 3) -> subprocess.Popen:
+    """Start a Ray node at ``ip`` and wait until the GCS counts it alive.
+
+    On a loaded two-core host a raylet can miss Ray's fixed 30 s registration wait and its
+    ``ray start`` exits: the node is started again (as beam-hpc's own node start retries).
+    """
+    for _ in range(attempts):
+        cluster._start(ip, GROUP, f"--address={cluster.address}")
+        proc = cluster.procs[-1]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and not _alive(ip):
+            time.sleep(0.3)
+        if _alive(ip):
+            return proc
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (cluster.base / f"{ip}.log").read_text(errors="replace")[-2000:]
+    raise AssertionError(f"the Ray node {ip} did not join after {attempts} starts; its log ends:\n{log}")
+
+
+def _alive(ip: str) -> bool:
+    import ray
+
+    return any(n["Alive"] and n["NodeManagerAddress"] == ip for n in ray.nodes())
 
 
 def _listens(ip: str, port: int) -> bool:
