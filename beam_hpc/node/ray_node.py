@@ -270,6 +270,15 @@ class RayNode:
 # ``get_ray_client_dependency_error``; where that name exists, it is made to report the client as
 # absent and the port flag is dropped; where a Ray of the image lacks it, the flag stays and the
 # server runs on the job's own port, as before.
+#
+# And it makes ``ray start`` wait as long as RAY_raylet_start_wait_time_s says (ray_env sets
+# RAYLET_START_WAIT_S) for its raylet to register with the GCS. Ray 2.60's `ray start` ignores that
+# variable (a constant 30 s in ``ray._private.node.Node.__init__``; only Ray's C++ side reads it): a
+# raylet slower than that to register, as on a loaded host or behind a busy head, fails the node
+# ("The current node timed out during startup") and the node step starts Ray again from scratch.
+# The loop asks ``ray._private.services.get_node``, which raises RuntimeError until the node is
+# registered; that call is made to keep asking until the wait is over, so the loop's first answer
+# is the registration (or, after the wait, the same error as before).
 RAY_CLI_UNUSED_GROUPS = ("ray.serve.scripts", "ray.dashboard.modules.job.cli", "ray.util.state.state_cli")
 CLIENT_SERVER_FLAG = "--ray-client-server-port="
 LEAN_RAY_CLI = (
@@ -280,6 +289,24 @@ LEAN_RAY_CLI = (
     "if hasattr(cli, 'get_ray_client_dependency_error'):\n"
     "    cli.get_ray_client_dependency_error = lambda: ImportError('Ray Client is off in beam-hpc jobs')\n"
     f"    sys.argv = [a for a in sys.argv if not a.startswith({CLIENT_SERVER_FLAG!r})]\n"
+    "try:\n"
+    "    import ray._private.services as services\n"
+    "except ImportError:\n"
+    "    services = None\n"
+    "if sys.argv[1:2] == ['start'] and hasattr(services, 'get_node'):\n"
+    "    import os, time\n"
+    "    wait_s = float(os.environ.get('RAY_raylet_start_wait_time_s', '30'))\n"
+    "    asked = services.get_node\n"
+    "    def get_node(*args, **kwargs):\n"
+    "        deadline = time.monotonic() + wait_s\n"
+    "        while True:\n"
+    "            try:\n"
+    "                return asked(*args, **kwargs)\n"
+    "            except RuntimeError:\n"
+    "                if time.monotonic() > deadline:\n"
+    "                    raise\n"
+    "                time.sleep(0.5)\n"
+    "    services.get_node = get_node\n"
     "sys.exit(cli.main())\n"
 )
 
@@ -344,7 +371,8 @@ def ray_env(*, token_path: str, job_tag: str, node_index: int | None = None) -> 
         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         # `ray start` waits this long for its raylet to register with the GCS (30 s by default);
         # a busy head (many nodes joining at once, or a loaded login-class host) can take longer,
-        # and a timeout there fails the node ("The current node timed out during startup").
+        # and a timeout there fails the node ("The current node timed out during startup"). Ray's
+        # C++ side reads it; its `ray start` does only through LEAN_RAY_CLI.
         "RAY_raylet_start_wait_time_s": str(RAYLET_START_WAIT_S),
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         # When the first driver connects, a raylet starts idle Python workers (one per CPU, up to a
