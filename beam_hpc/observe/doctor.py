@@ -116,6 +116,8 @@ def _slurm_checks(site: Site, recipe: Recipe | None) -> list[Check]:
     names = slurm_client.partition_names()
     for groups, part in _partitions(site):
         checks += _partition_checks(site, groups, part, names)
+    if site.replacement_partition is not None:
+        checks.append(_replacement_check(site.replacement_partition, names))
     trainer = site.partitions.for_group("trainer")
     if not any(c.name == f"partition {trainer}" and c.status == "fail" for c in checks):
         checks.append(tmp_disk_check(site, recipe))
@@ -190,6 +192,22 @@ def _partition_checks(site: Site, groups: str, part: str | None, known: list[str
         if constraint:
             checks.append(_constraint_check(part, group, constraint))
     return checks
+
+
+def _replacement_check(part: str, known: list[str]) -> Check:
+    """The site's ``replacement_partition`` is asked only when a rollout node is lost, mid-run,
+    where a misspelt one falls back to the rollout group's own partition (beam_hpc.elastic.replace):
+    doctor says so before any run depends on it."""
+    label = f"replacement partition {part}"
+    fields = slurm_client.show_partition(part)
+    if fields is None:
+        return Check(label, "fail", f"partition {part!r} does not exist: a lost rollout node's replacement would "
+                     "go to the rollout group's own partition", "set replacement_partition in the site to one of: "
+                     f"{', '.join(known) or '(none)'}, or leave it out")
+    if fields.get("State") != "UP":
+        return Check(label, "warn", f"partition {part} is {fields.get('State')}: a replacement asked now would go "
+                     "to the rollout group's own partition", "pick a partition that is UP (`sinfo -s`)")
+    return Check(label, "pass", f"UP, nodes {fields.get('Nodes', '?')}: a lost rollout node is replaced there first")
 
 
 def _gres_check(site: Site, part: str) -> Check:

@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCAL_SITE = ROOT / "env" / "local.yaml"
 
 
-def _broken_site(tmp_path: Path, **changes: object) -> Path:
+def _local_site_with(tmp_path: Path, **changes: object) -> Path:
     data = yaml.safe_load(LOCAL_SITE.read_text())
     data.update(changes)
-    path = tmp_path / "broken.yaml"
+    path = tmp_path / "site.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -39,7 +39,8 @@ def _broken_site(tmp_path: Path, **changes: object) -> Path:
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_doctor_passes_on_the_local_cluster(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    rc = main(["doctor", "--site", str(LOCAL_SITE), "--in-job", "--nodes", "2", "--output-dir",
+    site = _local_site_with(tmp_path, replacement_partition="spot")  # the local site, and a backfill partition
+    rc = main(["doctor", "--site", str(site), "--in-job", "--nodes", "2", "--output-dir",
                str(tmp_path / "runs"), "--wait", "120", "--json"])
     checks = json.loads(capsys.readouterr().out)
     assert rc == 0, [c for c in checks if c["status"] == "fail"]
@@ -53,6 +54,8 @@ def test_doctor_passes_on_the_local_cluster(tmp_path: Path, capsys: pytest.Captu
         assert all(c["status"] == "pass" for c in checks if c["where"] == node)
     assert {"slurm commands", "slurm controller", "partition debug", "gres gpu on debug", "python",
             "tmp disk debug"} <= by_where["login"]
+    spot = next(c for c in checks if c["name"] == "replacement partition spot")
+    assert spot["status"] == "pass" and "replaced there first" in spot["detail"], spot
     tmp = next(c for c in checks if c["name"] == "tmp disk debug")  # what the cluster's slurm.conf declares
     assert tmp["status"] == "pass" and tmp["detail"].startswith(
         "TmpDisk 3000000 MB (2929G) on 10 node(s), 100000 MB (97G) on 2 node(s)"), tmp
@@ -65,15 +68,17 @@ def test_doctor_passes_on_the_local_cluster(tmp_path: Path, capsys: pytest.Captu
 @pytest.mark.slurm
 def test_doctor_names_the_fix_for_a_missing_partition_and_tmpfs_scratch(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    site = _broken_site(tmp_path, partitions={"trainer": "debug", "rollout": "nosuch"},
-                        scratch="/dev/shm/beam-scratch")
+    site = _local_site_with(tmp_path, partitions={"trainer": "debug", "rollout": "nosuch"},
+                        scratch="/dev/shm/beam-scratch", replacement_partition="backfil")
     assert main(["doctor", "--site", str(site), "--in-job", "--output-dir", str(tmp_path), "--wait", "120"]) == 1
     out = capsys.readouterr().out
     assert "FAIL partition nosuch (login): fix: set partitions.rollout in the site to one of: debug, spot, urgent" in out
+    assert ("FAIL replacement partition backfil (login): fix: set replacement_partition in the site to one of: "
+            "debug, spot, urgent, or leave it out") in out
     assert "scratch" in out and "/dev/shm/beam-scratch is on tmpfs" in out
     assert "fix: set scratch in the site to a node-local disk" in out
     assert "SKIP    login  nodes of nosuch" in out  # no srun into a partition known not to exist
-    assert "2 check(s) failed" in out
+    assert "3 check(s) failed" in out
 
 
 def test_node_checks_refuse_tmpfs_scratch_and_a_too_small_shm(tmp_path: Path) -> None:
@@ -81,12 +86,12 @@ def test_node_checks_refuse_tmpfs_scratch_and_a_too_small_shm(tmp_path: Path) ->
     base = yaml.safe_load(LOCAL_SITE.read_text())
     base.update(python="python3", scratch="/dev/shm/x", gpus_per_node=0,
                 ray={"gcs_port_base": 21000, "port_span": 1000, "object_store_gb": 10_000})
-    site = build_site(str(_broken_site(tmp_path, **base)))
+    site = build_site(str(_local_site_with(tmp_path, **base)))
     checks = {c.name: c for c in node_checks(site, scratch_gb=1)}
     assert checks["scratch"].status == "fail" and "tmpfs" in checks["scratch"].detail
     assert checks["/dev/shm"].status == "fail" and "ray.object_store_gb" in checks["/dev/shm"].fix
     assert checks["gpus"].status == "skip" and checks["shared-fs canary"].status == "skip"
-    ok = build_site(str(_broken_site(tmp_path, scratch=str(tmp_path / "scratch"), gpus_per_node=0)))
+    ok = build_site(str(_local_site_with(tmp_path, scratch=str(tmp_path / "scratch"), gpus_per_node=0)))
     scratch = {c.name: c for c in node_checks(ok, scratch_gb=1e9)}["scratch"]
     assert scratch.status == "fail" and "need 1e+09 GB" in scratch.detail
 
@@ -157,7 +162,7 @@ def test_doctor_says_where_the_wandb_key_comes_from_in_a_container_without_home(
     image.write_text("hsqs")
 
     def site(**container: object) -> object:
-        return build_site(_broken_site(tmp_path, container={"runtime": "pyxis", "image": str(image), **container}))
+        return build_site(_local_site_with(tmp_path, container={"runtime": "pyxis", "image": str(image), **container}))
 
     recipe = build_recipe(ROOT / "recipes" / "tiny.yaml", overrides=["tracking.wandb.project=p"])
     netrc_only = {"HOME": str(home)}
