@@ -409,12 +409,25 @@ def node_failure(launcher: Launcher, rt: ClusterRuntime, h: StepHandle) -> NodeS
         node, detail = rt.node_name(g.name, i), r.get("error", "failed")
     else:
         i = h.local_index or 0
-        node, detail = rt.node_name(g.name, i), f"exit code {rc}"
+        node, detail = rt.node_name(g.name, i), _ended_without_a_word(rc)
     log_path = str(rt.node_log(g.name, i))
     msg = f"node step of group {g.name} on node {node} ended: {detail}; log: {log_path}"
     if h.local_index is None:
         msg += f" (srun output: {h.output})"
     return NodeStepFailed(msg, node=node, log_path=log_path, failed_nodes=[{"node": node, "why": f"node step failed: {detail}"}])
+
+
+def _ended_without_a_word(rc: int | None) -> str:
+    """Why a node step ended when neither the launcher nor the node said: its exit status in words.
+    A step stopped from outside (its node lost, the step cancelled, the node's processes killed)
+    often exits 0 or by a signal, and "exit code 0" read as if the step had finished its work."""
+    if rc is not None and rc < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-rc).name} without a word (its node lost, or the step killed)"
+        return f"killed by signal {-rc} without a word (its node lost, or the step killed)"
+    if rc == 0:
+        return "ended while the job ran, without a word (exit code 0: its node lost, or the step cancelled)"
+    return f"exit code {rc}, without a word (see the node's log)"
 
 
 def for_job(plan: Plan, *, srun: bool | None = None, env: Mapping[str, str] | None = None) -> tuple[JobContext, Launcher]:

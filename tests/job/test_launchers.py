@@ -110,3 +110,17 @@ def test_a_lost_node_in_a_group_step_is_the_one_srun_saw_end_first(tmp_path: Pat
     # no word from srun (its output lost): the node's own report
     output.write_text("")
     assert node_failure(srun, rt, handle).failed_nodes[0]["node"] == "n1"
+    # no word from anyone: the step's exit status in words, never a bare "exit code 0"
+    Path(reports.node_report("trainer", 0)).unlink()
+    stopped = subprocess.Popen(["true"])
+    stopped.wait()
+    why = node_failure(srun, rt, StepHandle(group=plan.group("trainer"), proc=stopped, local_index=None,
+                                            output=output)).failed_nodes[0]["why"]
+    assert why == ("node step failed: ended while the job ran, without a word (exit code 0: its node lost, "
+                   "or the step cancelled)"), why
+    killed = subprocess.Popen(["sleep", "30"])
+    killed.kill()
+    killed.wait()
+    why = node_failure(srun, rt, StepHandle(group=plan.group("trainer"), proc=killed, local_index=None,
+                                            output=output)).failed_nodes[0]["why"]
+    assert why == "node step failed: killed by SIGKILL without a word (its node lost, or the step killed)", why
