@@ -28,7 +28,7 @@ from pathlib import Path
 from beam_hpc.errors import InputError, RuntimeFailure
 from beam_hpc.job import run_setup
 from beam_hpc.job.context import JobStatus
-from beam_hpc.lifecycle import end, save, start
+from beam_hpc.lifecycle import end, exclusions, save, start
 from beam_hpc.lifecycle.decide import Outcome
 from beam_hpc.lifecycle.end import EXIT_ERROR, EXIT_REFUSED, Ending, SegmentFacts
 from beam_hpc.lifecycle.segment_metrics import metrics_offset, segment_metrics
@@ -243,9 +243,22 @@ class Segment:
             intr = self.stopping.interrupt
             self.ending = end.end_segment(
                 outcome, facts, detail=detail, metrics=metrics, failed_nodes=failed_nodes or [], lost_nodes=lost_nodes or [],
-                saved=self.stopping.saved, ready_s=None if self.runner is None else self.runner.ready_s,
+                slurm_failed=self._failed_in_slurm(outcome.reason), saved=self.stopping.saved,
+                ready_s=None if self.runner is None else self.runner.ready_s,
                 requeue_self=intr is not None and intr.kind == InterruptKind.PREEMPTED)
         return self.exit_code
+
+    def _failed_in_slurm(self, reason: Reason) -> list[dict[str, str]]:
+        """When Slurm stopped the job (a requeue, a preemption, a SIGTERM): the nodes of this
+        allocation Slurm has DOWN, FAIL or NOT_RESPONDING. A node lost under a job that does not go
+        on without it (a Miles run, a one-node group: beam_hpc.plan.node_loss) makes Slurm revoke and
+        requeue the whole job, and this segment sees only the SIGTERM: Slurm alone can name the node.
+        Asked here, in the SIGTERM's own handler when that ends the segment: the sooner, the likelier
+        the node is still out (a node whose slurmd answers again may be back in service at once)."""
+        intr = self.stopping.interrupt
+        if self.job_id is None or not (reason == Reason.PREEMPTED or (intr is not None and intr.source == "SIGTERM")):
+            return []
+        return exclusions.failed_in_slurm([self.slurm.nodelist(i) for i in range(self.slurm.het_size)])
 
     @property
     def exit_code(self) -> int:

@@ -235,6 +235,17 @@ def requeue_self(job_id: str, exclude: Sequence[str] = (), *, restart: int | Non
 
     retry(send, command=argv, deadline=deadline, landed=landed, sleep=sleep)
     if exclude:
-        retry(lambda timeout: client.set_excluded_nodes(job_id, exclude, env=env, timeout=timeout),
-              command=["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(exclude)}"],
-              deadline=deadline, sleep=sleep)
+        exclude_from_requeued(job_id, exclude, deadline=deadline, sleep=sleep)
+
+
+def exclude_from_requeued(job_id: str, exclude: Sequence[str], *, deadline: Deadline = None,
+                          sleep: Callable[[float], None] = time.sleep) -> None:
+    """Set the requeued job's ExcNodeList to ``exclude`` (the run's failed nodes), so that its
+    next start leaves them out: after this job's own requeue, or Slurm's (a node lost under a job
+    that does not go on without it). Only a pending job takes it; a requeued job is pending (and
+    completing) from the requeue on, and cannot start again before this one has ended. Raises
+    SlurmError (a RuntimeError) with Slurm's words, or ResubmissionPending as :func:`resubmit` does."""
+    env = client.slurm_env_free()
+    retry(lambda timeout: client.set_excluded_nodes(job_id, exclude, env=env, timeout=timeout),
+          command=["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(exclude)}"],
+          deadline=deadline, sleep=sleep)

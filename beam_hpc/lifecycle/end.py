@@ -6,8 +6,9 @@ and the detail for the ledger). This module records the nodes a node failure is 
 of the run's next segments and put in the site's quarantine), asks
 :func:`~beam_hpc.lifecycle.decide.decide`, and acts: it resubmits this script after this job. A
 requeue is Slurm's own, except after a graceful save in a preemption's grace time; then the job
-requeues itself. Then it logs the end and appends the end line. What must wait until the run lock
-is released comes back as :attr:`Ending.after` (the requeued job takes the lock again), for
+requeues itself. When Slurm requeued the job and this segment found failed nodes (a node Slurm
+took from the job, which is why it was requeued), the requeued job's ExcNodeList leaves them out.
+Then it logs the end and appends the end line. What must wait until the run lock is released comes back as :attr:`Ending.after` (the requeued job takes the lock again), for
 :func:`after_release`. The exit code is 0 when the segment ended as planned (completed,
 walltime, preempted, cancelled) and 1 otherwise.
 """
@@ -80,21 +81,30 @@ class Ending:
 
 def end_segment(outcome: Outcome, seg: SegmentFacts, *, detail: str, metrics: SegmentMetrics,
                 failed_nodes: Sequence[dict[str, str]] = (), lost_nodes: Sequence[dict[str, str]] = (),
-                saved: SaveResult | None = None, ready_s: float | None = None, requeue_self: bool = False) -> Ending:
+                slurm_failed: Sequence[dict[str, str]] = (), saved: SaveResult | None = None,
+                ready_s: float | None = None, requeue_self: bool = False) -> Ending:
     """Decide, act, and write the end line (once per segment: the caller sees to that).
     ``failed_nodes``: the nodes a node failure is blamed on (Slurm runs only); ``saved``: what a
     save on request did; ``ready_s``: seconds until Ray was ready; ``requeue_self``: a requeue is
     this job's own to do (a graceful preemption save); ``lost_nodes``: rollout nodes lost while the
     segment went on (whatever its end): recorded like failed nodes, in the end line's
-    ``failed_nodes``, the run's exclusions and the site's quarantine."""
+    ``failed_nodes``, the run's exclusions and the site's quarantine; ``slurm_failed``: the nodes
+    of the allocation Slurm had failed when it stopped the job
+    (:func:`beam_hpc.lifecycle.exclusions.failed_in_slurm`), recorded the same way, whatever the
+    reason: a node lost under a job that does not go on without it ends the segment as a requeue
+    (``preempted``), and this is how the end line names it."""
     plan, paths = seg.plan, seg.plan.paths
     failed = list(failed_nodes) if outcome.reason == Reason.NODE_FAILURE and seg.job_id else []
-    failed += [f for f in lost_nodes if seg.job_id and f["node"] not in {g["node"] for g in failed}]
+    for f in [*lost_nodes, *slurm_failed]:
+        if seg.job_id and f["node"] not in {g["node"] for g in failed}:
+            failed.append(f)
+    if slurm_failed and seg.job_id:
+        detail += f"; Slurm had node(s) {', '.join(f['node'] for f in slurm_failed)} failed"
     excluded, nodes_short = _exclusions(seg, failed)
     decision = decide(outcome, history=seg.history, max_segments=plan.recipe.lifecycle.max_segments,
                       cancelled=cancel.cancel_requested(paths),
                       requeue_on_preemption=plan.recipe.lifecycle.requeue_on_preemption, nodes_short=nodes_short)
-    decision, next_job, pending = _act(decision, seg, excluded)
+    decision, next_job, pending = _act(decision, seg, excluded, exclude_now=bool(failed) and not requeue_self)
     after = After.REQUEUE_SELF if decision.action == Action.REQUEUE and requeue_self else After.NOTHING
     save_s = saved.seconds if saved is not None and saved.saved else metrics.save_s
     # Logged before the end line: whoever sees the end line (status, a test, the next segment)
@@ -141,11 +151,13 @@ def _exclusions(seg: SegmentFacts, failed: list[dict[str, str]]) -> tuple[list[s
     return excluded, exclusions.plan_shortfall(plan.groups, excluded)
 
 
-def _act(decision: Decision, seg: SegmentFacts,
-         excluded: list[str]) -> tuple[Decision, str | None, dict[str, str] | None]:
+def _act(decision: Decision, seg: SegmentFacts, excluded: list[str], *,
+         exclude_now: bool = False) -> tuple[Decision, str | None, dict[str, str] | None]:
     """Carry the decision out: the decision as it stands after trying (a failed resubmission ends
     the chain, and says why), the next job's id, and, when Slurm could not be reached until the
-    job's end, the resubmission that is pending (the end line's ``resubmission_pending``)."""
+    job's end, the resubmission that is pending (the end line's ``resubmission_pending``).
+    ``exclude_now``: this segment failed nodes and Slurm requeued the job itself (no self-requeue
+    follows), so a requeue sets the requeued job's ExcNodeList here, before this job ends."""
     paths = seg.plan.paths
     if decision.action == Action.RESUBMIT:
         script = Path(paths.script)
@@ -171,6 +183,14 @@ def _act(decision: Decision, seg: SegmentFacts,
         log.info("resubmitted as job %s (after this one, %s)", job, "--resume" if has_ckpt else "fresh")
         return decision, job, None
     if decision.action == Action.REQUEUE:
+        if exclude_now and seg.job_id is not None and excluded:
+            try:
+                actions.exclude_from_requeued(seg.job_id, excluded, deadline=seg.kill_clock)
+                log.info("the requeued job %s leaves out node(s) %s", seg.job_id, ", ".join(excluded))
+            except (RuntimeError, OSError) as err:  # the job still requeues; it may land on the node again
+                log.error("%s", err)
+                return Decision(Action.REQUEUE, f"{decision.detail}, but its excluded nodes could not be set: "
+                                                f"{err}"), seg.job_id, None
         return decision, seg.job_id, None
     return decision, None, None
 

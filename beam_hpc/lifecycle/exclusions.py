@@ -11,19 +11,31 @@ user cleared with ``submit --resume --include-node NAME|all``, which goes to
 ``node-exclusions.json`` (a clearing is not a segment, so not a ledger line). :func:`shortfall`
 says when the nodes left can no longer hold the recipe's groups; the decision then stops the chain
 with that message instead of queueing a job that can never start.
+
+A node lost under a job that does not go on without it (a Miles run, a one-node group:
+:func:`beam_hpc.plan.node_loss.survives_node_loss`) makes Slurm revoke the whole job, and requeue
+it: the segment sees only a SIGTERM, and its own node steps may not have ended yet. So a segment
+that Slurm stopped asks Slurm what became of its own nodes (:func:`failed_in_slurm`, one
+``scontrol show node``), and :func:`failed_by_slurm` (pure) says which of them count as failed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from beam_hpc.files import write_json_atomic
 from beam_hpc.plan.paths import RunPaths
+
+if TYPE_CHECKING:
+    from beam_hpc.slurm.client import NodeInfo
+
+log = logging.getLogger(__name__)
 
 ALL = "*"  # a clearing of every node (``--include-node all``)
 
@@ -166,3 +178,39 @@ def for_submission(output_dir: str | Path, include: Sequence[str] = (), *, now: 
     if include:
         record_cleared(output_dir, include, now=now)
     return names(from_ledger(segments, read_cleared(output_dir)))
+
+
+# The flags of Slurm's node State (``DOWN+NOT_RESPONDING``, ``MIXED+FAIL``) that say the node is gone
+# or failing: Slurm revokes a job on a DOWN node, and one that does not answer is DOWN after
+# SlurmdTimeout. DRAIN is not among them: a drained node is healthy, only closed to new jobs (for a
+# maintenance, a reboot), and its jobs run on.
+FAILED_STATES = frozenset({"DOWN", "FAIL", "FAILING", "NOT_RESPONDING"})
+
+
+def failed_by_slurm(nodes: Iterable[NodeInfo]) -> list[dict[str, str]]:
+    """The nodes Slurm has DOWN, FAIL or NOT_RESPONDING, as failed nodes (``{"node", "why"}``, the
+    ledger's ``failed_nodes``): the why is Slurm's state and the reason it gives (who set it, when).
+    Each node once, in the order given."""
+    out: list[dict[str, str]] = []
+    for n in nodes:
+        flags = {f.strip().rstrip("*~#%$@^-!").upper() for f in n.state.split("+")}
+        if not flags & FAILED_STATES or any(f["node"] == n.name for f in out):
+            continue
+        why = f"Slurm had the node {n.state} when it stopped the job"
+        out.append({"node": n.name, "why": f"{why} (reason: {n.reason})" if n.reason else why})
+    return out
+
+
+def failed_in_slurm(nodelists: Sequence[str], *, query: Callable[..., list[NodeInfo]] | None = None,
+                    timeout: float = 5.0) -> list[dict[str, str]]:
+    """The nodes of a job's allocation (its components' ``SLURM_JOB_NODELIST``s) that Slurm has
+    failed now (:func:`failed_by_slurm`). Asked within Slurm's KillWait, so briefly (``timeout``),
+    and an unanswered question is no failed node: the end line is written either way."""
+    from beam_hpc.slurm import client
+
+    ask = query or client.show_nodes
+    try:
+        return failed_by_slurm(ask([n for n in nodelists if n], timeout=timeout))
+    except client.SlurmError as err:
+        log.warning("cannot ask Slurm whether a node of this job failed (%s); none is recorded", err.last_line)
+        return []

@@ -17,6 +17,7 @@ job believe it is a requeue; callers in a job pass ``env=slurm_env_free()``.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -594,6 +595,46 @@ def partition_nodes(name: str | None, *, timeout: float = 20) -> list[str] | Non
             except SlurmError:
                 return None
     return None
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as ``scontrol show node`` describes it now: what tells a node Slurm took from a job
+    (:func:`beam_hpc.lifecycle.exclusions.failed_by_slurm`)."""
+
+    name: str
+    state: str  # Slurm's State, flags joined by "+": ``DOWN+NOT_RESPONDING``, ``IDLE+FAIL``, ``MIXED+DRAIN``
+    reason: str = ""  # Reason, with who set it and when in brackets; "" when the node has none
+
+
+# Reason is free text with spaces (``Reason=Not responding [slurm@2026-12-07T11:51:53]``), the
+# last field of Slurm 22.05's line; up to the next ``Key=`` in case a later version adds fields.
+_NODE_REASON = re.compile(r"(?:^|\s)Reason=(.*?)(?=\s+[A-Z][A-Za-z_]*=|\s*$)")
+
+
+def parse_show_nodes(text: str) -> list[NodeInfo]:
+    """``scontrol --oneliner show node`` output as one :class:`NodeInfo` per node."""
+    out = []
+    for line in text.splitlines():
+        fields = parse_key_values(line)
+        name = fields.get("NodeName")
+        if not name:
+            continue
+        found = _NODE_REASON.search(line)
+        out.append(NodeInfo(name, fields.get("State", ""), found.group(1).strip() if found else ""))
+    return out
+
+
+def show_nodes(nodes: Sequence[str], *, env: Mapping[str, str] | None = None,
+               timeout: float | None = 15) -> list[NodeInfo]:
+    """What Slurm says of ``nodes`` now (names or host lists such as ``n[1-2]``, the allocation's
+    ``SLURM_JOB_NODELIST``s as they are), in one ``scontrol --oneliner show node``. Raises
+    SlurmUnavailable when Slurm cannot be asked, SlurmError when it refuses (a node it does not know)."""
+    wanted = [n for n in nodes if n]
+    if not wanted:
+        return []
+    argv = ["scontrol", "--oneliner", "show", "node", ",".join(wanted)]
+    return parse_show_nodes(_checked(argv, env=env, timeout=timeout).stdout)
 
 
 def set_excluded_nodes(job_id: str, nodes: Sequence[str], *, env: Mapping[str, str] | None = None,

@@ -1,13 +1,18 @@
 """beam_hpc.lifecycle.end with rollout nodes lost while the segment went on (issue 42): they are
 recorded like failed nodes whatever the segment's end (the end line's ``failed_nodes``, the run's
 exclusions), whereas the nodes a node failure blames count only when the segment ended by one.
-The real flow: tests/lifecycle/test_rollout_node_lost_slurm.py."""
+The real flow: tests/lifecycle/test_rollout_node_lost_slurm.py. A node Slurm had failed when it
+stopped (requeued) the job is recorded the same way, and the requeued job leaves it out; the real
+flow: tests/backends/miles/test_miles_engine_recovery_slurm.py."""
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from pathlib import Path
 
+import pytest
 from job_plans import make_test_plan
 
 from beam_hpc.lifecycle.decide import Outcome
@@ -38,3 +43,36 @@ def test_a_lost_rollout_node_is_recorded_and_excluded_though_the_segment_complet
 def test_nodes_a_node_failure_would_blame_count_only_when_one_ended_the_segment(tmp_path: Path) -> None:
     excluded, line = _end(tmp_path, lost=[], failed=[{"node": "n7", "why": "node step failed"}])
     assert line["failed_nodes"] == [] and "n7" not in excluded
+
+
+def _scontrol_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in ``scontrol`` that records each call (one line each) and answers nothing."""
+    script, asked = tmp_path / "bin" / "scontrol", tmp_path / "asked"
+    script.parent.mkdir()
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {asked}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
+    return asked
+
+
+@pytest.mark.parametrize("requeue_self", [False, True])
+def test_a_node_slurm_failed_is_recorded_on_a_requeue_and_the_requeued_job_leaves_it_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, requeue_self: bool) -> None:
+    asked = _scontrol_on_path(tmp_path, monkeypatch)
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1)
+    facts = SegmentFacts(plan, "78", "78", 0, time.time(), history=[], lead_s=60)
+    outcome = Outcome(reason=Reason.PREEMPTED, rollouts_at_start=0, rollouts_at_end=2, num_rollout=20, rollouts_run=2)
+    down = {"node": "n6", "why": "Slurm had the node DOWN+NOT_RESPONDING when it stopped the job (reason: Not responding)"}
+    ending = end_segment(outcome, facts, detail="SIGTERM: Slurm requeued job 78", metrics=SegmentMetrics(2, 2.0, 0.5),
+                         failed_nodes=[{"node": "n5", "why": "node step failed"}], slurm_failed=[down],
+                         requeue_self=requeue_self)
+    (seg,), _ = ledger.read_ledger(plan.paths.ledger)
+    line = seg["end"]
+    assert line["reason"] == "preempted" and line["next"]["action"] == "requeue" and ending.exit_code == 0
+    assert line["failed_nodes"] == [down] and ending.excluded == ("n6",)  # n5: no node failure ended it
+    assert "Slurm had node(s) n6 failed" in line["detail"]
+    updates = [c for c in asked.read_text().splitlines() if c.startswith("update")]
+    if requeue_self:  # the job requeues itself after the lock, and sets its ExcNodeList then
+        assert updates == []
+    else:  # Slurm requeued it: the pending job's ExcNodeList is set now, before this job ends
+        assert updates == ["update JobId=78 ExcNodeList=n6"]

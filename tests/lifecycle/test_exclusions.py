@@ -57,3 +57,40 @@ def test_exclusions_stop_the_chain_when_the_nodes_left_cannot_hold_the_groups() 
     assert d.action == Action.NONE and "retrying once, but partition gpu" in d.detail
     d = decide(out, history=[], max_segments=10, cancelled=False, requeue_on_preemption=True, nodes_short=None)
     assert d.action == Action.RESUBMIT
+
+
+def test_slurms_down_fail_and_not_responding_nodes_are_failed_and_a_drained_one_is_not() -> None:
+    from beam_hpc.lifecycle.exclusions import failed_by_slurm
+    from beam_hpc.slurm.client import NodeInfo
+
+    nodes = [NodeInfo("n1", "ALLOCATED"), NodeInfo("n2", "DOWN+NOT_RESPONDING", "Not responding [slurm@2026-12-07T11:51:53]"),
+             NodeInfo("n3", "IDLE+FAIL", "beam-test [root@t]"), NodeInfo("n4", "MIXED+DRAIN", "maintenance [root@t]"),
+             NodeInfo("n5", "IDLE+NOT_RESPONDING"), NodeInfo("n6", "DRAINED"), NodeInfo("n7", "IDLE+POWERED_DOWN"),
+             NodeInfo("n8", "down*"), NodeInfo("n2", "DOWN"), NodeInfo("n9", "DOWN+DRAIN", "bad gpu [root@t]"),
+             NodeInfo("n10", "FAILING")]
+    failed = failed_by_slurm(nodes)
+    assert [f["node"] for f in failed] == ["n2", "n3", "n5", "n8", "n9", "n10"]  # each once, in Slurm's order
+    assert failed[0]["why"] == ("Slurm had the node DOWN+NOT_RESPONDING when it stopped the job "
+                                "(reason: Not responding [slurm@2026-12-07T11:51:53])")
+    assert failed[2]["why"] == "Slurm had the node IDLE+NOT_RESPONDING when it stopped the job"  # no reason given
+    assert failed_by_slurm([]) == []
+
+
+def test_a_question_slurm_does_not_answer_fails_no_node() -> None:
+    from beam_hpc.lifecycle.exclusions import failed_in_slurm
+    from beam_hpc.slurm.client import NodeInfo, SlurmUnavailable
+
+    asked: list[tuple[list[str], float]] = []
+
+    def answer(nodes: list[str], *, timeout: float) -> list[NodeInfo]:
+        asked.append((nodes, timeout))
+        return [NodeInfo("n1", "MIXED"), NodeInfo("n4", "DOWN", "gone [root@t]")]
+
+    assert failed_in_slurm(["n1", "", "n4"], query=answer, timeout=3) == [
+        {"node": "n4", "why": "Slurm had the node DOWN when it stopped the job (reason: gone [root@t])"}]
+    assert asked == [(["n1", "n4"], 3)]  # the components' node lists as they are, one question
+
+    def silent(nodes: list[str], *, timeout: float) -> list[NodeInfo]:
+        raise SlurmUnavailable(["scontrol"], "Unable to contact slurm controller (connect failure)")
+
+    assert failed_in_slurm(["n1"], query=silent) == []

@@ -302,3 +302,36 @@ def test_srun_each_node_argv() -> None:
         "--immediate=60", "--partition=debug", "--account=a", "--gres=gpu:8", "python3", "-V"]
     inside = client.NodeRequest(nodes=3, inside=True, partition="ignored")
     assert client.srun_each_node_argv(["x"], inside, job_name="d")[-3:] == ["--nodes=3", "--overlap", "x"]
+
+
+# `scontrol --oneliner show node n[1-2],n3` on a private local cluster (trimmed): n1 set FAIL, n2 DOWN
+# and n3 DRAIN with scontrol; Reason, free text with who set it and when, is the line's last field.
+SCONTROL_NODES = (
+    "NodeName=n1 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 Gres=gpu:8 NodeAddr=127.0.0.1 NodeHostName=vm "
+    "OS=Linux 6.18.44-fc-v1272 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=4000 State=IDLE+FAIL ThreadsPerCore=1 "
+    "Partitions=debug,urgent  ExtSensorsTemp=n/s Reason=health check: gpu 3 lost [root@2026-12-07T11:51:53]\n"
+    "NodeName=n2 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 State=DOWN ThreadsPerCore=1 ExtSensorsTemp=n/s "
+    "Reason=beam test [root@2026-12-07T11:51:53]\n"
+    "NodeName=n3 Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 State=MIXED ThreadsPerCore=1 ExtSensorsTemp=n/s\n"
+)
+
+
+def test_show_nodes_reads_each_nodes_state_and_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert client.parse_show_nodes(SCONTROL_NODES) == [
+        client.NodeInfo("n1", "IDLE+FAIL", "health check: gpu 3 lost [root@2026-12-07T11:51:53]"),
+        client.NodeInfo("n2", "DOWN", "beam test [root@2026-12-07T11:51:53]"),
+        client.NodeInfo("n3", "MIXED", "")]
+    assert client.parse_show_nodes("Reason=x State=DOWN Comment=y\n") == []  # no NodeName: not a node line
+    assert client.parse_show_nodes("NodeName=n4 State=DOWN Reason=gone [slurm@t] Comment=later\n") == [
+        client.NodeInfo("n4", "DOWN", "gone [slurm@t]")]  # a field after Reason ends it
+    script = tmp_path / "scontrol"  # the stand-in records what it was asked, answers with the lines above
+    (tmp_path / "out").write_text(SCONTROL_NODES)
+    script.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/asked\ncat {tmp_path}/out\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert [n.name for n in client.show_nodes(["n[1-2]", "", "n3"])] == ["n1", "n2", "n3"]
+    assert (tmp_path / "asked").read_text().split() == ["--oneliner", "show", "node", "n[1-2],n3"]
+    assert client.show_nodes([]) == [] and client.show_nodes([""]) == []  # nothing asked of Slurm
+    _fake(tmp_path, monkeypatch, "scontrol", stdout="Node n9 not found\n", rc=1)
+    with pytest.raises(SlurmError, match="n9 not found"):
+        client.show_nodes(["n9"])

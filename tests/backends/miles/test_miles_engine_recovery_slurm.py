@@ -16,7 +16,8 @@ also shows that Miles's parser flags pass the recipe checks.
 When an engine's node is gone instead (the second test), Miles's relaunch would wait for a bundle
 that no node of the allocation can hold (the double's docstring gives the lines), so a Miles run does
 not ask Slurm to keep the job (``beam_hpc.plan.node_loss``: only a reference run's rollout group goes
-on without a node): the segment ends and the chain goes on in a new one.
+on without a node): Slurm revokes and requeues the job, the segment's end line names the node Slurm
+took from it, the requeued job leaves the node out, and the chain goes on in a new segment there.
 """
 
 from __future__ import annotations
@@ -158,12 +159,33 @@ def _rollout_step(run: Path, job: str) -> dict:
     return json.loads(path.read_text())
 
 
+def _hosts(run: Path, segment: str) -> set[str]:
+    """The nodes segment ``segment`` (``<job>-<restart>``) ran on, from its node steps' reports."""
+    return {json.loads(p.read_text())["hostname"] for p in (run / "logs" / segment / "nodes").glob("*.json")}
+
+
+def _excluded_by_job(slurm_cluster, job: str) -> str:  # type: ignore[no-untyped-def]
+    """The job's ExcNodeList as Slurm has it ("" once Slurm no longer knows the job)."""
+    out = slurm_cluster.run("scontrol", "--oneliner", "show", "job", job, check=False).stdout
+    return next((tok.split("=", 1)[1] for tok in out.split() if tok.startswith("ExcNodeList=")), "")
+
+
 def test_a_lost_engine_node_ends_the_segment_and_the_next_one_completes(slurm_cluster, run_dir: Path) -> None:
     """The rollout node itself lost, as Slurm sees a node failure (DOWN, every process of its node step
     gone: the raylet, the engine's actor and server): Miles could not restart the engine (its bundle
     has no node left to go to), and the segment ends as it does for any node loss of a Miles run; the
-    chain goes on in a new segment that completes the run. (On this cluster Slurm requeues the job:
-    the ledger says preempted, with no failed node, and the node comes back to service at once.)"""
+    chain goes on in a new segment, off that node, that completes the run. Slurm requeues the job, and
+    the segment, which sees only a SIGTERM, asks Slurm for its nodes: the end line names the node, and
+    the requeued job's ExcNodeList leaves it out.
+
+    Holding the node out as a real site would: there a lost node's slurmd does not answer, so it stays
+    DOWN (NOT_RESPONDING) while the job is requeued. This cluster's slurmd still answers, and with its
+    ReturnToService=2 any answer puts a DOWN node back in service: measured on a private cluster, the
+    node was IDLE again 20 ms after `scontrol update state=down`, before the batch script's own SIGTERM
+    trap ran. So the test first marks the node FAIL (what a site's health check sets on a failing
+    node), which Slurm keeps when the node returns, with its reason; then DOWN, which revokes the job.
+    Once segment 1 has ended the node is resumed, so that only the job's ExcNodeList keeps the next
+    segment off it."""
     run = run_dir
     n = 3
     job = _submit(run, n, gpus_per_node=1)
@@ -172,6 +194,7 @@ def test_a_lost_engine_node_ends_the_segment_and_the_next_one_completes(slurm_cl
     step = _rollout_step(run, job)
     node = step["hostname"]
     try:
+        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=fail", "reason=beam-test-engine-node-lost")
         slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=beam-test-engine-node-lost")
         for pid in procs.with_descendants([int(step["pid"])]):
             try:
@@ -183,6 +206,8 @@ def test_a_lost_engine_node_ends_the_segment_and_the_next_one_completes(slurm_cl
         # was saved) writes its own under the same name
         run_watch.wait_for("segment 1 to end", lambda: "end" in (segments(run) or [{}])[0], run, TIMEOUT_S, poll_s=0.3)
         one = _record(run)
+        excluded_by_job = _excluded_by_job(slurm_cluster, job)  # set before the end line was written
+        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume")  # free to take, unless excluded
         run_watch.wait_for("the run to complete", lambda: chain_finished(run), run, TIMEOUT_S, poll_s=0.5)
     finally:  # the local cluster's slurmd still answers: Slurm returns the node by itself; resume if not
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False, capture_output=True)
@@ -192,9 +217,18 @@ def test_a_lost_engine_node_ends_the_segment_and_the_next_one_completes(slurm_cl
     first, second = segs
     # Slurm revokes the job (a Miles run asks for no --no-kill, beam_hpc.plan.node_loss): requeued (a
     # preemption, as the job sees it) or, when the segment saw its node step end first, a node failure
-    assert first["start"]["job_id"] == job and (first["end"]["reason"], first["end"]["next"]["action"]) in (
-        ("preempted", "requeue"), ("node-failure", "resubmit")), diagnostics(run)
+    ended = (first["end"]["reason"], first["end"]["next"]["action"])
+    assert first["start"]["job_id"] == job and ended in (("preempted", "requeue"), ("node-failure", "resubmit")), \
+        diagnostics(run)
     assert second["end"]["reason"] == "completed" and second["end"]["rollouts_at_end"] == n, diagnostics(run)
+    # either way the end line names the node, and the next segment ran elsewhere
+    (lost,) = [f for f in first["end"]["failed_nodes"] if f["node"] == node] or [None]
+    assert lost is not None, first["end"]
+    assert node not in _hosts(run, second["segment"]) and len(_hosts(run, second["segment"])) == 2, diagnostics(run)
+    if ended == ("preempted", "requeue"):  # Slurm alone could name it: its state and reason, as Slurm gave them
+        assert "Slurm had the node" in lost["why"] and "FAIL" in lost["why"], lost
+        assert "beam-test-engine-node-lost" in lost["why"], lost
+        assert second["start"]["job_id"] == job and node in excluded_by_job.split(","), (excluded_by_job, second)
     # Miles never brought the engine back in segment 1 (its relaunch had no node to go to)
     assert [e["event"] for e in one["engine_events"]][:1] == ["started"] and not one.get("finished"), one
     assert not [e for e in one["engine_events"] if e["event"] == "recovered"], one["engine_events"]
