@@ -25,7 +25,9 @@ LAPTOP_SITE = {
     "mem": None,
     "container": {"runtime": "host"},
     "network": {"ip_source": "loopback"},
-    "ray": {"gcs_port_base": 41000, "port_span": 500, "object_store_gb": 0.3},
+    # 61000-65399 (eleven bands of 400): above Linux's ephemeral range (32768-60999), whose ports
+    # any program's outgoing connection may hold, and above Ray's worker ports (10002-19999).
+    "ray": {"gcs_port_base": 61000, "port_span": 400, "object_store_gb": 0.3},
 }
 
 

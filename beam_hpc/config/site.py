@@ -61,7 +61,7 @@ class RayPortSpec(_Strict):
     """One port set per job: the GCS port is ``gcs_port_base + job_id % port_span``, the node
     manager and object manager ports follow it, so concurrent jobs on shared nodes never clash."""
 
-    gcs_port_base: int = Field(20000, ge=1024, le=60000)
+    gcs_port_base: int = Field(20000, ge=1024, le=65000)
     port_span: int = Field(2000, ge=1)
     object_store_gb: float = Field(2.0, gt=0)
 

@@ -104,6 +104,17 @@ def parent(pid: int | str, proc: str = PROC) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
+def ephemeral_ports(proc: str = PROC) -> tuple[int, int] | None:
+    """The ports the kernel hands out for outgoing connections and ``bind(port 0)`` on this machine
+    (``net.ipv4.ip_local_port_range``), or None where it cannot be read. A Ray port inside it can
+    be taken by any process's connection at any moment."""
+    try:
+        low, high = Path(proc, "sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return None
+
+
 def boot_time() -> float | None:
     """When the machine booted (epoch seconds, ``btime`` of /proc/stat)."""
     try:

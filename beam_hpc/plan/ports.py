@@ -36,3 +36,12 @@ def band_port(spec: RayPortSpec, kind: str, slot: int) -> int:
 def highest_port(spec: RayPortSpec, kinds: tuple[str, ...] = RAY_PORT_KINDS) -> int:
     """The highest port the bands of ``kinds`` can use (callers refuse a plan above 65535)."""
     return spec.gcs_port_base + (max(BANDS.index(k) for k in kinds) + 1) * spec.port_span - 1
+
+
+def ephemeral_overlap(spec: RayPortSpec, ephemeral: tuple[int, int]) -> tuple[int, int] | None:
+    """The part of the site's bands (every kind, :data:`BANDS`) inside the kernel's ephemeral range
+    ``(low, high)``, or None. A port there can be taken by any outgoing connection before the
+    job binds it (seen: Ray's runtime-env agent failed "Address already in use" and its node died)."""
+    lo = max(spec.gcs_port_base, ephemeral[0])
+    hi = min(highest_port(spec, BANDS), ephemeral[1])
+    return (lo, hi) if lo <= hi else None

@@ -244,7 +244,8 @@ def test_the_stand_in_joins_a_running_named_container_and_gives_a_stopped_one_a_
     monkeypatch.setenv("KEEP", "job")
     job = slurm_cluster.run("sbatch", "--parsable", "--nodes=1", "--ntasks=2",
                             f"--output={tmp_path / 'job.log'}", str(script)).stdout.strip().split(";")[0]
-    slurm_cluster.wait_for_job(job, timeout=120)
+    # five steps, each a container start; 120 s was not enough on a loaded 2-core host (a whole run)
+    slurm_cluster.wait_for_job(job, timeout=300)
     log = (tmp_path / "job.log").read_text() if (tmp_path / "job.log").exists() else ""
     # the entries that stand for the image's own files (a checkout or venv under /tmp) are in every
     # container's /tmp, as the image's root filesystem would be: not what a step made there

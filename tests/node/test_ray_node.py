@@ -232,3 +232,23 @@ def test_sweep_stops_exactly_this_jobs_processes_by_pid():
         for p in (mine, other):
             p.kill()
             p.wait()
+
+
+def test_no_bundled_site_puts_a_port_band_where_the_kernel_hands_out_ports() -> None:
+    """Every band (Ray's, the weight sync's, the engines', the rollout service's) of env/*.yaml and of
+    `execute`'s own laptop site lies outside this machine's ephemeral range and above Ray's worker
+    ports. (The laptop site's runtime-env agent port once sat at 44217, inside the range: another
+    process held it and the rollout node's raylet died mid-run, failing `execute`.)"""
+    from beam_hpc.cli.execute import LAPTOP_SITE
+    from beam_hpc.config.site import site_from_dict
+    from beam_hpc.node import procs
+    from beam_hpc.plan.ports import BANDS, ephemeral_overlap, highest_port
+
+    ephemeral = procs.ephemeral_ports() or (32768, 60999)
+    sites = {p.name: load_site(p) for p in sorted((ROOT / "env").glob("*.yaml"))}
+    sites["execute's laptop site"] = site_from_dict({**LAPTOP_SITE, "python": sys.executable}, "<laptop>")
+    for name, site in sites.items():
+        assert ephemeral_overlap(site.ray, ephemeral) is None, (name, site.ray, ephemeral)
+        assert site.ray.gcs_port_base > 19999 and highest_port(site.ray, BANDS) <= 65535, (name, site.ray)
+    # and the check itself finds an overlap where there is one
+    assert ephemeral_overlap(RayPortSpec(gcs_port_base=20000, port_span=1500), (32768, 60999)) == (32768, 36499)

@@ -116,8 +116,15 @@ def test_the_run_id_file_is_never_seen_empty(tmp_path: Path) -> None:
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(4) as pool:
+    pool = ctx.Pool(4)
+    try:
         ids = pool.map(tracking.run_id, [tmp_path] * 16)
+    finally:
+        # close and join, not the with-block's terminate: terminate ends the workers with SIGTERM, and a
+        # worker forked from a pytest process where an earlier in-process test installed its own SIGTERM
+        # handler keeps that handler and does not die (seen: the fast tier hung here)
+        pool.close()
+        pool.join()
     assert len(set(ids)) == 1 and ids[0].startswith("beam-")
     assert [p.name for p in (tmp_path / "wandb").iterdir()] == ["run_id"]  # no temporary left behind
 
