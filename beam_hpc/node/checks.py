@@ -189,7 +189,7 @@ def _ports_check(site: Site) -> Check:
     """The ports this node's Ray would bind in a job with this job's id, on the address it would
     use: ray_node's own rules (ray_ports, node_ip), so the check cannot drift from the runtime."""
     from beam_hpc.node.ray_node import LOOPBACK_MAX_NODES, RayNodeError, node_ip, ray_ports
-    from beam_hpc.plan.ports import ephemeral_overlap
+    from beam_hpc.plan.ports import BANDS, ephemeral_overlap
 
     slurm = SlurmEnvironment.current()
     job = int(slurm.job_id or 0)
@@ -217,7 +217,7 @@ def _ports_check(site: Site) -> Check:
         return Check("ray ports", "warn", f"free now, but {inside[0]}-{inside[1]} of the site's port bands lie in this "
                      f"node's ephemeral range {ephemeral[0]}-{ephemeral[1]} (ip_local_port_range), where any "
                      "outgoing connection may take one before Ray binds it",
-                     "move ray.gcs_port_base / port_span so that gcs_port_base + 11 x port_span stays below "
+                     f"move ray.gcs_port_base / port_span so that gcs_port_base + {len(BANDS)} x port_span stays below "
                      f"{ephemeral[0]} (and above Ray's worker ports, 10002-19999)")
     return Check("ray ports", "pass", f"{len(wanted)} ports {min(wanted.values())}-{max(wanted.values())} "
                  f"free on {addr} (for job {job})")
