@@ -30,7 +30,7 @@ from types import FrameType
 from typing import Any
 
 from beam_hpc.run.ledger import Reason
-from beam_hpc.slurm.client import JobInfo, SlurmUnavailable, show_job
+from beam_hpc.slurm.client import JobInfo, JobState, SlurmUnavailable, show_job
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ class InterruptKind(StrEnum):
     REQUEUED = "requeued"  # Slurm already requeued the job: no time to save
     CANCELLED = "cancelled"  # scancel / beam-hpc cancel
     TIMELIMIT = "timelimit"  # the walltime itself passed: no time to save
+    NODE_FAILED = "node-failed"  # Slurm ends the job for a failed node and does not requeue it
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class Interrupt:
     def leaves_no_time(self) -> bool:
         """Slurm stops the job any moment now: the end is recorded at once, with no save and no
         teardown first (requeued, cancelled, the time limit itself)."""
-        return self.kind in (InterruptKind.REQUEUED, InterruptKind.CANCELLED, InterruptKind.TIMELIMIT)
+        return self.kind in (InterruptKind.REQUEUED, InterruptKind.CANCELLED, InterruptKind.TIMELIMIT,
+                             InterruptKind.NODE_FAILED)
 
     @property
     def asks_for_a_save(self) -> bool:
@@ -73,7 +75,7 @@ class Interrupt:
 
 _REASON = {InterruptKind.WALLTIME: Reason.WALLTIME, InterruptKind.TIMELIMIT: Reason.WALLTIME,
            InterruptKind.PREEMPTED: Reason.PREEMPTED, InterruptKind.REQUEUED: Reason.PREEMPTED,
-           InterruptKind.CANCELLED: Reason.CANCELLED}
+           InterruptKind.CANCELLED: Reason.CANCELLED, InterruptKind.NODE_FAILED: Reason.NODE_FAILURE}
 
 
 class Watchdog:
@@ -199,6 +201,12 @@ class Watchdog:
             return Interrupt(InterruptKind.REQUEUED, source, self._clock(),
                              f"{source}: the grace time of the preemption at {fmt_clock(info.preempt_time)} is over; "
                              f"Slurm requeues job {self.job_id}")
+        if info is not None and _node_failed(info):
+            # a job that is not requeued (--no-requeue): Slurm moves EndTime to now as a scancel
+            # does, so without this the segment would read a cancel and the chain would stop
+            return Interrupt(InterruptKind.NODE_FAILED, source, self._clock(),
+                             f"{source}: Slurm ended job {self.job_id} for a failed node (Reason={info.reason}) "
+                             "and does not requeue it")
         end = info.end_time if info is not None and info.end_time is not None else self.end_time
         limit = info.limit_end if info is not None else None
         if end is not None and self._clock() >= end - 5:
@@ -211,6 +219,13 @@ class Watchdog:
         return Interrupt(InterruptKind.CANCELLED, source, self._clock(), f"{source}: the job was cancelled")
 
 
+def _node_failed(info: JobInfo) -> bool:
+    """Slurm is ending this job because one of its nodes failed: JobState NODE_FAIL, or, while the
+    job's processes are still being signalled, COMPLETING with Reason NodeDown (what the leader
+    of a --no-requeue job reads at its SIGTERM)."""
+    return info.state == JobState.NODE_FAIL or info.reason == "NodeDown"
+
+
 def _preempted(info: JobInfo) -> bool:
     """This incarnation of the job was chosen for preemption (a PreemptTime before its latest
     submission belongs to an earlier incarnation: a requeue resets SubmitTime)."""
@@ -218,7 +233,7 @@ def _preempted(info: JobInfo) -> bool:
 
 
 _URGENCY = {InterruptKind.WALLTIME: 1, InterruptKind.PREEMPTED: 2, InterruptKind.TIMELIMIT: 3,
-            InterruptKind.REQUEUED: 3, InterruptKind.CANCELLED: 3}
+            InterruptKind.REQUEUED: 3, InterruptKind.CANCELLED: 3, InterruptKind.NODE_FAILED: 3}
 
 
 def _urgency(i: Interrupt) -> int:

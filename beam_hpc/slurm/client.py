@@ -270,6 +270,10 @@ class JobInfo:
     # moment of the cancel, so only this tells a cancel's SIGTERM from the time limit's
     limit_end: float | None = None
     time_limit_s: int | None = None  # TimeLimit in seconds (None: UNLIMITED, or Slurm said something else)
+    # Slurm's Reason field. At the SIGTERM of a job Slurm ends for a failed node and does not requeue
+    # (--no-requeue), the leader reads JobState=COMPLETING Reason=NodeDown (NODE_FAIL only once it
+    # has ended); a scancel reads Reason=None (measured on Slurm 22.05, hetjob leader included)
+    reason: str | None = None
 
 
 def slurm_time(value: str | None) -> float | None:
@@ -306,6 +310,7 @@ def parse_show_job(text: str) -> JobInfo | None:
             submit_time=slurm_time(fields.get("SubmitTime")),
             limit_end=_limit_end(fields),
             time_limit_s=_time_limit_s(fields),
+            reason=fields.get("Reason"),
         )
     return None
 

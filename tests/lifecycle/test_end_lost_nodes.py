@@ -76,3 +76,31 @@ def test_a_node_slurm_failed_is_recorded_on_a_requeue_and_the_requeued_job_leave
         assert updates == []
     else:  # Slurm requeued it: the pending job's ExcNodeList is set now, before this job ends
         assert updates == ["update JobId=78 ExcNodeList=n6"]
+
+
+def test_a_node_failure_slurm_does_not_requeue_resubmits_without_the_node(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A --no-requeue job Slurm ended for a failed node (the watchdog's node-failed interrupt, read
+    from Reason=NodeDown on the real cluster: tests/lifecycle/test_watchdog_slurm.py): the runtime
+    blamed no node, Slurm named one. The segment is a node failure, resubmitted from the checkpoint
+    with the node left out; before, it read as a cancel and the chain stopped."""
+    asked = _scontrol_on_path(tmp_path, monkeypatch)
+    for name, answer in (("sbatch", "echo 79"), ("squeue", "true")):  # the resubmission's two Slurm calls
+        tool = asked.parent / "bin" / name
+        tool.write_text(f"#!/bin/sh\necho {name} \"$@\" >> {asked}\n{answer}\n")
+        tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=1)
+    Path(plan.paths.script).parent.mkdir(parents=True, exist_ok=True)
+    Path(plan.paths.script).write_text("#!/bin/bash\n")
+    facts = SegmentFacts(plan, "78", "78", 0, time.time(), history=[], lead_s=60)
+    outcome = Outcome(reason=Reason.NODE_FAILURE, rollouts_at_start=0, rollouts_at_end=2, num_rollout=20,
+                      rollouts_run=2)
+    down = {"node": "n6", "why": "Slurm had the node DOWN+FAIL when it stopped the job (reason: disk)"}
+    ending = end_segment(outcome, facts, detail="SIGTERM: Slurm ended job 78 for a failed node (Reason=NodeDown)",
+                         metrics=SegmentMetrics(2, 2.0, 0.5), slurm_failed=[down])
+    (seg,), _ = ledger.read_ledger(plan.paths.ledger)
+    line = seg["end"]
+    assert line["reason"] == "node-failure" and line["next"] == {"action": "resubmit", "job_id": "79"}, line
+    assert line["failed_nodes"] == [down] and ending.excluded == ("n6",)
+    (submitted,) = [c for c in asked.read_text().splitlines() if c.startswith("sbatch")]
+    assert "--exclude=n6" in submitted.split() and "--dependency=afterany:78" in submitted.split(), submitted

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from beam_hpc.lifecycle.watchdog import InterruptKind, Watchdog
-from beam_hpc.slurm.client import JobInfo, JobState
+from beam_hpc.slurm.client import JobInfo, JobState, parse_show_job
 
 
 class FakeClock:
@@ -90,6 +90,19 @@ def test_watchdog_classifies_sigterm(watchdog_factory, tmp_path: Path) -> None:
     wd = watchdog_factory(JobInfo("40", JobState.COMPLETING, 0, 2000.0, None))
     _deliver(signal.SIGTERM)
     assert wd.check().kind == "cancelled"
+    # a --no-requeue job Slurm ends for a failed node: the same moved EndTime as a scancel, told apart
+    # by the leader's Reason (the line as the real cluster showed it at the SIGTERM; the real flow:
+    # tests/lifecycle/test_watchdog_slurm.py)
+    at_term = parse_show_job("JobId=40 JobState=COMPLETING Reason=NodeDown Requeue=0 Restarts=0 "
+                             "TimeLimit=00:10:00 SubmitTime=2026-12-07T15:19:55 StartTime=2026-12-07T15:19:56 "
+                             "EndTime=2026-12-07T15:19:59 PreemptTime=None")
+    wd = watchdog_factory(at_term, clock=FakeClock(at_term.end_time))
+    _deliver(signal.SIGTERM)
+    stop = wd.check()
+    assert stop.kind == "node-failed" and stop.reason == "node-failure" and "Reason=NodeDown" in stop.detail
+    wd = watchdog_factory(JobInfo("40", JobState.NODE_FAIL, 0, 1000.0, None, limit_end=2200.0))
+    _deliver(signal.SIGTERM)
+    assert wd.check().kind == "node-failed"
     (tmp_path / "CANCELLED").write_text("x")
     wd = watchdog_factory(JobInfo("40", JobState.COMPLETING, 1, 2000.0, None))
     _deliver(signal.SIGTERM)
@@ -115,7 +128,8 @@ def test_each_interrupt_ends_a_segment_with_its_ledger_reason() -> None:
 
     expected = {InterruptKind.WALLTIME: (Reason.WALLTIME, True), InterruptKind.TIMELIMIT: (Reason.WALLTIME, False),
                 InterruptKind.PREEMPTED: (Reason.PREEMPTED, True), InterruptKind.REQUEUED: (Reason.PREEMPTED, False),
-                InterruptKind.CANCELLED: (Reason.CANCELLED, False)}
+                InterruptKind.CANCELLED: (Reason.CANCELLED, False),
+                InterruptKind.NODE_FAILED: (Reason.NODE_FAILURE, False)}
     for kind, (reason, saves) in expected.items():
         intr = Interrupt(kind, "USR1", None, "d")
         assert (intr.reason, intr.asks_for_a_save, intr.leaves_no_time) == (reason, saves, not saves), kind
