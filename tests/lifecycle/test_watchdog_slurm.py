@@ -6,17 +6,23 @@ its EndTime to now in both cases. Read that way the segment recorded a cancel an
 The leader's line tells them apart: ``Reason=NodeDown`` for the node failure, ``Reason=None`` for
 the cancel. Each job here is a two-component hetjob, as beam-hpc's are, whose batch script runs the
 product's :class:`~beam_hpc.lifecycle.watchdog.Watchdog` and, at the interrupt, the segment's own
-question for the failed nodes (:func:`beam_hpc.lifecycle.exclusions.failed_in_slurm`); the node of
-the second component is failed the way a site's health check and Slurm do it (FAIL, then DOWN:
-this cluster's slurmd still answers, and its ReturnToService=2 would put a node only DOWN back in
-service within milliseconds). The negative control is the same job cancelled with ``scancel``.
-The unit tests of the rule: tests/lifecycle/test_watchdog.py; the end of such a segment (resubmit,
-the node excluded): tests/lifecycle/test_end_lost_nodes.py.
+question for the failed nodes (:func:`beam_hpc.lifecycle.exclusions.failed_in_slurm`).
+
+The node of the second component is lost the way a node is lost at a site: its ``slurmd`` killed
+(no job process runs there: the probe is the batch step), so it stops answering, and Slurm itself
+marks it DOWN+NOT_RESPONDING after SlurmdTimeout (30 s here) and fails the job; the node stays
+out, as a dead node does. The requeued case fails the node by hand (FAIL, then DOWN: this cluster's
+ReturnToService=2 puts a node only DOWN, whose slurmd still answers, back in service within
+milliseconds), and the negative control is the same job cancelled with ``scancel``. The unit tests
+of the rule: tests/lifecycle/test_watchdog.py; the end of such a segment (resubmit, the node
+excluded): tests/lifecycle/test_end_lost_nodes.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -64,12 +70,19 @@ def _job(cluster, out: Path, requeue: bool) -> tuple[str, str]:  # type: ignore[
     return job, second
 
 
-def _verdict(out: Path) -> dict:
-    deadline = time.monotonic() + 30
+def _verdict(out: Path, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
     while not out.exists() or not out.read_text():
         assert time.monotonic() < deadline, f"no verdict: {Path(f'{out}.log').read_text(errors='replace')}"
         time.sleep(0.1)
     return json.loads(out.read_text())
+
+
+def _kill_slurmd(cluster, node: str) -> None:  # type: ignore[no-untyped-def]
+    """The node's slurmd gone, as with a node that lost power: SIGKILL, no goodbye to slurmctld."""
+    pid = int((cluster.lab / "run" / f"slurmd_{node}.pid").read_text().strip())
+    assert "slurmd" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"), pid
+    os.kill(pid, signal.SIGKILL)
 
 
 def test_sigterm_of_a_node_failure_is_told_from_a_cancel_and_names_the_node(slurm_cluster, tmp_path: Path,
@@ -77,24 +90,29 @@ def test_sigterm_of_a_node_failure_is_told_from_a_cancel_and_names_the_node(slur
     with private_cluster("beamwdog", FIRST_JOB_ID) as cluster:
         monkeypatch.setenv("SLURM_CONF", str(cluster.lab / "etc" / "slurm.conf"))  # the probe's scontrol too
         verdicts = {}
-        for case in ("node-failed", "node-failed-requeued", "scancel"):
+        for case in ("node-failed-requeued", "scancel", "slurmd-gone"):  # the last one keeps its node
             out = tmp_path / case
             job, node = _job(cluster, out, requeue=case == "node-failed-requeued")
             try:
                 if case == "scancel":
                     cluster.run("scancel", job)
+                elif case == "slurmd-gone":
+                    _kill_slurmd(cluster, node)
                 else:
                     cluster.run("scontrol", "update", f"nodename={node}", "state=fail", "reason=beam-test-node-lost")
                     cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=beam-test-node-lost")
-                verdicts[case] = (_verdict(out), node)
+                verdicts[case] = (_verdict(out, timeout=30 if case != "slurmd-gone" else 150), node)
             finally:
-                cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+                if case != "slurmd-gone":
+                    cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
                 cluster.run("scancel", job, check=False)
-    (failed, node), (requeued, rnode), (cancelled, _) = (verdicts[c] for c in ("node-failed", "node-failed-requeued",
+    (failed, node), (requeued, rnode), (cancelled, _) = (verdicts[c] for c in ("slurmd-gone", "node-failed-requeued",
                                                                                "scancel"))
-    # not requeued: a node failure, which decide() resubmits from the checkpoint, the node named
+    # not requeued: a node failure, which decide() resubmits from the checkpoint, the node named with
+    # the state Slurm gave it on its own
     assert failed["kind"] == "node-failed" and failed["reason"] == "node-failure", failed
     assert "Reason=NodeDown" in failed["detail"] and [f["node"] for f in failed["failed"]] == [node], failed
+    assert "NOT_RESPONDING" in failed["failed"][0]["why"], failed
     # requeued by Slurm: as before, a requeue (preempted), the node named all the same
     assert requeued["kind"] == "requeued" and [f["node"] for f in requeued["failed"]] == [rnode], requeued
     # the negative control: the same SIGTERM from a scancel stays a cancel, with no node to blame
