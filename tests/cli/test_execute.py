@@ -4,7 +4,8 @@ Real parts: the tiny model and data (built by the project's code), two local nod
 token-authenticated Ray on loopback addresses, the reference backend's RL loop, the ledger and
 checkpoints. The run is README's main command as shipped (recipes/tiny.yaml: 20 rollouts of
 32 x 8, async), only with the test session's model and data directories, and it must learn: this is
-the suite's one 20-rollout async run (the in-turn one is in tests/backends/reference).
+the suite's one 20-rollout learning run (the sync modes compute what each other computes, bit for bit:
+tests/backends/reference/test_reference_backend.py).
 """
 
 from __future__ import annotations

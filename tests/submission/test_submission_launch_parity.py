@@ -11,7 +11,8 @@ launched by, one test each (so that xdist runs them side by side):
    segments to the same record, so that one chain, not two, pays for those four segments;
 2. a hand ``sbatch x.sbatch --num-rollout 1`` of a ``beam-hpc render -o`` script (the run directory
    does not exist yet; the plan's own total is 3),
-3. ``beam-hpc submit --num-rollout 1`` (submitit),
+3. ``beam-hpc submit --num-rollout 1`` (submitit): held to the same plan and task, then cancelled
+   (it calls the same submit as 4, whose job runs),
 4. ``beam_hpc.submit(..., num_rollout=1)`` from Python (submitit): its submitit Job handle's state,
    done() and result() follow the job without sacct, and the run it drives is checkpointed,
 5. ``beam-hpc execute --num-rollout 1`` (no Slurm) with the laptop site plus the same site lines:
@@ -49,10 +50,12 @@ from parity_site import (
     parity_site,
 )
 from run_watch import diagnostics, segments, wait_for
+from submitit.core.utils import DelayedSubmission
 
 import beam_hpc
 from beam_hpc.cli.app import main as cli_main
 from beam_hpc.cli.execute import LAPTOP_SITE
+from beam_hpc.job.segment import run_segment
 from beam_hpc.run import checkpoint_layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,17 +158,28 @@ def test_a_hand_sbatch_of_a_rendered_script_runs_the_same_job(slurm_cluster, tin
     assert lines((run / "job.sbatch").read_text()) == lines(script.read_text())
 
 
-@launch
 @pytest.mark.slurm
-def test_submit_through_submitit_runs_the_same_job(slurm_cluster, tiny_assets, tmp_path: Path, capsys,
-                                                    reference) -> None:  # type: ignore[no-untyped-def]
+def test_submit_through_submitit_submits_the_same_job(slurm_cluster, tiny_assets, tmp_path: Path, capsys,
+                                                      reference) -> None:  # type: ignore[no-untyped-def]
+    """``beam-hpc submit`` (submitit, the CLI's default) hands its arguments to the same
+    ``beam_hpc.submission.submit.submit`` that ``beam_hpc.submit`` calls, whose submitit job runs
+    end to end in the next test; so this one holds the CLI's submission to the same plan (the
+    driver command, the total) and Slurm's job to the site's extra line, and cancels the job rather
+    than run the same segment twice."""
     run = tmp_path / "via-submitit"
     assert cli_main(["submit", TINY, "--site", str(parity_site(tmp_path / "parity.yaml")),
                      *recipe_args(tiny_assets, run), "--num-rollout", str(SEGMENT_TOTAL)]) == 0
-    has_extra_line(submitted_id(capsys))
-    wait_for("the submitit run to end", lambda: ended(run), run, timeout=TIMEOUT_S)
-    check_segments(run, reference, total=SEGMENT_TOTAL, plan_total=SEGMENT_TOTAL)
-    completed(run)
+    job = submitted_id(capsys)
+    try:
+        has_extra_line(job)
+        plan = json.loads((run / "plan.json").read_text())
+        assert normalized(plan["driver_argv"], run) == reference and plan["recipe"]["num_rollout"] == SEGMENT_TOTAL
+        # what the job's task will run: submitit's pickle of run_segment and the segment's arguments
+        (pickled,) = run.rglob(f"{job}_submitted.pkl")
+        task = DelayedSubmission.load(pickled)
+        assert task.function is run_segment and task.args[1].num_rollout == SEGMENT_TOTAL, task.args
+    finally:
+        subprocess.run(["scancel", job], check=False, capture_output=True)
 
 
 @launch

@@ -76,10 +76,10 @@ def test_miles_accepts_the_attached_driver_command(tmp_path: Path, monkeypatch: 
     argv = ee.attach_argv(list(plan.driver_argv), engines)
     verdict = preflight.run_check(plan.site, argv, plan.output_dir, env=preflight._env(plan.driver_env, plan.output_dir),
                                   num_rollout=plan.recipe.num_rollout)
+    # (that this check can fail, naming the flag Miles does not know, is
+    # tests/backends/miles/test_miles_real.py::test_real_miles_refuses_the_flags_it_lacks: a second
+    # check here would import Miles, Megatron and SGLang again for the same answer)
     assert verdict.ok, verdict.refusal()
-    bad = preflight.run_check(plan.site, [*argv, "--rollout-external-engine-adrs", "x"], plan.output_dir,
-                              env=preflight._env(plan.driver_env, plan.output_dir))
-    assert not bad.ok and "--rollout-external-engine-adrs" in bad.unrecognized  # the check can fail
 
 
 def start_engine_job(plan: Plan, where: Path, gpu_ids: list[int]) -> tuple[str, ee.Engine]:
