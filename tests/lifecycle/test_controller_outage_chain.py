@@ -94,14 +94,14 @@ def test_a_150_s_outage_at_the_walltime_save_loses_nothing_and_a_40_s_one_mid_se
     uninterrupted run.
 
     Once two rollouts are trained the job's limit is lowered to end 46-106 s later (whole
-    minutes), so its save comes 1-61 s later: at 3 s a rollout at most 2 + 61/3 < 23 of the 40
+    minutes), so its save comes 1-61 s later: at 6 s a rollout at most 2 + 61/6 < 13 of the 24
     rollouts are done by then, so the walltime always comes mid-run, and the second segment has at
-    least 17 rollouts (51 s) to train, more than the 40 s outage that starts after its first."""
+    least 11 rollouts (66 s) to train, more than the 40 s outage that starts after its first."""
     from job_plans import HOST_SITE, make_test_plan
     from reference_harness import assert_bitwise_equal, load_checkpoint, run_backend
 
-    n, lead_s, recipe = 40, 45, [*SMALL, "checkpoint.interval=4"]
-    run, first = _chain(runs, tiny_assets, num_rollout=n, lead_s=lead_s, recipe=recipe, slow_s=3)
+    n, lead_s, recipe = 24, 45, [*SMALL, "checkpoint.interval=4"]
+    run, first = _chain(runs, tiny_assets, num_rollout=n, lead_s=lead_s, recipe=recipe, slow_s=6)
     whole = runs / "uninterrupted"
     uninterrupted = ThreadPoolExecutor(1).submit(run_backend, make_test_plan(
         whole, assets=tiny_assets, overrides=[*recipe, f"num_rollout={n}"], site=HOST_SITE).paths.plan,

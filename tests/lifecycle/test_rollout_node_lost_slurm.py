@@ -45,7 +45,7 @@ from beam_hpc.observe.status_table import format_status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.e2e, pytest.mark.slow]
 
-N = 16
+N = 12
 INTERVAL = 4
 TOPOLOGY = ("topology.trainer.nodes=2", "topology.trainer.gpus_per_node=1", "topology.rollout.nodes=2",
             "topology.rollout.gpus_per_node=1", "training.async_training=false", "backend_options.unit_prompts=1")
