@@ -7,13 +7,13 @@ and, with the ``--use-fault-tolerance`` beam-hpc always passes, checks them and 
 on its own bundle before the next weight update (Miles main's behaviour, read at
 radixark/miles@31f1ca961: see the double's ``miles/utils/health_monitor.py``).
 
-The fault: SIGKILL to one engine's SGLang server process, its node left alive. The segment goes
-on and completes on its own: one segment, every rollout once, the engine restarted in place (same
-bundle, same GPU, a new process) and serving the new weights again. Miles's health-check period
+The first fault: SIGKILL to one engine's SGLang server process, its node left alive. The segment
+goes on: every rollout once, the engine restarted in place (same bundle, same GPU, a new process)
+and serving the new weights again. Miles's health-check period
 (30 s by default) is shortened with its own flags through ``backend_options.extra_args``, which
 also shows that Miles's parser flags pass the recipe checks.
 
-When an engine's node is gone instead (the second test), Miles's relaunch would wait for a bundle
+When an engine's node is gone (the second fault, later in the same chain), Miles's relaunch would wait for a bundle
 that no node of the allocation can hold (the double's docstring gives the lines), so a Miles run does
 not ask Slurm to keep the job (``beam_hpc.plan.node_loss``: only a reference run's rollout group goes
 on without a node): Slurm revokes and requeues the job, the segment's end line names the node Slurm
@@ -104,55 +104,6 @@ def _timeline(run: Path) -> str:
     return "\n".join(rows)
 
 
-def test_a_killed_engine_is_restarted_in_place_and_the_segment_completes(slurm_cluster, run_dir: Path) -> None:
-    run = run_dir
-    job = _submit(run, N, gpus_per_node=2)  # two engines on the rollout node
-
-    def two_rollouts_on_two_engines() -> bool:
-        r = _record(run)
-        return len(r.get("rollouts", [])) >= 2 and len([e for e in r["engine_events"] if e["event"] == "started"]) == 2
-
-    run_watch.wait_for("two rollouts on two engines", two_rollouts_on_two_engines, run, TIMEOUT_S, poll_s=0.1)
-    before = _record(run)
-    started = {e["engine"]: e for e in before["engine_events"] if e["event"] == "started"}
-    victim = started[1]
-    os.kill(victim["pid"], signal.SIGKILL)  # the engine's SGLang server; its node, actor and Ray stay
-    struck_at = len(before["rollouts"])
-    run_watch.wait_for("the run to complete", lambda: chain_finished(run), run, TIMEOUT_S, poll_s=0.5)
-
-    print(f"\nengine killed after {struck_at} rollouts:\n{_timeline(run)}")
-    segs = segments(run)
-    assert len(segs) == 1 and segs[0]["start"]["job_id"] == job, diagnostics(run)
-    assert segs[0]["end"]["reason"] == "completed" and segs[0]["end"]["rollouts_at_end"] == N, diagnostics(run)
-    assert segs[0]["end"]["failed_nodes"] == [], segs[0]["end"]
-    r = _record(run)
-    assert r["finished"] and r["rollouts"] == list(range(N)), r["rollouts"]  # every rollout once, in this segment
-    assert struck_at < N - 2, f"struck too late to see a recovery ({struck_at} of {N} rollouts)"
-    # the health monitor killed engine 1, the next weight update started it again where it was
-    events = [(e["event"], e["engine"]) for e in r["engine_events"]]
-    assert events == [("started", 0), ("started", 1), ("killed", 1), ("recovered", 1)], r["engine_events"]
-    killed, recovered = r["engine_events"][2], r["engine_events"][3]
-    assert "health_generate" in killed["why"] or "URLError" in killed["why"], killed
-    assert struck_at - 1 <= killed["rollout_id"] <= recovered["rollout_id"], (struck_at, killed, recovered)
-    for key in ("bundle", "base_gpu_id", "gpus", "node"):  # in place: the same placement-group bundle
-        assert recovered[key] == victim[key], (key, victim, recovered)
-    assert recovered["pid"] != victim["pid"] and recovered["url"] != victim["url"]
-    assert not _alive(victim["pid"])
-    # after the recovery both engines serve, with the weights of the latest update (the new engine
-    # was connected to the weight-update group and got the update before it served)
-    after = [g for g in r["generated"] if g["rollout_id"] > recovered["rollout_id"]]
-    assert after and all(recovered["url"] in g["served"] and started[0]["url"] in g["served"] for g in after), after
-    assert [g["weight_versions"] for g in r["generated"]] == [[str(i)] for i in range(N)], r["generated"]
-    # no request lost: the dead engine's share went to the engine left (Miles's retries) until the recovery
-    argv = r["argv"]
-    per_rollout = int(argv[argv.index("--rollout-batch-size") + 1]) * int(argv[argv.index("--n-samples-per-prompt") + 1])
-    assert per_rollout == PROMPTS * 2  # miles_run's batch: PROMPTS prompts, 2 responses each
-    assert [sum(g["served"].values()) for g in r["generated"]] == [per_rollout] * N, r["generated"]
-    assert all(victim["url"] not in g["served"] for g in after), after
-    # the engines went with the driver (Miles's dispose; the double's servers die with their actors)
-    assert not _alive(recovered["pid"])
-
-
 def _rollout_step(run: Path, job: str) -> dict:
     """The rollout node step's report (hostname, pid) of segment ``job``."""
     (path,) = sorted((run / "logs" / f"{job}-0" / "nodes").glob("rollout-*.json"))
@@ -170,13 +121,34 @@ def _excluded_by_job(slurm_cluster, job: str) -> str:  # type: ignore[no-untyped
     return next((tok.split("=", 1)[1] for tok in out.split() if tok.startswith("ExcNodeList=")), "")
 
 
-def test_a_lost_engine_node_ends_the_segment_and_the_next_one_completes(slurm_cluster, run_dir: Path) -> None:
-    """The rollout node itself lost, as Slurm sees a node failure (DOWN, every process of its node step
-    gone: the raylet, the engine's actor and server): Miles could not restart the engine (its bundle
-    has no node left to go to), and the segment ends as it does for any node loss of a Miles run; the
-    chain goes on in a new segment, off that node, that completes the run. Slurm requeues the job, and
-    the segment, which sees only a SIGTERM, asks Slurm for its nodes: the end line names the node, and
-    the requeued job's ExcNodeList leaves it out.
+def _strike_node(slurm_cluster, step: dict) -> str:  # type: ignore[no-untyped-def]
+    """The rollout node lost, as Slurm sees a node failure (see the test's docstring for FAIL first):
+    DOWN, and every process of its node step gone (the raylet, the engines' actors and servers)."""
+    node = step["hostname"]
+    slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=fail", "reason=beam-test-engine-node-lost")
+    slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=beam-test-engine-node-lost")
+    for pid in procs.with_descendants([int(step["pid"])]):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return node
+
+
+def test_a_killed_engine_is_restarted_in_place_and_a_lost_engine_node_ends_the_segment(slurm_cluster,
+                                                                                      run_dir: Path) -> None:
+    """One chain, two faults (one segment's bring-up for both claims).
+
+    First an engine's SGLang server is killed, its node left alive: Miles's health monitor restarts
+    it on its own bundle, the segment goes on, and both engines serve the next rollouts with the
+    latest weights, no request lost.
+
+    Then the rollout node itself is lost, as Slurm sees a node failure (DOWN, every process of its
+    node step gone: the raylet, the engines' actors and servers): Miles cannot restart the engines
+    (their bundle has no node left to go to), and the segment ends as it does for any node loss of a
+    Miles run; the chain goes on in a new segment, off that node, that completes the run. Slurm
+    requeues the job, and the segment, which sees only a SIGTERM, asks Slurm for its nodes: the end
+    line names the node, and the requeued job's ExcNodeList leaves it out.
 
     Holding the node out as a real site would: there a lost node's slurmd does not answer, so it stays
     DOWN (NOT_RESPONDING) while the job is requeued. This cluster's slurmd still answers, and with its
@@ -185,22 +157,33 @@ def test_a_lost_engine_node_ends_the_segment_and_the_next_one_completes(slurm_cl
     trap ran. So the test first marks the node FAIL (what a site's health check sets on a failing
     node), which Slurm keeps when the node returns, with its reason; then DOWN, which revokes the job.
     Once segment 1 has ended the node is resumed, so that only the job's ExcNodeList keeps the next
-    segment off it."""
+    segment off it. (The same loss under --no-requeue, with the node's slurmd really gone:
+    tests/lifecycle/test_watchdog_slurm.py.)"""
     run = run_dir
-    n = 3
-    job = _submit(run, n, gpus_per_node=1)
-    run_watch.wait_for("a rollout on the engine", lambda: len(_record(run).get("rollouts", [])) >= 1, run, TIMEOUT_S,
-                       poll_s=0.3)
-    step = _rollout_step(run, job)
-    node = step["hostname"]
+    job = _submit(run, N, gpus_per_node=2)  # two engines on the rollout node
+
+    def two_rollouts_on_two_engines() -> bool:
+        r = _record(run)
+        return len(r.get("rollouts", [])) >= 2 and len([e for e in r["engine_events"] if e["event"] == "started"]) == 2
+
+    run_watch.wait_for("two rollouts on two engines", two_rollouts_on_two_engines, run, TIMEOUT_S, poll_s=0.1)
+    before = _record(run)
+    started = {e["engine"]: e for e in before["engine_events"] if e["event"] == "started"}
+    victim = started[1]
+    os.kill(victim["pid"], signal.SIGKILL)  # the engine's SGLang server; its node, actor and Ray stay
+    killed_at = len(before["rollouts"])
+
+    def served_by_both_after_the_recovery() -> bool:
+        r = _record(run)
+        back = [e for e in r.get("engine_events", []) if e["event"] == "recovered"]
+        return bool(back) and any(g["rollout_id"] > back[0]["rollout_id"] and len(g["served"]) == 2
+                                  for g in r["generated"])
+
+    run_watch.wait_for("a rollout served by both engines after the recovery", served_by_both_after_the_recovery, run,
+                       TIMEOUT_S, poll_s=0.1)
+    node = ""
     try:
-        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=fail", "reason=beam-test-engine-node-lost")
-        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=beam-test-engine-node-lost")
-        for pid in procs.with_descendants([int(step["pid"])]):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        node = _strike_node(slurm_cluster, _rollout_step(run, job))
         struck_at = len(_record(run)["rollouts"])
         # segment 1's record, read before the next segment's driver (from rollout 0 again: no checkpoint
         # was saved) writes its own under the same name
@@ -210,17 +193,46 @@ def test_a_lost_engine_node_ends_the_segment_and_the_next_one_completes(slurm_cl
         slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume")  # free to take, unless excluded
         run_watch.wait_for("the run to complete", lambda: chain_finished(run), run, TIMEOUT_S, poll_s=0.5)
     finally:  # the local cluster's slurmd still answers: Slurm returns the node by itself; resume if not
-        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False, capture_output=True)
-    print(f"\nrollout node {node} lost after {struck_at} rollouts:\n{_timeline(run)}")
+        if node:
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False, capture_output=True)
+    print(f"\nengine killed after {killed_at} rollouts, rollout node {node} lost after {struck_at}:\n{_timeline(run)}")
+
+    # 1. the killed engine, in segment 1: the health monitor killed engine 1, the next weight update
+    # started it again where it was
+    events = [(e["event"], e["engine"]) for e in one["engine_events"]]
+    assert events[:4] == [("started", 0), ("started", 1), ("killed", 1), ("recovered", 1)], one["engine_events"]
+    assert [e for e in events[4:] if e[0] == "recovered"] == [], one["engine_events"]  # none after the node went
+    killed, recovered = one["engine_events"][2], one["engine_events"][3]
+    assert "health_generate" in killed["why"] or "URLError" in killed["why"], killed
+    assert killed_at - 1 <= killed["rollout_id"] <= recovered["rollout_id"], (killed_at, killed, recovered)
+    for key in ("bundle", "base_gpu_id", "gpus", "node"):  # in place: the same placement-group bundle
+        assert recovered[key] == victim[key], (key, victim, recovered)
+    assert recovered["pid"] != victim["pid"] and recovered["url"] != victim["url"]
+    assert not _alive(victim["pid"])
+    # after the recovery both engines serve, with the weights of the latest update (the new engine
+    # was connected to the weight-update group and got the update before it served)
+    after = [g for g in one["generated"] if g["rollout_id"] > recovered["rollout_id"]]
+    assert after and all(recovered["url"] in g["served"] and started[0]["url"] in g["served"] for g in after), after
+    done = one["rollouts"]
+    assert done == list(range(len(done))) and len(done) < N, (done, struck_at)  # segment 1 did not finish
+    assert [g["weight_versions"] for g in one["generated"]][:len(done)] == [[str(i)] for i in range(len(done))]
+    # no request lost: the dead engine's share went to the engine left (Miles's retries) until the recovery
+    argv = one["argv"]
+    per_rollout = int(argv[argv.index("--rollout-batch-size") + 1]) * int(argv[argv.index("--n-samples-per-prompt") + 1])
+    assert per_rollout == PROMPTS * 2  # miles_run's batch: PROMPTS prompts, 2 responses each
+    assert [sum(g["served"].values()) for g in one["generated"]][:len(done)] == [per_rollout] * len(done)
+    assert all(victim["url"] not in g["served"] for g in after), after
+
+    # 2. the lost node
     segs = segments(run)
-    assert struck_at < n and len(segs) == 2, diagnostics(run)
+    assert len(segs) == 2, diagnostics(run)
     first, second = segs
     # Slurm revokes the job (a Miles run asks for no --no-kill, beam_hpc.plan.node_loss): requeued (a
     # preemption, as the job sees it) or, when the segment saw its node step end first, a node failure
     ended = (first["end"]["reason"], first["end"]["next"]["action"])
     assert first["start"]["job_id"] == job and ended in (("preempted", "requeue"), ("node-failure", "resubmit")), \
         diagnostics(run)
-    assert second["end"]["reason"] == "completed" and second["end"]["rollouts_at_end"] == n, diagnostics(run)
+    assert second["end"]["reason"] == "completed" and second["end"]["rollouts_at_end"] == N, diagnostics(run)
     # either way the end line names the node, and the next segment ran elsewhere
     (lost,) = [f for f in first["end"]["failed_nodes"] if f["node"] == node] or [None]
     assert lost is not None, first["end"]
@@ -229,9 +241,9 @@ def test_a_lost_engine_node_ends_the_segment_and_the_next_one_completes(slurm_cl
         assert "Slurm had the node" in lost["why"] and "FAIL" in lost["why"], lost
         assert "beam-test-engine-node-lost" in lost["why"], lost
         assert second["start"]["job_id"] == job and node in excluded_by_job.split(","), (excluded_by_job, second)
-    # Miles never brought the engine back in segment 1 (its relaunch had no node to go to)
-    assert [e["event"] for e in one["engine_events"]][:1] == ["started"] and not one.get("finished"), one
-    assert not [e for e in one["engine_events"] if e["event"] == "recovered"], one["engine_events"]
+    assert not one.get("finished"), one
     two = json.loads((run / "dumps" / "standin.json").read_text())
-    assert two["finished"] and two["rollouts"][-1] == n - 1 and two["pid"] != one["pid"]
+    assert two["finished"] and two["rollouts"][-1] == N - 1 and two["pid"] != one["pid"]
+    # the engines went with the drivers (Miles's dispose; the double's servers die with their actors)
+    assert not _alive(recovered["pid"])
     print("segment 1 end:", json.dumps(first["end"], indent=1))
