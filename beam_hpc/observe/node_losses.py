@@ -22,10 +22,10 @@ The time of a loss is ``lost_at`` where the ledger has it, else the time the rep
 else unknown (no cost is given rather than a guess).
 
 What a loss cost: the lost node's GPUs (the rollout group's ``gpus_per_node``) from the loss to the
-segment's end (to now while it runs): rollout capacity the run went without, which the run's
-GPU-hours still count as held (beam_hpc.run.accounting counts every group's GPUs for a segment's
-whole wall time), serving nothing; Slurm itself excises a lost node from a ``--no-kill`` job, so
-its own accounting stops billing it at the loss. Beside it, the replacement's
+segment's end (to now while it runs): rollout capacity the run went without. Slurm excises a lost
+node from a ``--no-kill`` job and stops billing it at the loss, and the run's held GPU-hours
+(beam_hpc.run.accounting) leave those GPUs out from then on, once the segment's end line records
+the loss. Beside it, the replacement's
 own GPU-hours: its nodes' time from their start to their leaving (beam_hpc.elastic.registry), not in
 the run's. Not counted: the unit the lost node was serving, which goes back to the queue and is
 served again by the nodes left (at most one unit per worker of the node; the ledger does not record
@@ -42,8 +42,9 @@ from beam_hpc.run.accounting import as_number, segment_time
 
 # How beam_hpc/job/runner.py begins the ``why`` of a rollout node it went on without.
 LOST_WHY = "rollout node lost mid-segment"
-BASIS = ("a loss: the lost node's GPUs from the loss to the segment's end (now, while it runs), counted in the "
-         "run's held GPU-hours and serving nothing; a replacement: its own nodes' GPU-hours, not in the run's")
+BASIS = ("a loss: the lost node's GPUs from the loss to the segment's end (now, while it runs), capacity the run "
+         "went without and no longer held (Slurm stops billing a lost node); a replacement: its own nodes' "
+         "GPU-hours, not in the run's")
 
 
 
@@ -53,7 +54,7 @@ def is_lost_rollout_node(entry: dict[str, Any]) -> bool:
     return as_number(entry.get("lost_at")) is not None or str(entry.get("why", "")).startswith(LOST_WHY)
 
 
-def _rollout_gpus(plan: dict[str, Any] | None) -> int | None:
+def rollout_node_gpus(plan: dict[str, Any] | None) -> int | None:
     """GPUs of one node of the run's rollout group (None: no readable plan, or no such group)."""
     for g in (plan or {}).get("groups") or []:
         if isinstance(g, dict) and g.get("name") == "rollout":
@@ -88,7 +89,7 @@ def node_losses(root: str | Path, records: list[dict[str, Any]], plan: dict[str,
     asked = replacements(root)
     jobs = {j["job_id"]: j for j in extra_jobs}
     ends = _segment_ends(records, now)
-    gpus = _rollout_gpus(plan)
+    gpus = rollout_node_gpus(plan)
     found: list[dict[str, Any]] = []
     for seg in records:
         for entry in (seg.get("end") or {}).get("failed_nodes") or []:

@@ -28,7 +28,7 @@ from beam_hpc.lifecycle.decide import Action
 from beam_hpc.observe.ettr import ettr
 from beam_hpc.observe.eval_set import eval_set_of
 from beam_hpc.observe.live_job import ACTIVE_STATES, WAITING_STATES, slurm_job_state
-from beam_hpc.observe.node_losses import node_losses
+from beam_hpc.observe.node_losses import node_losses, rollout_node_gpus
 from beam_hpc.observe.run_dir import RunDirError, check_run_dir, checkpoint_problems, load_plan
 from beam_hpc.observe.segment_rows import SegmentState, current_job, segment_rows
 from beam_hpc.plan.paths import RunPaths
@@ -196,9 +196,10 @@ def _gpu_hours(records: list[dict[str, Any]], plan: dict[str, Any] | None, now: 
     if gpus is None:
         return {"gpus": None, "held": None, "useful": None, "lost": {c: None for c in accounting.CAUSES},
                 "goodput": None, "partial": True, "basis": "no readable plan.json: the run's GPUs are unknown"}
-    h = accounting.account(records, gpus, now=now)
+    h = accounting.account(records, gpus, now=now, lost_node_gpus=rollout_node_gpus(plan) or 0)
     return {"gpus": gpus, "held": h.held_h, "useful": h.useful_h, "lost": dict(h.lost_h), "goodput": h.goodput,
-            "partial": h.partial, "basis": "GPUs x segment wall time, from the ledger (beam_hpc.run.accounting)"}
+            "partial": h.partial, "basis": "GPUs x segment wall time, less lost rollout nodes' GPUs from their "
+                                           "loss, from the ledger (beam_hpc.run.accounting)"}
 
 
 def _ettr(records: list[dict[str, Any]], now: float) -> dict[str, Any]:

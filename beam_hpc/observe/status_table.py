@@ -89,8 +89,8 @@ def _format_node_losses(nl: dict[str, Any] | None) -> list[str]:
                                               else "no readable plan.json: its GPUs are unknown") + ")"
         else:
             cost = (f"its {x['gpus']} GPUs out {x['idle_gpu_hours']:,.2f} GPU-hours "
-                    + ("so far (the segment runs)" if x["running"] else "to the segment's end")
-                    + ", counted in the run's held GPU-hours, serving nothing")
+                    + ("so far (the segment runs; held until its end line records the loss)" if x["running"]
+                       else "to the segment's end, no longer held by the run"))
         rep = x.get("replacement")
         if rep is not None:
             where = f" in {rep['partition']}" if rep.get("partition") else ""

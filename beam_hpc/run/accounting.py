@@ -3,7 +3,10 @@
 Why here, as pure functions over the ledger: the ledger is the one record every segment leaves
 on shared storage, so `beam-hpc status` can account for a run from any login node, after any
 kind of failure, with no scheduler database. A GPU-hour is the run's GPUs (all groups; a run's
-topology never changes, see beam_hpc.run.identity) held for one hour of a segment's wall time.
+topology never changes, see beam_hpc.run.identity) held for one hour of a segment's wall time,
+less the GPUs of rollout nodes the segment lost and went on without, from the loss on: Slurm
+excises a failed node from a ``--no-kill`` job and stops billing it then, and the held figure
+should read as what the site charges (the end line's ``failed_nodes`` entries with ``lost_at``).
 
 A segment's time is split between the lost causes of :data:`CAUSES` (each explained at its
 constant, with the ledger fields it is computed from) and useful time: the rest (training that
@@ -53,6 +56,9 @@ class SegmentTime:
     lost_s: dict[str, float]
     running: bool = False
     attributed: bool = True  # False: its line lacks fields, so some loss may be counted as useful
+    # seconds that lost rollout nodes were out of the job, summed over the nodes (each from its
+    # ``lost_at`` to the segment's end): times a node's GPUs, GPU-seconds no longer held
+    released_node_s: float = 0.0
 
     @property
     def useful_s(self) -> float:
@@ -131,7 +137,18 @@ def segment_time(seg: dict[str, Any], *, next_start: dict[str, Any] | None, now:
     total = sum(lost.values())
     if total > wall:  # measurements overlap (e.g. a save counted in a rollout): scale to the wall time
         lost = {k: v * wall / total for k, v in lost.items()}
-    return SegmentTime(seg["segment"], wall, lost, attributed=attributed)
+    return SegmentTime(seg["segment"], wall, lost, attributed=attributed, released_node_s=_released_s(end, t0, t1))
+
+
+def _released_s(end: dict[str, Any], t0: float, t1: float) -> float:
+    """Node-seconds the segment held no more: each rollout node it lost and went on without (a
+    ``failed_nodes`` entry with a ``lost_at`` time, which only such a loss has), from then to the end."""
+    out = 0.0
+    for entry in end.get("failed_nodes") or []:
+        at = as_number(entry.get("lost_at")) if isinstance(entry, dict) else None
+        if at is not None:
+            out += t1 - min(max(at, t0), t1)
+    return out
 
 
 def _damaged_rollouts(start: dict[str, Any]) -> int:
@@ -144,9 +161,12 @@ def _damaged_rollouts(start: dict[str, Any]) -> int:
     return 0 if newest is None else max(0, int(newest) + 1 - int(at_start))
 
 
-def account(segments: list[dict[str, Any]], gpus: int, *, now: float) -> RunHours:
+def account(segments: list[dict[str, Any]], gpus: int, *, now: float, lost_node_gpus: int = 0) -> RunHours:
     """GPU-hours of the merged ledger ``segments`` (beam_hpc.run.ledger.read_ledger) for a run
-    of ``gpus`` GPUs, at wall clock ``now`` (a running segment counts up to it)."""
+    of ``gpus`` GPUs, at wall clock ``now`` (a running segment counts up to it). ``lost_node_gpus``:
+    the GPUs of one rollout node, which a lost one stops holding from its loss (0: not known, every
+    GPU counted for the whole segment). A loss a running segment has not written yet is counted
+    once its end line is."""
     times: list[SegmentTime] = []
     starts = [s.get("start") for s in segments]
     for i, seg in enumerate(segments):
@@ -156,8 +176,10 @@ def account(segments: list[dict[str, Any]], gpus: int, *, now: float) -> RunHour
             times.append(t)
     per_h = gpus / 3600.0
     lost = {c: sum(t.lost_s.get(c, 0.0) for t in times) * per_h for c in CAUSES}
-    held = sum(t.wall_s for t in times) * per_h
-    useful = sum(t.useful_s for t in times if not t.running) * per_h
+    released = [t.released_node_s * lost_node_gpus / 3600.0 for t in times]
+    held = sum(t.wall_s * per_h - r for t, r in zip(times, released, strict=True))
+    # the released GPUs were out while the rest of the segment trained on: taken from its useful time
+    useful = sum(max(0.0, t.useful_s * per_h - r) for t, r in zip(times, released, strict=True) if not t.running)
     return RunHours(gpus=gpus, held_h=held, useful_h=useful, lost_h=lost, segments=times)
 
 

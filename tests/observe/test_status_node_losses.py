@@ -83,7 +83,7 @@ def test_status_shows_each_lost_node_its_cost_its_replacement_and_the_ettr(
     text = format_status(s)
     assert "ETTR       45% (24m40s training 14 kept rollouts / 55m00s held by 2 segment(s); 44% of the span" in text
     assert ("lost node  n6 in segment 78-0 at " in text and "(when its replacement was asked): its 4 GPUs out 2.00 GPU-hours to "
-            "the segment's end, counted in the run's held GPU-hours, serving nothing; replaced by job 91 in spot "
+            "the segment's end, no longer held by the run; replaced by job 91 in spot "
             "(left, 1.00 GPU-hours)" in text)
     assert ("lost node  n7 in segment 79-0 at a time not recorded: its cost is unknown (the ledger does not say when it was lost); "
             "no replacement: the run asked for 1 of lifecycle.max_replacements=1") in text
@@ -111,6 +111,6 @@ def test_a_running_segment_s_loss_shows_from_its_replacement_and_costs_until_now
     assert loss["replacement"]["job_id"] == "95" and loss["replacement"]["state"] == "pending"  # not started yet
     assert s["ettr"]["value"] is None and s["ettr"]["running_left_out"] is True
     text = format_status(s)
-    assert ("its 4 GPUs out 1.00 GPU-hours so far (the segment runs), counted in the run's held GPU-hours, serving "
-            "nothing; replaced by job 95") in text
+    assert ("its 4 GPUs out 1.00 GPU-hours so far (the segment runs; held until its end line records the loss); "
+            "replaced by job 95") in text
     assert "ETTR       - (no segment has ended yet)" in text

@@ -108,3 +108,24 @@ def test_a_stall_costs_its_silent_time_or_the_whole_segment_when_it_kept_nothing
     assert hours.lost_h[accounting.REDONE] == pytest.approx(100 * h)  # rollout 4 was trained, not saved
     assert hours.lost_h[accounting.FAILED] == 0 and hours.lost_h[accounting.BRINGUP] == pytest.approx(300 * h)
     assert hours.useful_h == pytest.approx((2000 - 1200 - 100 - 300) * h)
+
+
+def test_a_lost_rollout_node_is_held_only_until_its_loss(tmp_path: Path) -> None:
+    """A segment of 8 GPU nodes x 4 (32 GPUs) that lost a rollout node 400 s into its 1,000 s and
+    went on (a ``failed_nodes`` entry with ``lost_at``, as beam_hpc.job.runner writes it): Slurm
+    excised the node then and stopped billing it, so its 8 GPUs are held 400 s, not 1,000. A node
+    that a node failure blames (no ``lost_at``) ends the segment with it: nothing to take off."""
+    path = tmp_path / "ledger.jsonl"
+    s = dict(host="h", num_rollout=20, resume=False, walltime_s=3600, lead_s=120)
+    ledger.append(path, ledger.start_record(job_id="5", restart=0, rollouts_at_start=0, now=T0, **s))
+    ledger.append(path, ledger.end_record(
+        job_id="5", restart=0, rollouts_at_end=20, reason="completed", detail="d", next_action="none",
+        next_job_id=None, rollout_s=40.0, save_s=5.0, ready_s=100.0, rollouts_run=20, now=T0 + 1000,
+        failed_nodes=[{"node": "n6", "why": "rollout node lost mid-segment (it went on)", "lost_at": T0 + 400},
+                      {"node": "n2", "why": "node step failed"}]))
+    segments, _ = ledger.read_ledger(path)
+    hours = accounting.account(segments, 32, now=T0 + 2000, lost_node_gpus=8)
+    assert hours.held_h == pytest.approx((32 * 1000 - 8 * 600) / 3600)
+    assert hours.useful_h == pytest.approx((32 * (1000 - 100) - 8 * 600) / 3600)  # bring-up 100 s lost by all
+    unknown = accounting.account(segments, 32, now=T0 + 2000)  # the node's GPUs unknown: all held, as before
+    assert unknown.held_h == pytest.approx(32 * 1000 / 3600)
