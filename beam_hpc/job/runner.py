@@ -273,11 +273,29 @@ class JobRunner:
                     while time.monotonic() < deadline:
                         self.check()
                         time.sleep(POLL_S)
+                    self._raise_if_slurm_took_a_node()
                 return rc
             self.check()
             if on_tick is not None:
                 on_tick(self)
             time.sleep(POLL_S)
+
+    def _raise_if_slurm_took_a_node(self) -> None:
+        """After a driver failure that no node step's end explained: a node Slurm took from the job
+        (``--no-kill``: the steps on it end seconds later under load) is the failure's cause, and
+        the segment ends as that node failure (beam_hpc.lifecycle.exclusions.taken_from_job).
+        Rollout nodes the segment already went on without are not counted again."""
+        if not self.ctx.component_ids or self.ctx.job_id.startswith("l"):  # a local run: no Slurm
+            return
+        from beam_hpc.lifecycle.exclusions import taken_from_job
+
+        known = {f["node"] for f in self.lost_nodes}
+        taken = [f for f in taken_from_job(self.ctx.job_id, self.ctx.component_ids, self.ctx.nodelists)
+                 if f["node"] not in known]
+        if taken:
+            names = ", ".join(f["node"] for f in taken)
+            raise NodeStepFailed(f"the driver failed and Slurm had taken node(s) {names} from the job",
+                                 node=taken[0]["node"], log_path="", failed_nodes=taken)
 
     def _record_driver(self, argv: list[str], env: dict[str, str]) -> None:
         """``driver.json`` in the segment directory: the command the driver ran with, the total it

@@ -17,6 +17,12 @@ A node lost under a job that does not go on without it (a Miles run, a one-node 
 it: the segment sees only a SIGTERM, and its own node steps may not have ended yet. So a segment
 that Slurm stopped asks Slurm what became of its own nodes (:func:`failed_in_slurm`, one
 ``scontrol show node``), and :func:`failed_by_slurm` (pure) says which of them count as failed.
+
+A job that asked ``--no-kill`` is not stopped by a node's failure: Slurm takes the node out of the
+job (the component's NodeList shrinks at once, measured on Slurm 22.05) and ends the steps on it,
+which under load takes seconds. The driver often dies first (its objects or actors were on the
+node); :func:`taken_from_job` then names the node from the job's own record (one ``scontrol show
+job``), so the segment ends as the node failure it is and later segments leave the node out.
 """
 
 from __future__ import annotations
@@ -214,3 +220,27 @@ def failed_in_slurm(nodelists: Sequence[str], *, query: Callable[..., list[NodeI
     except client.SlurmError as err:
         log.warning("cannot ask Slurm whether a node of this job failed (%s); none is recorded", err.last_line)
         return []
+
+
+def nodes_taken(allocated: Mapping[str, Sequence[str]], now: Mapping[str, Sequence[str]]) -> list[str]:
+    """The nodes each group was allocated that its component no longer holds (pure; a group Slurm
+    did not answer for is left out rather than counted as empty)."""
+    return [n for g, nodes in allocated.items() if g in now for n in nodes if n not in set(now[g])]
+
+
+def taken_from_job(job_id: str, component_ids: Mapping[str, str], allocated: Mapping[str, Sequence[str]], *,
+                   timeout: float = 5.0) -> list[dict[str, str]]:
+    """The nodes Slurm has taken from this running ``--no-kill`` job (see the module docstring), as
+    ``failed_nodes`` entries. Asked briefly; an unanswered question names no node."""
+    from beam_hpc.slurm import client
+
+    try:
+        records = client.show_job_records(job_id, timeout=timeout) or []
+        by_id = {r.get("JobId"): r for r in records}
+        now = {g: client.expand_hostnames(by_id[cid].get("NodeList", ""), timeout=timeout)
+               for g, cid in component_ids.items() if cid in by_id}
+    except client.SlurmError as err:
+        log.warning("cannot ask Slurm whether it took a node from this job (%s); none is recorded", err.last_line)
+        return []
+    return [{"node": n, "why": "Slurm took the node from the job (a node failure under --no-kill)"}
+            for n in nodes_taken(allocated, now)]
