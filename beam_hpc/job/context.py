@@ -74,6 +74,11 @@ class JobContext:
     def segment(self) -> str:
         return f"{self.job_id}-{self.restart}"
 
+    @property
+    def in_slurm(self) -> bool:
+        """A Slurm job (every group has a component id), not a local run (``local`` leaves them empty)."""
+        return bool(self.component_ids) and all(self.component_ids.values())
+
     @classmethod
     def from_slurm(cls, plan: Plan, env: Mapping[str, str] | None = None) -> JobContext:
         slurm = SlurmEnvironment(dict(os.environ if env is None else env))

@@ -285,7 +285,7 @@ class JobRunner:
         (``--no-kill``: the steps on it end seconds later under load) is the failure's cause, and
         the segment ends as that node failure (beam_hpc.lifecycle.exclusions.taken_from_job).
         Rollout nodes the segment already went on without are not counted again."""
-        if not self.ctx.component_ids or self.ctx.job_id.startswith("l"):  # a local run: no Slurm
+        if not self.ctx.in_slurm:
             return
         from beam_hpc.lifecycle.exclusions import taken_from_job
 

@@ -9,8 +9,9 @@ requeue is Slurm's own, except after a graceful save in a preemption's grace tim
 requeues itself. When Slurm requeued the job and this segment found failed nodes (a node Slurm
 took from the job, which is why it was requeued), the requeued job's ExcNodeList leaves them out.
 Then it logs the end and appends the end line. What must wait until the run lock is released
-comes back as :attr:`Ending.after` (the requeued job takes the lock again), for :func:`after_release`. The exit code is 0 when the segment ended as planned (completed,
-walltime, preempted, cancelled) and 1 otherwise.
+comes back as :attr:`Ending.after` (the requeued job takes the lock again), for
+:func:`after_release`. The exit code is 0 when the segment ended as planned (completed, walltime,
+preempted, cancelled) and 1 otherwise.
 """
 
 from __future__ import annotations

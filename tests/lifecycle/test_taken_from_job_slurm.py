@@ -11,9 +11,8 @@ tests/lifecycle/test_rollout_node_lost_slurm.py.
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from polling import poll_until
 from private_cluster import private_cluster
 
 from beam_hpc.lifecycle.exclusions import nodes_taken, taken_from_job
@@ -38,10 +37,8 @@ def test_a_node_slurm_takes_from_a_no_kill_job_is_named(slurm_cluster, tmp_path,
         script.write_text("#!/bin/bash\n#SBATCH -N2 -p debug --no-kill --no-requeue -t 5\nsleep 300\n")
         job = cluster.run("sbatch", "--parsable", "-o", "/dev/null", str(script)).stdout.strip().split("+")[0]
         try:
-            deadline = time.monotonic() + 60
-            while "JobState=RUNNING" not in cluster.run("scontrol", "--oneliner", "show", "job", job).stdout:
-                assert time.monotonic() < deadline, "the job never started"
-                time.sleep(0.2)
+            assert poll_until(lambda: "JobState=RUNNING" in cluster.run("scontrol", "--oneliner", "show", "job",
+                                                                        job).stdout, 60), "the job never started"
             components, allocated = {"trainer": job}, {"trainer": ["n1", "n2"]}
             assert taken_from_job(job, components, allocated) == []  # nothing taken yet: the control
             cluster.run("scontrol", "update", "nodename=n2", "state=down", "reason=beam-test-node-lost")

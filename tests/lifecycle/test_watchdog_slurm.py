@@ -24,10 +24,10 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from polling import poll_until
 from private_cluster import private_cluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -61,27 +61,23 @@ def _job(cluster, out: Path, requeue: bool) -> tuple[str, str]:  # type: ignore[
     script.write_text(f"#!/bin/bash\n#SBATCH -N1 -p debug {flag}\n#SBATCH hetjob\n#SBATCH -N1 -p debug {flag}\n"
                       f"exec {sys.executable} -c '{PROBE}' {out}\n")
     job = cluster.run("sbatch", "--parsable", f"--output={out}.log", str(script)).stdout.strip().split("+")[0]
-    deadline = time.monotonic() + 60
-    while not Path(f"{out}.ready").exists():
-        assert time.monotonic() < deadline, f"the probe never started: {Path(f'{out}.log').read_text(errors='replace')}"
-        time.sleep(0.1)
+    assert poll_until(Path(f"{out}.ready").exists, 60, 0.1), \
+        f"the probe never started: {Path(f'{out}.log').read_text(errors='replace')}"
     shown = cluster.run("scontrol", "--oneliner", "show", "job", job).stdout.splitlines()
     second = dict(tok.split("=", 1) for tok in shown[1].split() if "=" in tok)["NodeList"]
     return job, second
 
 
 def _verdict(out: Path, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while not out.exists() or not out.read_text():
-        assert time.monotonic() < deadline, f"no verdict: {Path(f'{out}.log').read_text(errors='replace')}"
-        time.sleep(0.1)
-    return json.loads(out.read_text())
+    text = poll_until(lambda: out.exists() and out.read_text(), timeout, 0.1)
+    assert text, f"no verdict: {Path(f'{out}.log').read_text(errors='replace')}"
+    return json.loads(text)
 
 
 def _kill_slurmd(cluster, node: str) -> None:  # type: ignore[no-untyped-def]
     """The node's slurmd gone, as with a node that lost power: SIGKILL, no goodbye to slurmctld."""
-    pid = int((cluster.lab / "run" / f"slurmd_{node}.pid").read_text().strip())
-    assert "slurmd" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"), pid
+    pid = cluster.slurmd_pid(node)
+    assert pid is not None, f"no slurmd runs for {node}"
     os.kill(pid, signal.SIGKILL)
 
 

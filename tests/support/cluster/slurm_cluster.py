@@ -161,6 +161,11 @@ class LocalSlurmCluster:
     def _pidfile(self, daemon: str) -> Path:
         return self.lab / "run" / f"{daemon}.pid"
 
+    def slurmd_pid(self, node: str) -> int | None:
+        """The PID of ``node``'s slurmd, while it runs (for a test that takes a node away as a dead
+        node goes: its slurmd gone, no goodbye to slurmctld)."""
+        return _live_pid(self._pidfile(f"slurmd_{node}"), "slurmd")
+
     # -- prerequisites ------------------------------------------------------------------------
     @staticmethod
     def missing_prerequisites() -> list[str]:
