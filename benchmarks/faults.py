@@ -890,8 +890,21 @@ class NodeLossChain:
                 "struck": self.struck, "ledger": ledger.read_ledger(self.dir / "ledger.jsonl")[0],
                 "rollouts": [[k, round(t, 3)] for k, t in self.trained()], "total": self.rollouts_total,
                 "gpus": sum(g.nodes * g.gpus_per_node for g in self.plan.groups) if self.plan else 0,
+                "rollout_node_gpus": next((g.gpus_per_node for g in self.plan.groups if g.name == "rollout"), 0)
+                if self.plan else 0,
                 "replacements": replacements(self.dir), "extra_jobs": extra, "ended_at": ended,
                 "wall_s": round(ended - t0, 1), "errors": self.errors}
+
+
+def with_rollout_node_gpus(record: dict[str, Any]) -> None:
+    """Give each chain of a --node-loss record saved before chains carried ``rollout_node_gpus``
+    the rollout node's GPUs its campaign's recipe set (``topology.rollout.gpus_per_node=N`` among
+    the overrides), so that its goodput is read as status reads a run's today."""
+    sets = dict(o.split("=", 1) for o in record.get("recipe") or [] if "=" in o)
+    gpus = sets.get("topology.rollout.gpus_per_node")
+    for chain in record["chains"]:
+        if "rollout_node_gpus" not in chain and gpus is not None:
+            chain["rollout_node_gpus"] = int(gpus)
 
 
 def step_s(rollouts: list[list[float]], lo: float, hi: float) -> float | None:
@@ -907,7 +920,9 @@ def chain_row(chain: dict[str, Any], seed: int | None) -> dict[str, Any]:
     from beam_hpc.run import accounting
 
     e = ettr(chain["ledger"], now=chain["ended_at"])
-    h = accounting.account(chain["ledger"], chain["gpus"], now=chain["ended_at"])
+    # held as Slurm bills it, and as status counts it: a rollout node lost in place is held until its loss
+    h = accounting.account(chain["ledger"], chain["gpus"], now=chain["ended_at"],
+                           lost_node_gpus=int(chain.get("rollout_node_gpus") or 0))
     ends = [s["end"] for s in chain["ledger"] if s.get("end")]
     bringup = sum(float(x.get("ready_s") or 0.0) for x in ends)
     first_up = float(ends[0].get("ready_s") or 0.0) if ends else 0.0  # no fault's: every chain pays it once
@@ -1066,6 +1081,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES), help="--node-loss: which")
     args = p.parse_args(argv)
     if args.reanalyse and "chains" in (record := json.loads(args.reanalyse.read_text())):
+        with_rollout_node_gpus(record)
         print(node_loss_report(record))
         return 0 if node_loss_ok(record) else 1
     if args.node_loss:

@@ -194,7 +194,9 @@ def _node_loss_chain(tmp_path: Path, policy: str) -> dict:
     if policy == "in_place":
         ledger.append(path, ledger.end_record(job_id="1", restart=0, rollouts_at_end=20, reason="completed",
                                               detail="20 of 20 rollouts done", next_action="none", next_job_id=None,
-                                              rollout_s=4.0, save_s=0.5, ready_s=20.0, rollouts_run=20, now=t + 110))
+                                              rollout_s=4.0, save_s=0.5, ready_s=20.0, rollouts_run=20, now=t + 110,
+                                              failed_nodes=[{"node": "n4", "lost_at": t + 51,  # type: ignore[dict-item]
+                                                             "why": "rollout node lost mid-segment (it went on)"}]))
         trained = [(k, t + 22 + 4 * k) for k in range(20)]
         extra = [{"job_id": "2", "replaces": "n4", "units": 9, "gpu_hours": 0.01}]
     else:
@@ -211,7 +213,7 @@ def _node_loss_chain(tmp_path: Path, policy: str) -> dict:
     assert not warnings
     return {"policy": policy, "seed": 1, "loss": {"after": 7, "worker": 1}, "job": "1",
             "struck": {"node": "n4", "at": t + 51, "rollouts_at": 8, "killed": 5, "how": "state=down; SIGKILL"},
-            "ledger": segments, "rollouts": [[k, at] for k, at in trained], "total": 20, "gpus": 4,
+            "ledger": segments, "rollouts": [[k, at] for k, at in trained], "total": 20, "gpus": 4, "rollout_node_gpus": 1,
             "replacements": [], "extra_jobs": extra, "ended_at": t + 200, "wall_s": 180.0, "errors": [],
             "bitwise": {"equal": True, "detail": "71 tensors"}}
 
@@ -231,6 +233,13 @@ def test_each_chain_row_is_the_ledgers_ettr_with_what_the_restart_trained_again(
     assert restart["ettr"] == pytest.approx(20 * 4.0 / (60 + 80)) and restart["redone"] == 3
     assert restart["segments"] == 2 and restart["bringup_s"] == 40.0 and restart["reasons"] == ["preempted", "completed"]
     assert in_place["step_before_s"] == pytest.approx(4.0) and in_place["step_after_s"] == pytest.approx(4.0)
+    # goodput as status reads it: the lost rollout node's one GPU is held until its loss, 59 s before
+    # the segment's end (4 GPUs for 110 s), not to the end
+    chain = record["chains"][0]
+    as_status = accounting.account(chain["ledger"], 4, now=chain["ended_at"], lost_node_gpus=1)
+    assert as_status.held_h == pytest.approx((110 * 4 - 59) / 3600)
+    assert in_place["goodput"] == pytest.approx(as_status.goodput)
+    assert in_place["goodput"] != pytest.approx(accounting.account(chain["ledger"], 4, now=chain["ended_at"]).goodput)
     text = faults.node_loss_report(record)
     # less the first bring-up (every chain's, no fault's): the restart still pays its second one
     assert in_place["ettr_warm"] == pytest.approx(80 / 90) and restart["ettr_warm"] == pytest.approx(80 / 120)
@@ -240,6 +249,23 @@ def test_each_chain_row_is_the_ledgers_ettr_with_what_the_restart_trained_again(
     # overheads 30 s and 60 s at 4 s a step: 0.9 needs 9 x 30 / 4 and 9 x 60 / 4 rollouts
     assert "in_place: overhead 30 s, step 4.0 s -> N >= 68 rollouts" in text
     assert "restart: overhead 60 s, step 4.0 s -> N >= 135 rollouts" in text
+
+
+def test_a_record_saved_before_chains_named_their_rollout_node_gpus_takes_them_from_its_recipe(
+        tmp_path: Path, capsys) -> None:
+    saved = tmp_path / "old.json"
+    record = _node_loss_record(tmp_path)
+    for chain in record["chains"]:
+        del chain["rollout_node_gpus"]
+    old_row = faults.chain_row(record["chains"][0], 1)  # as if every GPU were held to the end
+    record["recipe"] = ["eval.interval=0", "topology.rollout.gpus_per_node=1"]
+    saved.write_text(json.dumps(record))
+    assert faults.main(["--reanalyse", str(saved)]) == 0
+    faults.with_rollout_node_gpus(record)
+    assert [c["rollout_node_gpus"] for c in record["chains"]] == [1, 1]
+    new_row = faults.chain_row(record["chains"][0], 1)
+    assert new_row["goodput"] < old_row["goodput"]
+    assert f"| {new_row['goodput']:.3f} |" in capsys.readouterr().out
 
 
 def test_the_verdict_fails_on_different_weights_an_incomplete_chain_or_an_error(tmp_path: Path, capsys) -> None:
