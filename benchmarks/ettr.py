@@ -1,10 +1,11 @@
-"""Projected ETTR at 96, 1,024 and 8,192 GPUs: full restart against the product's own rule for a lost node.
+"""Projected ETTR at 96, 1,024 and 8,192 GPUs: full restart against the product's own rules for a lost node and a process fault.
 
     python benchmarks/ettr.py [--runs 40] [--seed 1] [--days 7] [--interval N] [--rate llama3|robustrl|both|X]
-                              [--json out.json]
+                              [--process-share F] [--json out.json]
 
 ETTR (issue 42) is the time spent training on work that is kept over the wall time held. This
-script simulates a run's chain of segments under node losses and reads ETTR off the simulated
+script simulates a run's chain of segments under node losses and process faults on live nodes
+(:class:`ProcessFault`) and reads ETTR off the simulated
 ledger with the product's own reader (:mod:`beam_hpc.observe.ettr`). It is driven by beam-hpc's
 decision code, not by a model of it:
 
@@ -26,17 +27,56 @@ decision code, not by a model of it:
   same :class:`~beam_hpc.lifecycle.decide.Outcome` and ledger history a real segment feeds it (the
   retry-once rule, the ``max_segments`` guard, the stop after two failures without progress);
 - a segment whose rollouts cannot go on (the product went on, but no engine is whole) ends when
-  the product's stall watchdog fires (:func:`beam_hpc.lifecycle.stall.timeouts`), as ``stalled``.
+  the product's stall watchdog fires (:func:`beam_hpc.lifecycle.stall.timeouts`), as ``stalled``;
+- what a process fault on a live node does is the product's too (:meth:`ProductRule.on_process_fault`):
+  a trainer process's fault fails the driver (``error``, no node excluded); on the rollout group a
+  Miles run's driver restarts the dead engine in place (:func:`restarts_dead_engines`: the plan's
+  driver argv carries ``--use-fault-tolerance``, which ``beam_hpc.backends.miles.args._outputs``
+  puts on every Miles run), and a reference run's driver drops the dead worker and goes on with the
+  others (:func:`drops_dead_workers`, below).
+
+What the reference backend does when a rollout worker's process dies on a node that stays up, read
+from the code: the driver's unit feeder gets ``RayActorError`` for the unit in flight and calls
+``beam_hpc.backends.reference.rollouts.unit_service.UnitService._worker_lost``, which puts the
+worker's units back in the queue and goes on with the workers left (the same path as a lost node's
+worker: it cannot tell the two apart). Nothing starts the worker again: the driver makes its actors
+with no ``max_restarts`` (``beam_hpc.backends.reference.loop.driver.Loop.start``), and the job asks
+for a replacement only when a node step ends (``beam_hpc.job.runner.JobRunner._goes_on_without``),
+which a dead process on a live node does not do. So the segment goes on without that worker until
+it ends; the next segment starts its workers again. It ends the segment only with
+``backend_options.weight_sync: nccl`` or when no own worker and no outside worker is left. That
+path does not read ``lifecycle.rollout_node_loss``, so the full-restart row goes on too.
 
 ``full restart`` is the product too: the same reference recipe with ``lifecycle.rollout_node_loss:
 restart``, under which survives_node_loss says no for every group, so any lost node ends the segment
 and decide() resubmits from the last checkpoint (the product before issue 42, and the product today
-for every Miles run).
+for every Miles run's node losses). A rollout worker's process fault does not end its segment
+(the reference driver drops the worker whatever ``rollout_node_loss`` says), so this row is "full
+restart" for node losses only; a Miles run's process faults differ from it (an engine restarted in
+place against a worker gone until the segment ends), so the two rows are no longer equal.
 
 The model of a run (each value is printed with its source):
 
-- a node is lost at the rate of its GPUs at the per-GPU interruption rate (Poisson, in held time);
-  its group is drawn in proportion to the groups' sizes, and the node among the group's nodes up;
+- interruptions come at the rate of the run's GPUs at the per-GPU interruption rate (Poisson, in
+  held time). Each is a process fault on a live node with probability ``process_share`` (Llama 3's
+  Table 5: 'software bug' 12.9% + 'NCCL watchdog timeouts' 1.7% of the unexpected interruptions,
+  faults a restart on the same GPUs clears; :data:`LLAMA3_PROCESS_SHARE`), else a node lost (the
+  hardware categories, which need the node or GPU replaced). The share splits the rate, it adds
+  nothing: the total is Llama 3's (or RobustRL's, with Llama 3's share: an assumption). Either
+  kind's group is drawn in proportion to the groups' sizes, and the node among the group's nodes
+  up; ``--process-share 0`` draws no kind and gives the node-loss-only projection draw for draw;
+- a Miles engine whose process died is out from its death to the next weight update (the step in
+  flight runs slower, as for an engine not whole), and then Miles starts it again on the same
+  bundle before that update, which waits for it: ``engine_restart_s`` held, nothing generated or
+  trained (the recovery path ``actor_group.update_weights -> ServerGroup.recover``, recorded in
+  tests/support/standins/miles_standin/miles/utils/health_monitor.py). Unless the death fell after
+  the last health check before that update (:func:`update_window_s`: within the check interval of
+  it): then the update goes to the dead engine and fails, the driver exits 1 (after the step's
+  training and its save, if one was due: Miles trains, saves, then updates) and the segment ends
+  as ``error``. A death that leaves no engine serving ends it too (Miles's 60 retries fail the
+  rollout);
+- a reference worker whose process died leaves its node's engine not whole until the segment
+  ends: no restart, no replacement (above);
 - a step (one rollout generated and trained on) takes ``step_s`` at full capacity. The seed's
   configurations are asynchronous with pools sized to balance generation and training, so a step
   is the slower of the two: with ``w`` of ``E`` engines whole it takes ``step_s * E / w``. An
@@ -48,7 +88,7 @@ The model of a run (each value is printed with its source):
   held) in the queue before it starts; at the walltime lead it saves on request and ends. A node
   lost during bring-up ends the segment under both policies (the job goes on without a node only
   once its driver runs, ``beam_hpc.job.runner``);
-- where the product goes on, the lost node's units go back to the queue and nothing is trained
+- where the product goes on after a node loss, the lost node's units go back to the queue and nothing is trained
   again; the step in flight is charged whole at the slower speed; the replacement (one node, as
   ``rollout add --nodes 1`` asks) serves ``replace_s`` after the loss and makes its engine whole
   again, and holds its node from ``queue_s`` after the loss until the segment ends (reported as
@@ -78,6 +118,7 @@ from typing import Any, Protocol
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from beam_hpc.backends.reference.loop.driver import LoopOptions  # noqa: E402
 from beam_hpc.backends.registry import plan_for  # noqa: E402
 from beam_hpc.config.recipe import load_recipe  # noqa: E402
 from beam_hpc.config.site import load_site  # noqa: E402
@@ -103,6 +144,19 @@ LLAMA3_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_GPUS * LLAMA3_DAYS * 24)
 ROBUSTRL_NODE_DAY = 0.10
 ROBUSTRL_PER_GPU_HOUR = ROBUSTRL_NODE_DAY / (8 * 24)
 RATES = {"llama3": LLAMA3_PER_GPU_HOUR, "robustrl": ROBUSTRL_PER_GPU_HOUR}
+# Llama 3 (arXiv 2407.21783, 3.3.4, Table 5): root causes of the 419 unexpected interruptions.
+# 'Software bug' (12.9%) and 'NCCL watchdog timeouts' (1.7%) are faults of a process that a restart
+# on the same GPUs clears; the hardware categories (faulty GPU 30.1%, GPU HBM3 memory 17.2%, network
+# switch and cable 8.4%, ...) need the node or the GPU replaced and stay node losses. The share
+# splits the rate above into the two kinds; the total is unchanged.
+LLAMA3_SOFTWARE_BUG, LLAMA3_NCCL_WATCHDOG = 0.129, 0.017
+LLAMA3_PROCESS_SHARE = LLAMA3_SOFTWARE_BUG + LLAMA3_NCCL_WATCHDOG
+# RobustRL gives no split of its injected failures: Llama 3's share, an assumption.
+ROBUSTRL_PROCESS_SHARE = LLAMA3_PROCESS_SHARE
+PROCESS_SHARES = {"llama3": LLAMA3_PROCESS_SHARE, "robustrl": ROBUSTRL_PROCESS_SHARE}
+# Miles's health check (radixark/miles 31f1ca96, arguments.py add_fault_tolerance_arguments): its
+# flags and defaults, read from the plan's driver argv where a recipe's extra_args sets them.
+HEALTH_CHECK_INTERVAL = ("--rollout-health-check-interval", 30.0)
 NO_CAP = 10**6  # lifecycle.max_replacements high enough never to be reached
 
 
@@ -185,8 +239,14 @@ class Costs:
     save_s: float = 300.0
     detect_s: float = 60.0
     operator_s: float = 3600.0
-    per_gpu_hour: float = LLAMA3_PER_GPU_HOUR
+    per_gpu_hour: float = LLAMA3_PER_GPU_HOUR  # interruptions of both kinds (the split is process_share)
     horizon: float = 10.0  # give a run up after this many times its failure-free length
+    process_share: float = LLAMA3_PROCESS_SHARE  # of the interruptions, process faults on a live node
+    # A Miles engine started again before the weight update (the update waits for it): an estimate
+    # at the seed's scale. A new SGLang engine of 16 GPUs over 2 nodes loads the 501B model (~1 TB
+    # in bf16, ~500 GB a node) and captures its CUDA graphs; at a few GB/s a node from shared
+    # storage that is 3-5 minutes, then the update carries the current weights to it.
+    engine_restart_s: float = 300.0
 
 
 SOURCES = {
@@ -216,6 +276,19 @@ SOURCES = {
     "detect 60 s": "assumption; the local cluster notices a dead node step in ~5 s "
                    "(benchmarks/results/faults-2026-12-04.md)",
     "operator 1 h": "assumption: a chain that decide() stopped is resubmitted by a person",
+    "process faults 14.6% of interruptions": "Llama 3 Table 5 (arXiv 2407.21783, 3.3.4): 'software bug' 12.9% + "
+                                             "'NCCL watchdog timeouts' 1.7% of 419 unexpected interruptions; the rate "
+                                             "is split, not raised; the same share at RobustRL's rate (assumption)",
+    "process fault: goes on or ends": "the product's drivers: a trainer process's fault fails the driver (error, no "
+                                      "node excluded); Miles (--use-fault-tolerance in the plan's argv) restarts a "
+                                      "dead engine before the next weight update; reference drops a dead worker "
+                                      "(unit_service.UnitService._worker_lost) until the segment ends, every row",
+    "engine restart 300 s": "estimate: a 16-GPU SGLang engine of the 501B model loads ~500 GB a node and captures "
+                            "CUDA graphs; the weight update waits for it (Miles's ServerGroup.recover)",
+    "weight update fails: death within 30 s of it": "Miles's health check every 30 s "
+                                                    "(--rollout-health-check-interval): a death after the last check "
+                                                    "before the update (within one interval of it) is not seen, the "
+                                                    "update goes to the dead engine and the driver exits 1",
 }
 
 
@@ -230,18 +303,75 @@ class NodeLost:
 
 
 @dataclass(frozen=True)
+class ProcessFault:
+    """What a policy is told when a process dies on a node that stays up (its node is not lost)."""
+
+    group: str  # the plan's group name of the process: "trainer" | "rollout"
+    workers_left: int  # rollout workers still serving without the dead one: the segment's own and replacements
+
+
+@dataclass(frozen=True)
 class Reaction:
     """End the segment (the chain goes on as decide() says), or go on and get a replacement
-    ``replace_after_s`` later (None: no replacement)."""
+    ``replace_after_s`` later (None: no replacement), or (``restart``) have the dead engine started
+    again in place before the next weight update."""
 
     end_segment: bool
     replace_after_s: float | None = None
+    restart: bool = False
 
 
 class Policy(Protocol):
     name: str
 
     def on_node_lost(self, lost: NodeLost) -> Reaction: ...
+
+    def on_process_fault(self, fault: ProcessFault) -> Reaction: ...
+
+
+def _flag(plan: Plan, flag: tuple[str, float]) -> float:
+    """A numeric flag's value in the plan's driver argv (``--f v`` or ``--f=v``), else its default."""
+    name, default = flag
+    argv = list(plan.driver_argv)
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return float(argv[i + 1])
+        if a.startswith(name + "="):
+            return float(a.split("=", 1)[1])
+    return default
+
+
+def restarts_dead_engines(plan: Plan) -> bool:
+    """Whether the run's driver restarts a rollout engine whose process died, in place, and goes on:
+    a Miles driver with ``--use-fault-tolerance``, which ``beam_hpc.backends.miles.args._outputs``
+    puts on every Miles run (its health monitor kills an engine that fails a check, and
+    ``ServerGroup.recover`` starts it again on the same bundle before the next weight update; the
+    contract is recorded in tests/support/standins/miles_standin/miles/utils/health_monitor.py).
+    Read off the plan's argv, so a plan without the flag would end its segment instead. The product
+    has no predicate of its own for this: the behaviour is Miles's, switched on by that flag."""
+    return plan.recipe.backend == "miles" and "--use-fault-tolerance" in plan.driver_argv
+
+
+def drops_dead_workers(plan: Plan) -> bool:
+    """Whether the run's driver drops a rollout worker whose process died and goes on with the rest:
+    the reference driver's ``UnitService._worker_lost`` (beam_hpc.backends.reference.rollouts.unit_service),
+    except with ``backend_options.weight_sync: nccl`` (the worker was a rank of the trainer's
+    broadcast group), read through the driver's own ``LoopOptions``. It does not read
+    ``lifecycle.rollout_node_loss``: the full-restart recipe drops the worker too."""
+    return plan.recipe.backend == "reference" and LoopOptions.of(plan.recipe).weight_sync != "nccl"
+
+
+def update_window_s(plan: Plan) -> float:
+    """How long before a weight update a Miles engine's death goes unseen, so that the update goes
+    to the dead engine and fails (the driver exits 1; lifecycle guide, "With Miles: a dead engine is
+    restarted, a lost node ends the segment"). The monitor checks every engine each
+    ``--rollout-health-check-interval`` and pauses at the update: a death after the last check
+    before it is missed. That gap is between 0 and the interval (half of it on average); a hung
+    engine's check takes up to ``--rollout-health-check-timeout`` more to fail, and a death during
+    the update itself (monitor paused) fails it too. The whole interval is taken, between the mean
+    gap (interval / 2) and the worst case (interval + timeout, 30 s more by default): 30 s by
+    Miles's defaults, a 5% chance at 600 s steps."""
+    return _flag(plan, HEALTH_CHECK_INTERVAL)
 
 
 @dataclass(frozen=True)
@@ -258,6 +388,19 @@ class ProductRule:
         return Reaction(end_segment=not react.goes_on,
                         replace_after_s=self.config.replace_s if react.replace else None)
 
+    def on_process_fault(self, fault: ProcessFault) -> Reaction:
+        """A process died on a live node: the trainer's (or a colocated group's) fails the driver;
+        a rollout engine's is restarted in place (Miles) or dropped (reference, unless it was the
+        last worker serving: ``_worker_lost`` raises then); any other driver fails."""
+        plan = self.config.plan
+        if plan.group(fault.group).roles != ("rollout",):
+            return Reaction(end_segment=True)
+        if restarts_dead_engines(plan):
+            return Reaction(end_segment=False, restart=True)
+        if drops_dead_workers(plan):
+            return Reaction(end_segment=fault.workers_left == 0)
+        return Reaction(end_segment=True)
+
 
 # -- one simulated run ----------------------------------------------------------------------------
 @dataclass
@@ -268,6 +411,10 @@ class RunResult:
     segments: int
     node_losses: int
     restarts: int  # segments ended by a node failure
+    process_faults: int  # processes that died on a live node
+    fault_ends: int  # segments a process fault ended (error): a trainer's, a failed weight update, no worker left
+    engine_restarts: int  # Miles engines restarted in place, the segment going on
+    workers_dropped: int  # reference workers dropped, the segment going on without them to its end
     stalls: int  # segments that went on without whole engines and were stopped by the stall watchdog
     went_on: int  # node losses the segment went on without
     replacements: int
@@ -284,12 +431,20 @@ class _Capacity:
     """The segment's rollout engines: how many of each engine's nodes are down."""
 
     config: Config
-    down: dict[int, int] = field(default_factory=dict)  # rollout node -> 1 while down
+    down: dict[int, int] = field(default_factory=dict)  # rollout node -> 1 while down (lost, or its worker dropped)
     back: list[tuple[float, int]] = field(default_factory=list)  # (when its replacement serves, node)
+    dead: set[int] = field(default_factory=set)  # Miles engines whose process died, until the next weight update
+    dropped: set[int] = field(default_factory=set)  # rollout nodes (up) whose reference worker died
+    serving_from: list[float] = field(default_factory=list)  # when each replacement of the segment serves
 
     def whole(self) -> int:
-        broken = {e for n in self.down for e in self.config.engines_of(n)}
+        broken = {e for n in self.down for e in self.config.engines_of(n)} | self.dead
         return self.config.engines - len(broken)
+
+    def workers(self, own_up: int, t: float) -> int:
+        """Rollout workers serving at ``t``: the segment's own on nodes up whose worker lives, and
+        the replacements that have joined (outside workers to the driver's unit service)."""
+        return own_up - len(self.dropped) + sum(1 for at in self.serving_from if at <= t)
 
     def arrive(self, t: float) -> None:
         self.back.sort()
@@ -309,24 +464,34 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
     stall_s = stall.timeouts(lc.stall_timeout_s, lc.startup_timeout_s, slowest_step_s=costs.step_s,
                              last_save_s=costs.save_s).stall_s
     groups = plan.groups
-    node_rate_s = plan.total_gpus * costs.per_gpu_hour / 3600.0  # node losses per held second
+    node_rate_s = plan.total_gpus * costs.per_gpu_hour / 3600.0  # interruptions (both kinds) per held second
+    window_s, drops = update_window_s(plan), drops_dead_workers(plan)
     rollout = config.rollout
     lines: list[dict[str, Any]] = []
     history: list[dict[str, Any]] = []  # decide()'s: the segments since the chain (re)started
     now, saved, job = 0.0, 0, 0
-    n = dict(losses=0, restarts=0, stalls=0, went_on=0, replacements=0, stops=0, no_progress=0, too_many=0)
+    n = dict(losses=0, restarts=0, stalls=0, went_on=0, replacements=0, stops=0, no_progress=0, too_many=0,
+             faults=0, fault_ends=0, engine_restarts=0, dropped=0)
     replacement_gpu_s = 0.0
     give_up = costs.horizon * num_rollout * costs.step_s
     next_loss = now + _gap(rng, node_rate_s)
 
-    def draw(cap: _Capacity) -> tuple[GroupPlan, int]:
-        """The lost node's group (by size) and, for the rollout group, which of its nodes up."""
+    def is_process_fault() -> bool:
+        """The interruption's kind: drawn only where both kinds occur, so that a share of 0 (or 1)
+        leaves the draws, and the projection, as they were."""
+        share = costs.process_share
+        return share >= 1 or (share > 0 and rng.random() < share)
+
+    def draw(cap: _Capacity, process: bool) -> tuple[GroupPlan, int]:
+        """The failed node's group (by size) and, for the rollout group, which of its nodes: one up
+        for a node loss, one whose worker lives for a process fault (-1: none)."""
         pick = rng.random() * plan.total_nodes
         for g in groups:
             if pick < g.nodes:
                 break
             pick -= g.nodes
-        up = [i for i in range(g.nodes) if i not in cap.down] if g is rollout else []
+        gone = set(cap.down) if process else set(cap.down) - cap.dropped
+        up = [i for i in range(g.nodes) if i not in gone] if g is rollout else []
         return g, (rng.choice(up) if up else -1)
 
     while saved < num_rollout and now < give_up:
@@ -336,7 +501,7 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
                                     lead_s=int(lead_s), now=now)
         t0, at_start = now, saved
         deadline = t0 + walltime_s - lead_s
-        if next_loss < now:  # losses happen while held: the clock of failures runs in held time only
+        if next_loss < now:  # failures happen while held: their clock runs in held time only
             next_loss = now + _gap(rng, node_rate_s)
         cap = _Capacity(config)
         own_up = {g.name: g.nodes for g in groups}  # the segment's own nodes of each group still up
@@ -344,10 +509,12 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
         reason: Reason | None = None
         t = t0 + config.bringup_s
         joined: list[float] = []  # when each replacement job of this segment started holding its node
-        if next_loss < t:  # lost during bring-up, before the driver runs: the segment ends
-            n["losses"] += 1
-            draw(cap)
-            t, reason = next_loss + costs.detect_s, Reason.NODE_FAILURE
+        if next_loss < t:  # before the driver runs (a node lost, or a process that fails its start): it ends
+            process = is_process_fault()
+            n["faults" if process else "losses"] += 1
+            draw(cap, process)
+            t, reason = next_loss + costs.detect_s, Reason.ERROR if process else Reason.NODE_FAILURE
+            n["fault_ends"] += process
             next_loss += _gap(rng, node_rate_s)
         while reason is None:
             cap.arrive(t)
@@ -360,30 +527,67 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
                 break
             step = costs.step_s * (config.engines / whole if config.engines else 1.0)
             save = costs.save_s if (done + 1) % interval == 0 or done + 1 == num_rollout else 0.0
-            if t + step + save > deadline:  # the walltime lead: save on request, stop
+            # dead Miles engines are started again before the weight update that ends the step: it waits
+            restart_s = costs.engine_restart_s if cap.dead else 0.0
+            if t + step + save + restart_s > deadline:  # the walltime lead: save on request, stop
                 if done > saved:
                     t, saved = t + costs.save_s, done
                 reason = Reason.WALLTIME
                 break
-            if next_loss < t + step + save:
+            if next_loss < t + step + save + restart_s:
+                at = next_loss
+                next_loss = at + _gap(rng, node_rate_s)
+                process = is_process_fault()
+                g, node = draw(cap, process)
+                if process:
+                    n["faults"] += 1
+                    if g is rollout and node < 0:  # it falls on a node whose worker is already gone
+                        continue
+                    r = policy.on_process_fault(ProcessFault(g.name, cap.workers(own_up[g.name], at) - 1))
+                    update_at = t + step + save  # the weight update the step in flight ends with
+                    if r.end_segment:
+                        t, reason = at + costs.detect_s, Reason.ERROR
+                    elif r.restart and at > update_at - window_s:
+                        # unseen by the health check: the step is trained (and saved, if due), then the
+                        # update to the dead engine fails and the driver exits 1
+                        t, step_time, steps, done = max(at, update_at) + costs.detect_s, step_time + step, steps + 1, done + 1
+                        saved = done if save else saved
+                        reason = Reason.COMPLETED if done >= num_rollout else Reason.ERROR
+                    elif r.restart:  # seen and shut down; the step in flight goes on without it, slower
+                        engines = config.engines_of(node)
+                        cap.dead.add(rng.choice(engines) if len(engines) > 1 else engines[0])
+                        n["engine_restarts"] += 1
+                        if cap.whole() == 0:  # no engine serves: Miles's retries fail the rollout
+                            t, reason = at + costs.detect_s, Reason.ERROR
+                    else:  # the reference driver drops the worker; its units go back to the queue
+                        cap.down[node] = 1
+                        cap.dropped.add(node)
+                        n["dropped"] += 1
+                    n["fault_ends"] += reason == Reason.ERROR
+                    continue
                 n["losses"] += 1
-                lost_at = next_loss
-                next_loss = lost_at + _gap(rng, node_rate_s)
-                g, node = draw(cap)
                 r = policy.on_node_lost(NodeLost(g.name, own_up[g.name] - 1, n["replacements"]))
                 if r.end_segment:
-                    t, reason = lost_at + costs.detect_s, Reason.NODE_FAILURE
+                    t, reason = at + costs.detect_s, Reason.NODE_FAILURE
                     break
                 n["went_on"] += 1
                 own_up[g.name] -= 1
                 if g is rollout:  # the step in flight goes on, slower: its units go back to the queue
                     cap.down[node] = 1
+                    cap.dropped.discard(node)  # a node whose worker had died is now lost itself
                 if r.replace_after_s is not None:
                     n["replacements"] += 1
-                    cap.back.append((lost_at + r.replace_after_s, node))
-                    joined.append(lost_at + config.queue_s)
+                    cap.back.append((at + r.replace_after_s, node))
+                    cap.serving_from.append(at + r.replace_after_s)
+                    joined.append(at + config.queue_s)
+                if drops and g is rollout and cap.workers(own_up[g.name], at) == 0:
+                    # the lost node's worker was the last one serving (the others' processes had
+                    # died): the driver's _worker_lost ends the segment
+                    t, reason = at + costs.detect_s, Reason.ERROR
+                    n["fault_ends"] += 1
                 continue
-            t += step + save
+            t += step + save + restart_s
+            cap.dead.clear()  # started again before this step's weight update
             step_time += step
             steps += 1
             done += 1
@@ -423,7 +627,9 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
     full_speed = e.rollouts_kept * costs.step_s
     return RunResult(ettr=e.ratio or 0.0, ettr_full_speed=full_speed / e.held_s if e.held_s else 0.0,
                      span_ettr=e.span_ratio or 0.0, segments=len(lines), node_losses=n["losses"],
-                     restarts=n["restarts"], stalls=n["stalls"], went_on=n["went_on"], replacements=n["replacements"],
+                     restarts=n["restarts"], process_faults=n["faults"], fault_ends=n["fault_ends"],
+                     engine_restarts=n["engine_restarts"], workers_dropped=n["dropped"],
+                     stalls=n["stalls"], went_on=n["went_on"], replacements=n["replacements"],
                      chain_stops=n["stops"], stops_no_progress=n["no_progress"], stops_max_segments=n["too_many"],
                      replacement_gpu_h=replacement_gpu_s / 3600.0, unfinished=int(saved < num_rollout),
                      days=now / 86400.0)
@@ -466,7 +672,10 @@ def project(runs: int, seed: int, days: float, costs: Costs = Costs(), overrides
                 "survives": {g.name: survives_node_loss(config.plan, g) for g in config.plan.groups},
                 "max_replacements": config.recipe.lifecycle.max_replacements,
                 "interval": config.recipe.checkpoint.interval,
-                "per_gpu_hour": costs.per_gpu_hour, "node_losses_per_day": config.plan.total_gpus * costs.per_gpu_hour * 24,
+                "per_gpu_hour": costs.per_gpu_hour, "process_share": costs.process_share,
+                "interruptions_per_day": config.plan.total_gpus * costs.per_gpu_hour * 24,
+                "node_losses_per_day": config.plan.total_gpus * costs.per_gpu_hour * 24 * (1 - costs.process_share),
+                "process_faults_per_day": config.plan.total_gpus * costs.per_gpu_hour * 24 * costs.process_share,
                 **{f"{k}_mean": statistics.fmean(v) for k, v in col.items()},
                 "ettr_p10": _pct(col["ettr"], 0.1), "ettr_p90": _pct(col["ettr"], 0.9),
             })
@@ -474,16 +683,18 @@ def project(runs: int, seed: int, days: float, costs: Costs = Costs(), overrides
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| run | GPUs (trainer + rollout nodes; engines) | node losses / day | policy | ETTR mean (p10-p90) | "
-            "ETTR at full speed | ETTR over wall span | segments | restarts | went on | replacements | "
+    head = ("| run | GPUs (trainer + rollout nodes; engines) | node losses + process faults / day | policy | "
+            "ETTR mean (p10-p90) | ETTR at full speed | ETTR over wall span | segments | restarts | went on | "
+            "process faults: ended / engine restarted / worker dropped | replacements | "
             "chain stops (no progress / max segments) | replacement GPU-h | unfinished | days |")
-    out = [head, "|" + "---|" * 15]
+    out = [head, "|" + "---|" * 16]
     for r in rows:
         out.append(f"| {r['scale']} | {r['gpus']} ({r['trainer_nodes']} + {r['rollout_nodes']}; {r['engines']}) | "
-                   f"{r['node_losses_per_day']:.2f} | {r['policy']} | {r['ettr_mean']:.3f} "
-                   f"({r['ettr_p10']:.3f}-{r['ettr_p90']:.3f}) | {r['ettr_full_speed_mean']:.3f} | "
+                   f"{r['node_losses_per_day']:.2f} + {r['process_faults_per_day']:.2f} | {r['policy']} | "
+                   f"{r['ettr_mean']:.3f} ({r['ettr_p10']:.3f}-{r['ettr_p90']:.3f}) | {r['ettr_full_speed_mean']:.3f} | "
                    f"{r['span_ettr_mean']:.3f} | {r['segments_mean']:.1f} | {r['restarts_mean']:.1f} | "
-                   f"{r['went_on_mean']:.1f} | {r['replacements_mean']:.1f} | "
+                   f"{r['went_on_mean']:.1f} | {r['fault_ends_mean']:.2f} / {r['engine_restarts_mean']:.2f} / "
+                   f"{r['workers_dropped_mean']:.2f} | {r['replacements_mean']:.1f} | "
                    f"{r['chain_stops_mean']:.2f} ({r['stops_no_progress_mean']:.2f} / {r['stops_max_segments_mean']:.2f}) | "
                    f"{r['replacement_gpu_h_mean']:.0f} | {r['unfinished_mean']:.2f} | {r['days_mean']:.1f} |")
     return "\n".join(out)
@@ -509,13 +720,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--days", type=float, default=7.0, help="training a run needs at full speed, in days (default 7)")
     p.add_argument("--interval", type=int, help="checkpoint.interval for every recipe (default: the recipe's, 20)")
     p.add_argument("--rate", default="both",
-                   help="per-GPU-hour node-loss rate: llama3 (Llama 3's), robustrl (RobustRL's 10%% injection as "
+                   help="per-GPU-hour interruption rate: llama3 (Llama 3's), robustrl (RobustRL's 10%% injection as "
                         "read here), both (default), or a number (a sensitivity run)")
+    p.add_argument("--process-share", type=float,
+                   help="of the interruptions, process faults on a live node (default: Llama 3's Table 5, "
+                        f"{LLAMA3_PROCESS_SHARE:.3f}, at every rate); 0 gives the node-loss-only projection")
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)
     problems = [f"--{name}: {value}; give a number above 0" for name, value in
                 (("runs", args.runs), ("days", args.days), ("interval", args.interval))
                 if value is not None and value <= 0]
+    if args.process_share is not None and not 0 <= args.process_share <= 1:
+        problems.append(f"--process-share: {args.process_share}; give a share from 0 to 1")
     rates = _rates(args.rate)
     if rates is None:
         problems.append(f"--rate: {args.rate!r}; give llama3, robustrl, both or a number of node losses per GPU-hour "
@@ -528,9 +744,11 @@ def main(argv: list[str] | None = None) -> int:
                            "sources": SOURCES, "shapes": [asdict(s) for s in SHAPES], "tables": {}}
     try:
         for name, rate in rates.items():
-            costs = Costs(per_gpu_hour=rate)
+            share = args.process_share if args.process_share is not None else PROCESS_SHARES.get(name, LLAMA3_PROCESS_SHARE)
+            costs = Costs(per_gpu_hour=rate, process_share=share)
             rows = project(args.runs, args.seed, args.days, costs, overrides)
-            print(f"## rate {name}: {costs.per_gpu_hour:.3g} node losses per GPU-hour; {args.runs} runs per row, "
+            print(f"## rate {name}: {costs.per_gpu_hour:.3g} interruptions per GPU-hour, {share:.3f} of them process "
+                  f"faults on a live node; {args.runs} runs per row, "
                   f"seed {args.seed}, {args.days:g} days of training at full speed "
                   f"({int(args.days * 86400 / costs.step_s)} rollouts), a checkpoint every {rows[0]['interval']} "
                   f"rollouts\n")

@@ -2,7 +2,9 @@
 losses that show the product's own rules at work: the plan's survives_node_loss and
 elastic.replace.on_node_lost decide whether a segment goes on and whether a replacement is asked
 for (a Miles recipe, or a rollout group of one node, projects exactly as a full restart), and
-lifecycle.decide.decide what follows a segment."""
+lifecycle.decide.decide what follows a segment. Scripted process faults on live nodes show what
+each driver does: Miles restarts a dead engine in place (or fails the weight update it missed),
+the reference driver drops a dead worker for the rest of the segment, a trainer's fault ends it."""
 
 from __future__ import annotations
 
@@ -20,8 +22,11 @@ sim = benchmark_script.load("ettr")
 # through the product's plan, the rest as Costs.
 SMALL = sim.Shape("small", trainer_nodes=8, rollout_nodes=4, prompts=32, bringup_s=50, queue_s=30, replace_s=300)
 RECIPE = ("lifecycle.walltime=00:33:20", "lifecycle.lead_s=100", "checkpoint.interval=5")
-COSTS = sim.Costs(step_s=100, save_s=10, detect_s=5, operator_s=600, per_gpu_hour=0.0)
+# Node losses only (process_share 0: no kind is drawn) unless a test says otherwise.
+COSTS = sim.Costs(step_s=100, save_s=10, detect_s=5, operator_s=600, per_gpu_hour=0.0, process_share=0.0,
+                  engine_restart_s=120)
 LOSSES = replace(COSTS, per_gpu_hour=1.0)  # for the scripted losses below (their times are the script's)
+FAULTS = replace(LOSSES, process_share=0.5)  # both kinds drawn: the script says which each is
 
 
 def config(backend: str = "reference", *overrides: str, shape: Any = SMALL) -> Any:
@@ -29,18 +34,26 @@ def config(backend: str = "reference", *overrides: str, shape: Any = SMALL) -> A
 
 
 class Scripted(random.Random):
-    """Node losses at the held seconds given (after each, the next), each on the group given, and
-    (for a rollout node) the node index given, else the first one up."""
+    """Failures at the held seconds given (after each, the next), each on the group given, and (for
+    a rollout node) the node index given, else the first one up. With ``kinds`` (and costs whose
+    process_share is 0.5, so that the simulator draws a kind), each is a "process" fault or a
+    "node" loss as given."""
 
-    def __init__(self, gaps: list[float], groups: list[str], nodes: list[int] | None = None) -> None:
+    def __init__(self, gaps: list[float], groups: list[str], nodes: list[int] | None = None,
+                 kinds: list[str] | None = None) -> None:
         super().__init__(0)
-        self.gaps, self.groups, self.nodes = list(gaps), list(groups), list(nodes or [])
+        self.gaps, self.nodes = list(gaps), list(nodes or [])
+        self.draws: list[float] = []  # random()'s answers in the simulator's order: the kind, then the group
+        for i, group in enumerate(groups):
+            if kinds is not None:
+                self.draws.append(0.0 if kinds[i] == "process" else 0.999)
+            self.draws.append(0.0 if group == "trainer" else 0.999)  # the plan lists the trainer first
 
     def expovariate(self, lambd: float) -> float:
         return self.gaps.pop(0) if self.gaps else 1e12
 
-    def random(self) -> float:  # the simulator lists the plan's groups trainer first
-        return 0.0 if (self.groups.pop(0) if self.groups else "trainer") == "trainer" else 0.999
+    def random(self) -> float:
+        return self.draws.pop(0) if self.draws else 0.0
 
     def choice(self, seq: Any) -> Any:
         want = self.nodes.pop(0) if self.nodes else seq[0]
@@ -99,7 +112,7 @@ def test_where_the_product_ends_the_segment_the_projection_is_the_full_restarts(
     slower run, a replacement."""
     one_node = ("topology.rollout.nodes=1", "topology.rollout.gpus_per_engine=8")
     full = restart()
-    busy = replace(COSTS, per_gpu_hour=0.02)  # about a node loss every 250 held seconds
+    busy = replace(COSTS, per_gpu_hour=0.02)  # about a node loss every 1,900 held seconds
     lost = run(full, Scripted([300], ["rollout"]))
     many = run(full, random.Random(1), costs=busy, n=60)
     assert lost.restarts == 1 and lost.node_losses == 1 and lost.went_on == 0 and many.restarts > 3
@@ -172,3 +185,132 @@ def test_the_projection_runs_every_policy_on_every_size() -> None:
     assert all(0 < r["ettr_mean"] <= 1 for r in rows)
     assert "| 1,024 | 1024 (88 + 40; 20) |" in sim.table(rows)
     assert sim.main(["--runs", "0"]) == 2 and sim.main(["--interval", "0"]) == 2 and sim.main(["--rate", "0"]) == 2
+    assert sim.main(["--process-share", "1.5"]) == 2
+
+
+# -- process faults on a live node ----------------------------------------------------------------
+def process(group: str, at: float = 300, node: int = 0) -> Scripted:
+    """One process fault ``at`` held seconds into the run, on ``group`` (rollout: on node ``node``)."""
+    return Scripted([at], [group], [node] if group == "rollout" else [], kinds=["process"])
+
+
+def test_a_miles_engine_that_dies_is_restarted_in_place_and_the_segment_goes_on() -> None:
+    """10 rollouts in one segment. The engine of rollout nodes 0-1 dies 300 s in (rollout 3, from 250
+    to 350): Miles's health check sees it before the weight update, so the step runs on one engine
+    of two (200 s), then the update waits 120 s for the engine to start again on the same GPUs, and
+    the run goes on whole. Nothing is trained twice: one segment, ledger ETTR 1,100 / 1,290 (the slow
+    step counts as training) and 1,000 / 1,290 at full speed, against 1,000 / 1,070 without the fault."""
+    miles = config("miles")
+    assert sim.restarts_dead_engines(miles.plan) and not sim.drops_dead_workers(miles.plan)
+    clean = run(miles, random.Random(0), costs=COSTS, n=10)
+    r = run(miles, process("rollout"), costs=FAULTS, n=10)
+    assert (clean.segments, clean.ettr) == (1, pytest.approx(1000 / 1070))
+    assert (r.segments, r.process_faults, r.engine_restarts, r.fault_ends, r.restarts, r.node_losses) == (1, 1, 1, 0, 0, 0)
+    assert r.ettr == pytest.approx(1100 / 1290) and r.ettr_full_speed == pytest.approx(1000 / 1290)
+    assert r.replacements == 0 == r.replacement_gpu_h and r.unfinished == 0
+    # both engines dead at once (nodes 0 and 2, 10 s apart): no engine serves, Miles fails the rollout
+    both = run(miles, Scripted([300, 10], ["rollout", "rollout"], [0, 2], kinds=["process", "process"]), costs=FAULTS,
+               n=10)
+    assert (both.engine_restarts, both.fault_ends, both.segments) == (2, 1, 2)
+
+
+def test_a_miles_engine_death_after_the_last_health_check_fails_the_weight_update() -> None:
+    """The engine dies 330 s in, 20 s before rollout 3's weight update, after Miles's last check
+    (every 30 s, read from the plan's argv): rollout 3 is trained, the update to the dead engine
+    fails, the driver exits 1 and decide() retries the segment from the start (no checkpoint yet):
+    rollouts 1-3 are trained again. With the check every 10 s (the recipe's extra_args) the same
+    death is seen in time and the segment goes on."""
+    miles = config("miles")
+    assert sim.update_window_s(miles.plan) == 30
+    r = run(miles, process("rollout", at=330), costs=FAULTS, n=10)
+    assert (r.segments, r.fault_ends, r.engine_restarts, r.restarts) == (2, 1, 0, 0)
+    assert r.ettr == pytest.approx(1000 / (355 + 1070))
+    fast = config("miles", 'backend_options.extra_args=["--rollout-health-check-interval", "10"]')
+    assert sim.update_window_s(fast.plan) == 10
+    assert run(fast, process("rollout", at=330), costs=FAULTS, n=10).ettr == pytest.approx(1100 / 1290)
+
+
+def test_a_trainer_process_fault_ends_the_segment_as_an_error_and_excludes_no_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trainer process dies 300 s in on every backend and policy: the driver fails, the segment
+    ends as ``error`` (not ``node-failure``: the node is up, so its end names no failed node and
+    nothing is excluded) and decide() resubmits from the last checkpoint. It costs what a lost
+    trainer node costs: 1,000 / (305 + 1,070)."""
+    reasons: list[tuple[str, str]] = []
+    real = sim.decide
+
+    def decide(outcome: Any, **kw: Any) -> Any:
+        d = real(outcome, **kw)
+        reasons.append((outcome.reason.value, d.action.value))
+        return d
+
+    monkeypatch.setattr(sim, "decide", decide)
+    for cfg in (config("miles"), config(), restart()):
+        reasons.clear()
+        r = run(cfg, process("trainer"), costs=FAULTS, n=10)
+        assert reasons == [("error", "resubmit"), ("completed", "none")]
+        assert (r.segments, r.fault_ends, r.restarts, r.node_losses, r.process_faults) == (2, 1, 0, 0, 1)
+        assert r.ettr == pytest.approx(1000 / (305 + 1070))
+        reasons.clear()
+        lost = run(cfg, Scripted([300], ["trainer"], kinds=["node"]), costs=FAULTS, n=10)
+        assert reasons == [("node-failure", "resubmit"), ("completed", "none")] and lost.restarts == 1
+        assert lost.ettr == r.ettr
+
+
+def test_a_reference_worker_that_dies_is_dropped_until_the_segment_ends_under_both_policies() -> None:
+    """The reference driver drops a rollout worker whose process died (unit_service._worker_lost)
+    and goes on; nothing starts it again and no replacement is asked for (the node is up), and
+    lifecycle.rollout_node_loss is not read, so the full-restart recipe does the same. Node 0's
+    worker dies 300 s in: its engine is not whole for the rest of the segment, each step takes 200 s
+    from rollout 3 on: one segment, ends at 1,870; ETTR 1,800 / 1,870, at full speed 1,000 / 1,870
+    (Miles: 1,000 / 1,290). The segment ends instead when the worker was the last one (a rollout
+    group of one node) or when weights travel by nccl."""
+    runs = [run(cfg, process("rollout"), costs=FAULTS, n=10) for cfg in (config(), restart())]
+    assert runs[0] == runs[1]
+    r = runs[0]
+    assert (r.segments, r.workers_dropped, r.fault_ends, r.replacements, r.went_on, r.restarts) == (1, 1, 0, 0, 0, 0)
+    assert r.ettr == pytest.approx(1800 / 1870) and r.ettr_full_speed == pytest.approx(1000 / 1870)
+    one_node = config("reference", "topology.rollout.nodes=1", "topology.rollout.gpus_per_engine=8")
+    nccl = config("reference", "backend_options.weight_sync=nccl")
+    assert not sim.drops_dead_workers(nccl.plan) and sim.drops_dead_workers(one_node.plan)
+    for cfg in (one_node, nccl):
+        ended = run(cfg, process("rollout"), costs=FAULTS, n=10)
+        assert (ended.segments, ended.fault_ends, ended.workers_dropped) == (2, 1, 0)
+        assert ended.ettr == pytest.approx(1000 / (305 + 1070))
+
+
+class Counted(random.Random):
+    """A seeded generator that records the rate of every gap it draws."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.rates: set[float] = set()
+
+    def expovariate(self, lambd: float) -> float:
+        self.rates.add(lambd)
+        return super().expovariate(lambd)
+
+
+def test_process_faults_split_the_interruption_rate_and_add_nothing_to_it() -> None:
+    """The gaps between interruptions are drawn at the run's GPUs x the per-GPU rate with or without
+    the split, and over many draws the share of process faults is the one asked (Llama 3's 14.6%),
+    so the rate of node losses falls by that share. With share 0 no kind is drawn: the projection
+    is the node-loss-only one, draw for draw."""
+    assert sim.LLAMA3_PROCESS_SHARE == pytest.approx(0.146)
+    assert sim.PROCESS_SHARES == {"llama3": sim.LLAMA3_PROCESS_SHARE, "robustrl": sim.LLAMA3_PROCESS_SHARE}
+    cfg, busy = config(), replace(COSTS, per_gpu_hour=0.2)  # about one every 190 held seconds
+    per_second = cfg.plan.total_gpus * 0.2 / 3600
+    faults = losses = 0
+    for seed in range(20):
+        rng = Counted(seed)
+        r = run(cfg, rng, costs=replace(busy, process_share=sim.LLAMA3_PROCESS_SHARE), n=40)
+        assert rng.rates == {per_second}
+        faults, losses = faults + r.process_faults, losses + r.node_losses
+    assert faults + losses > 1000
+    assert faults / (faults + losses) == pytest.approx(sim.LLAMA3_PROCESS_SHARE, abs=0.035)
+    split = sim.project(runs=1, seed=3, days=1, costs=replace(busy, process_share=0.25), overrides=RECIPE,
+                        shapes=(SMALL,))[0]
+    assert split["node_losses_per_day"] + split["process_faults_per_day"] == pytest.approx(split["interruptions_per_day"])
+    assert split["interruptions_per_day"] == pytest.approx(96 * 0.2 * 24)
+    assert split["process_faults_per_day"] == pytest.approx(96 * 0.2 * 24 * 0.25)
+    node_only = run(cfg, Counted(1), costs=busy, n=40)
+    assert node_only.process_faults == 0 and node_only == run(cfg, random.Random(1), costs=busy, n=40)
