@@ -269,11 +269,13 @@ class LifecycleSpec(_Strict):
     # (beam_hpc.elastic.replace): at most this many over the whole run, so a flapping cluster
     # cannot make the run submit without end. 0: never replace (the run goes on with the nodes left).
     max_replacements: int = Field(2, ge=0)
-    # What a lost rollout node does to the segment (beam_hpc.plan.node_loss). in_place: a reference
-    # run's dedicated rollout group of 2+ nodes asks Slurm for --no-kill, one step per node, and the
+    # What a lost rollout node does to the segment (beam_hpc.plan.node_loss). in_place: a dedicated
+    # rollout group of 2+ nodes asks Slurm for --no-kill, one step per node; a reference run's
     # segment goes on without the node (its units served by the nodes left, a replacement asked
-    # for). restart: no --no-kill; Slurm revokes the job, which is requeued or resubmitted from the
-    # last checkpoint, as any other node failure (what benchmarks/faults.py --node-loss compares).
+    # for), a Miles run's saves at the next rollout boundary and then ends, the node excluded
+    # (when a whole engine is left on the other nodes). restart: no --no-kill; Slurm revokes the
+    # job, which is requeued or resubmitted from the last checkpoint, as any other node failure
+    # (what benchmarks/faults.py --node-loss compares).
     # Left out of plan.json and the script's digests at its default, so plans and scripts written
     # before it read the same.
     rollout_node_loss: RolloutNodeLoss = Field("in_place", exclude_if=lambda v: v == "in_place")

@@ -46,7 +46,7 @@ from beam_hpc.node.ray_node import (
     write_token,
 )
 from beam_hpc.node.step import node_binds
-from beam_hpc.plan.node_loss import survives_node_loss
+from beam_hpc.plan.node_loss import keeps_the_job
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import GroupPlan, Plan
 from beam_hpc.slurm import client as slurm_client
@@ -120,7 +120,7 @@ class OwnCluster:
         """Start the group's node steps; ``container``: srun options that put each task in the
         site's image (pyxis's, from beam_hpc.node.container.srun_options), empty otherwise;
         ``per_node``: one step per node, so that one node's loss ends its own step only
-        (:func:`survives_node_loss`)."""
+        (:func:`~beam_hpc.plan.node_loss.keeps_the_job`)."""
         raise NotImplementedError
 
     def head(self, plan: Plan, ctx: JobContext) -> RayHead:
@@ -137,7 +137,7 @@ class OwnCluster:
             around = container.srun_options(plan.site, job_id=rt.job_id, workdir=plan.output_dir,
                                             binds=node_binds(plan, rt.token_path, g))
             handles += self.launch(g, [*argv, "--group", g.name], env, rt, container=around,
-                                   per_node=survives_node_loss(plan, g))
+                                   per_node=keeps_the_job(plan, g))
         return handles
 
     def binds(self, rt: ClusterRuntime) -> list[str]:

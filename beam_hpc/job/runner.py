@@ -53,7 +53,7 @@ from beam_hpc.logging_setup import log_to_stream, module_logger
 from beam_hpc.node import container, stacks
 from beam_hpc.node.container import container_command
 from beam_hpc.node.ray_node import ClusterRuntime, clean_env, driver_job_env, ray_env, set_parent_death_signal, sweep
-from beam_hpc.plan.node_loss import survives_node_loss
+from beam_hpc.plan.node_loss import NodeLossAction, on_node_loss, survives_node_loss
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import Plan, fill
 
@@ -131,6 +131,10 @@ class JobRunner:
         self.lost_nodes: list[dict[str, Any]] = []  # rollout nodes lost mid-run, the segment going on
         # called with each such node ({"node", "why"}): the segment asks for its replacement
         self.on_rollout_node_lost: Callable[[dict[str, str]], object] | None = None
+        # called with a lost node that ends the segment once the rollout in flight is saved (a Miles
+        # run's rollout node, beam_hpc.plan.node_loss): the segment's save on request, which returns
+        # once the checkpoint is in or will not come
+        self.save_before_node_failure: Callable[[NodeStepFailed], object] | None = None
 
     # -- shared ------------------------------------------------------------------------------
     @property
@@ -215,6 +219,7 @@ class JobRunner:
             if h.proc.poll() is not None:
                 failure = node_failure(self.launcher, self.rt, h)
                 if not self._goes_on_without(h, failure):
+                    self._save_before_ending(h, failure)
                     raise failure
 
     def _goes_on_without(self, h: StepHandle, failure: NodeStepFailed) -> bool:
@@ -243,6 +248,24 @@ class JobRunner:
                 except Exception:  # noqa: BLE001 - a replacement is a bonus: the segment goes on regardless
                     log.exception("asking for a replacement of %s failed", lost["node"])
         return True
+
+    def _save_before_ending(self, h: StepHandle, failure: NodeStepFailed) -> None:
+        """A lost node whose group saves before the segment ends (a Miles run's rollout node, while
+        a whole engine is left: :class:`~beam_hpc.plan.node_loss.NodeLossAction`): while the driver
+        runs, the segment asks it to save at its next rollout boundary and waits for the checkpoint,
+        so that the next segment, without the node, loses at most the rollout in flight. The wait
+        ends early when the driver exits or a signal ends the segment; the failure is raised after
+        it either way."""
+        hook = self.save_before_node_failure
+        if (hook is None or self.driver is None or self.driver.poll() is not None or self.stop_reason
+                or h.local_index is None or on_node_loss(self.plan, h.group) is not NodeLossAction.SAVE_THEN_END):
+            return
+        log.warning("%s: a rollout node of a run that cannot go on without it; saving before the segment ends",
+                    failure)
+        try:
+            hook(failure)
+        except Exception:  # noqa: BLE001 - the save is a bonus: the node failure ends the segment regardless
+            log.exception("the save before ending for the lost node failed")
 
     def _placeholder_values(self) -> dict[str, str]:
         """What the plan's placeholders stand for in this job (see plan.PLACEHOLDERS)."""

@@ -196,6 +196,7 @@ class Segment:
             self.runner = runtime.JobRunner(self.plan, launcher, ctx, driver_stdout=driver_out)
             if self.job_id is not None:  # in Slurm: a lost rollout node's capacity comes back by itself
                 self.runner.on_rollout_node_lost = self._replace_lost
+            self.runner.save_before_node_failure = lambda failure: self.stopping.save_for_lost_node(str(failure))
             self.stopping.attach(self.runner, stall_watch)  # after a signal during the checks above
             outcome = runtime.run_job(self.runner, on_tick=self.stopping.tick)
         stacks.drop_empty(str(self.runner.segment_dir))  # files of processes that were never asked
@@ -219,11 +220,12 @@ class Segment:
             return Reason.COMPLETED, f"{done} of {total} rollouts done", None
         if caught is not None and caught.dumps is not None:
             return Reason.STALLED, caught.describe(self.paths.segment(self.ledger_job_id, self.restart).stacks), caught.record()
+        after = f"; {saved.detail}" if saved is not None else ""  # what a save on request did
         if intr is not None:
-            return intr.reason, intr.detail + (f"; {saved.detail}" if saved is not None else ""), None
+            return intr.reason, intr.detail + after, None
         if status == JobStatus.COMPLETED:  # driver exited 0 short of num_rollout (e.g. stop_after_rollout)
             return Reason.ERROR, f"the driver exited normally with {done} of {total} rollouts done", None
-        return _STATUS_REASON.get(status, Reason.ERROR), f"{message} (exit {returncode})", None
+        return _STATUS_REASON.get(status, Reason.ERROR), f"{message} (exit {returncode}){after}", None
 
     # -- the end ----------------------------------------------------------------------------------
     def _finish(self, reason: Reason, detail: str, *, retryable: bool = True,

@@ -141,6 +141,40 @@ class Stopping:
                 # rollouts that nobody will keep (the runtime's stop is idempotent)
                 job.stop()
 
+    def save_for_lost_node(self, what: str) -> None:
+        """Called by the runtime when a node was lost that the run cannot train on without but can
+        save before the segment ends (beam_hpc.plan.node_loss.NodeLossAction.SAVE_THEN_END): save
+        at the next rollout boundary (the sentinel, as for the walltime lead) and return once the
+        checkpoint is in, or will not come: the driver exited, a signal ended the segment, or the
+        stall timeout passed (``lifecycle.save_timeout_s`` if shorter). A save the loss came too
+        late for never comes: Miles then waits in its weight update for the lost engine, which
+        has no node to start on, and finishes no rollout, so the stall timeout is the wait's bound.
+        The runtime then ends the segment as the node failure; the end line's detail says what the
+        save did. Only while RUNNING: an interrupt or a stall already being handled stops the
+        segment anyway."""
+        job = self.job
+        if self.state is not State.RUNNING or job is None or job.driver is None or job.driver.poll() is not None:
+            return
+        if not self.lifecycle.save_on_request:
+            log.warning("%s: lifecycle.save_on_request is false, so no save before the segment ends; the next "
+                        "segment resumes from the last periodic checkpoint", what)
+            return
+        driver = job.driver
+        wait_s = float(self.lifecycle.save_timeout_s)
+        stall_s = self.stall_watch.timeouts().stall_s if self.stall_watch is not None else 0
+        if stall_s > 0:
+            wait_s = min(wait_s, stall_s)
+        self.state = State.SAVING
+        try:
+            self.saved = save.save_and_wait(
+                self.paths, deadline=time.time() + wait_s,
+                driver_running=lambda: driver.poll() is None, reason="node-lost",
+                interrupted=lambda: self.interrupt is not None or self.over)
+        finally:
+            if self.state is State.SAVING:
+                self.state = State.STOPPING
+        (log.info if self.saved.saved else log.warning)("%s (%.1f s)", self.saved.detail, self.saved.seconds)
+
     def _save_now(self, intr: Interrupt, job: RunningJob) -> None:
         lc = self.lifecycle
         now = time.time()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from beam_hpc.config.site import Site
 from beam_hpc.errors import InputError, shorten
-from beam_hpc.plan.node_loss import survives_node_loss
+from beam_hpc.plan.node_loss import NodeLossAction, keeps_the_job, on_node_loss
 from beam_hpc.plan.plan import GroupPlan, Plan, sbatch_time
 from beam_hpc.version import __version__
 
@@ -58,7 +58,7 @@ class Component:
     constraint: str | None = None
     tmp: str | None = None
     exclusive: bool = False
-    no_kill: bool = False  # --no-kill: a node's failure does not revoke the component (see survives_node_loss)
+    no_kill: bool = False  # --no-kill: a node's failure does not revoke the component (see keeps_the_job)
 
     def options(self) -> dict[str, str | int | bool]:
         """The component's sbatch options by name, in the order the script writes them: the
@@ -100,7 +100,8 @@ def site_component(site: Site, *, nodes: int, gpus_per_node: int, partition: str
 
 def asks_no_kill(plan: Plan) -> bool:
     """Whether the run's job asks Slurm not to revoke it when a node fails (``--no-kill``): when
-    one of its groups survives a node's loss. Then every component asks it, because Slurm
+    one of its groups must outlive a node's loss, to train on without it or to save before the
+    segment ends (beam_hpc.plan.node_loss). Then every component asks it, because Slurm
     22.05.8 applies one component's node failure to every component of the heterogeneous job
     (measured on the local cluster: slurmctld logged "Removing failed node n6" for the component
     that did not hold n6 as well) and keeps a component only with ``--no-kill`` and more than one
@@ -109,7 +110,7 @@ def asks_no_kill(plan: Plan) -> bool:
     to any node's failure: the docs say so. ``--no-kill`` on the trainer component is safe:
     the segment's own watch of its node steps ends the segment on a trainer node's loss, naming
     the node (a failed node, excluded next time) where Slurm's kill would record a preemption."""
-    return any(survives_node_loss(plan, g) for g in plan.groups)
+    return any(keeps_the_job(plan, g) for g in plan.groups)
 
 
 def no_kill_notes(plan: Plan) -> tuple[str, ...]:
@@ -117,7 +118,11 @@ def no_kill_notes(plan: Plan) -> tuple[str, ...]:
     if not asks_no_kill(plan):
         return ()
     single = [g.name for g in plan.groups if g.nodes < 2]
-    out = ("--no-kill: a lost rollout node does not end the job; the segment goes on and asks for a replacement.",)
+    if any(on_node_loss(plan, g) is NodeLossAction.GO_ON for g in plan.groups):
+        out = ("--no-kill: a lost rollout node does not end the job; the segment goes on and asks for a replacement.",)
+    else:
+        out = ("--no-kill: a lost rollout node does not end the job at once; the segment saves at the next rollout "
+               "boundary, then ends and is resubmitted without the node.",)
     if single:
         out += (f"Slurm 22.05 still ends it on any node's failure while a component has one node ({', '.join(single)}).",)
     return out

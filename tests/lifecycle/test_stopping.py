@@ -150,3 +150,35 @@ def test_a_failed_end_leaves_the_state_it_found(rig: Rig) -> None:
         assert st.over
         raise OSError("disk full")
     assert st.state is State.RUNNING and not st.over
+
+
+def test_a_lost_node_the_run_cannot_train_on_without_is_saved_for_before_the_segment_ends(rig: Rig) -> None:
+    """A Miles run's lost rollout node (beam_hpc.plan.node_loss: save, then end): the save at the
+    next boundary, as for the walltime lead, and the runtime ends the segment after it (the end is
+    the node failure's, not an interrupt's: nothing is recorded here)."""
+    st, job = rig.st, rig.job
+    st.attach(job, StallWatch(st.paths, 0.0, stall_timeout_s=0, startup_timeout_s=0, measured=None,
+                              rollouts_at_start=5))
+    seen: list[State] = []
+    backend = _save_at_the_next_boundary(st, 7, seen)
+    st.save_for_lost_node("node step on n4 failed")
+    backend.join()
+    assert seen == [State.SAVING] and st.state is State.STOPPING
+    assert st.saved.saved and st.saved.iteration == 7 and "saved on request" in st.saved.detail
+    assert st.interrupt is None and rig.ended == [] and job.asked == []
+    st.save_for_lost_node("a second node")  # only from RUNNING: one save a segment
+    assert st.saved.iteration == 7
+
+
+def test_a_save_for_a_lost_node_that_never_comes_gives_up_at_the_stall_timeout(rig: Rig) -> None:
+    """Miles waiting in its weight update for the lost engine finishes no rollout, so no save comes:
+    the wait ends at the stall timeout (here 1 s; the recipe's save_timeout_s is 20), and the
+    segment goes on to end from the last checkpoint."""
+    st, job = rig.st, rig.job
+    st.attach(job, StallWatch(st.paths, 0.0, stall_timeout_s=1, startup_timeout_s=1, measured=None,
+                              rollouts_at_start=5))
+    t0 = time.monotonic()
+    st.save_for_lost_node("node step on n4 failed")
+    assert 0.9 < time.monotonic() - t0 < 5
+    assert not st.saved.saved and st.saved.iteration == 4 and "no checkpoint within the save deadline" in st.saved.detail
+    assert st.state is State.STOPPING and job.driver.poll() is None  # the runtime stops it, not this

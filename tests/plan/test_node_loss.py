@@ -65,3 +65,43 @@ def test_a_one_node_rollout_group_never_survives(tmp_path: Path, policy: str) ->
                           overrides=[f"lifecycle.rollout_node_loss={policy}"])
     assert not survives_node_loss(plan, _rollout(plan))
     assert "--no-kill" not in render_script(plan)
+
+
+# -- a Miles run: save, then end (Miles cannot train on without the lost engine) ----------------
+def _seed_plan(name: str, *overrides: str):  # type: ignore[no-untyped-def]
+    from beam_hpc.backends.registry import plan_for
+    from beam_hpc.submission.submit import build_recipe, build_site
+
+    return plan_for(build_recipe(str(ROOT / "recipes" / f"{name}.yaml"), overrides=list(overrides)),
+                    build_site(str(ROOT / "env" / "example-site.yaml")))
+
+
+def test_the_seeds_dedicated_miles_run_saves_before_ending_on_a_lost_rollout_node() -> None:
+    """4 rollout nodes of 8 GPUs, engines of 16: a lost node takes one of two engines, the other
+    finishes the rollout in flight, so the job keeps running (--no-kill, a step per node) to save."""
+    from beam_hpc.plan.node_loss import NodeLossAction, keeps_the_job, on_node_loss
+
+    plan = _seed_plan("dedicated")
+    assert plan.recipe.backend == "miles"
+    assert on_node_loss(plan, plan.group("rollout")) is NodeLossAction.SAVE_THEN_END
+    assert not survives_node_loss(plan, plan.group("rollout"))  # it does not train on without it
+    assert keeps_the_job(plan, plan.group("rollout"))
+    assert on_node_loss(plan, plan.group("trainer")) is NodeLossAction.END
+    script = render_script(plan)
+    assert script.count("#SBATCH --no-kill") == 2 and "saves at the next rollout boundary" in script
+    restart = _seed_plan("dedicated", "lifecycle.rollout_node_loss=restart")
+    assert on_node_loss(restart, restart.group("rollout")) is NodeLossAction.END
+    assert "--no-kill" not in render_script(restart)
+
+
+@pytest.mark.parametrize(("name", "overrides"), [
+    ("lora", []),  # 2 rollout nodes, one engine of 16 GPUs spans both: no engine is left
+    ("dedicated", ["topology.rollout.nodes=2"]),  # the same with the dedicated recipe
+    ("colocated", []),  # one group: the trainer is on every node
+])
+def test_a_miles_run_that_would_keep_no_whole_engine_ends_as_before(name: str, overrides: list[str]) -> None:
+    from beam_hpc.plan.node_loss import NodeLossAction, on_node_loss
+
+    plan = _seed_plan(name, *overrides)
+    assert all(on_node_loss(plan, g) is NodeLossAction.END for g in plan.groups)
+    assert "--no-kill" not in render_script(plan)

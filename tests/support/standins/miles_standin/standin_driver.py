@@ -10,7 +10,10 @@ tested against this double of what beam-hpc relies on, written from Miles's docu
 - resume: if ``--load`` holds ``latest_checkpointed_iteration.txt`` naming rollout ``k``, training
   starts at ``k + 1`` and the data cursor comes from ``rollout/global_dataset_state_dict_k.pt``;
   otherwise it starts at 0 from ``--ref-load``;
-- saves happen only at a rollout boundary: every ``--save-interval`` rollouts
+- saves happen only at a rollout boundary, after the rollout's training and before its weight
+  update (``train.py`` and ``train_async.py``: the sentinel is looked for between
+  ``actor_model.train`` and ``actor_model.update_weights``, so a save lands even when the update
+  would then wait for an engine that cannot come back): every ``--save-interval`` rollouts
   (``(rollout_id + 1) % interval == 0``), whenever the sentinel file exists (it is removed after
   the checkpoint is written), and after the last rollout; a save writes the data cursor, the
   Megatron iteration directory ``iter_<7 digits>``, and the tracker file last;
@@ -339,10 +342,6 @@ def run(argv: list[str], entry: str, create_placement_groups: Callable[[Any], di
             with record.lock:
                 record.data["generated"].append(generated)
         time.sleep(pace)  # "train"
-        if manager is not None:
-            t1 = time.monotonic()
-            manager.update_weights(str(rollout_id + 1))
-            generated["update_s"] = round(time.monotonic() - t1, 3)
         metrics.rollout(rollout_id, time.monotonic() - t0)
         if writers is not None:
             writers.rollout(rollout_id)
@@ -368,6 +367,11 @@ def run(argv: list[str], entry: str, create_placement_groups: Callable[[Any], di
         record.flush()
         if requested and args.save:
             sentinel.unlink(missing_ok=True)  # Miles: "a checkpoint is saved and the file is removed"
+        if manager is not None:  # then the weight update (with fault tolerance: the recovery first)
+            t1 = time.monotonic()
+            manager.update_weights(str(rollout_id + 1))
+            generated["update_s"] = round(time.monotonic() - t1, 3)
+            record.flush()
     if writers is not None:
         writers.close()
     if manager is not None:
