@@ -14,14 +14,18 @@ decision code, not by a model of it:
   ``recipes/dedicated.yaml`` (the seed's 96-GPU recipe) with the topology and batch of each size
   (:data:`SHAPES`) and the backend named (:func:`config_for`). The checkpoint interval, walltime,
   lead, ``max_segments``, ``max_replacements`` and the stall timeout are read from that plan;
-- whether the segment goes on when a node is lost is the product's answer
-  (:class:`ProductRule`): :func:`beam_hpc.plan.node_loss.survives_node_loss` on the plan's group
-  of the lost node, then :func:`beam_hpc.elastic.replace.on_node_lost` with the segment's own nodes
-  of that group still up, the replacements the run has asked for, and the recipe's
-  ``lifecycle.max_replacements``; the same two calls the job makes (``beam_hpc.job.runner`` and
-  ``beam_hpc.elastic.replace.replace_lost``). So a Miles run (the seed's backend) or a group of one
-  node ends its segment, as the product does today, and a reference run's rollout group of 2+ nodes
-  goes on;
+- what the segment does when a node is lost is the product's answer (:class:`ProductRule`):
+  :func:`beam_hpc.plan.node_loss.on_node_loss` on the plan's group of the lost node, then
+  :func:`beam_hpc.elastic.replace.on_node_lost` with whether that answer is GO_ON, the segment's
+  own nodes of that group still up, the replacements the run has asked for, and the recipe's
+  ``lifecycle.max_replacements``; the same calls the job makes (``beam_hpc.job.runner`` and
+  ``beam_hpc.elastic.replace.replace_lost``). So a reference run's rollout group of 2+ nodes goes
+  on (GO_ON); a Miles run's rollout group that keeps a whole engine without the node (the seed's:
+  4 nodes, engines of 2) saves, then ends (SAVE_THEN_END, :func:`lost_node_end`): the rollout in
+  flight finishes on the engines left and one save keeps it, and the segment ends as
+  ``node-failure`` naming the node, unless the loss came too late for that rollout's save (then
+  it ends from the last periodic checkpoint after the stall timeout); every other group, a
+  trainer's included, ends its segment (END);
 - each segment writes the start and end lines a real segment writes (:func:`beam_hpc.run.ledger.start_record`,
   ``end_record``), and what follows it is decided by :func:`beam_hpc.lifecycle.decide.decide`, fed the
   same :class:`~beam_hpc.lifecycle.decide.Outcome` and ledger history a real segment feeds it (the
@@ -48,12 +52,12 @@ it ends; the next segment starts its workers again. It ends the segment only wit
 path does not read ``lifecycle.rollout_node_loss``, so the full-restart row goes on too.
 
 ``full restart`` is the product too: the same reference recipe with ``lifecycle.rollout_node_loss:
-restart``, under which survives_node_loss says no for every group, so any lost node ends the segment
-and decide() resubmits from the last checkpoint (the product before issue 42, and the product today
-for every Miles run's node losses). A rollout worker's process fault does not end its segment
-(the reference driver drops the worker whatever ``rollout_node_loss`` says), so this row is "full
-restart" for node losses only; a Miles run's process faults differ from it (an engine restarted in
-place against a worker gone until the segment ends), so the two rows are no longer equal.
+restart``, under which on_node_loss says END for every group, so any lost node ends the segment
+and decide() resubmits from the last checkpoint (the product before issue 42). A rollout worker's
+process fault does not end its segment (the reference driver drops the worker whatever
+``rollout_node_loss`` says), so this row is "full restart" for node losses only. The seed's Miles
+recipe differs from it twice: a lost rollout node is saved first (SAVE_THEN_END), and a rollout
+process fault restarts the engine in place, against a worker gone until the segment ends.
 
 The model of a run (each value is printed with its source):
 
@@ -84,6 +88,16 @@ The model of a run (each value is printed with its source):
   all of them are up;
 - a checkpoint every ``checkpoint.interval`` rollouts costs ``save_s`` (held, not training); a
   failure loses the rollouts since the last one; a failure is noticed ``detect_s`` after it happens;
+- a Miles rollout node lost with a whole engine left (SAVE_THEN_END): the segment asks for a save
+  when it notices the loss; Miles looks for it at the step's boundary, after the training and
+  before the weight update. In time, the step's remaining work runs on the engines left (slower by
+  the engines lost) and one ``save_s`` keeps it; the segment then ends. A loss within ``detect_s``
+  of the boundary (as it stood before the loss) is too late: ``detect_s / step_s`` of the losses
+  during a step, 10% at 60 / 600 s. The step is then trained (and saved if its periodic save was
+  due) and the segment waits ``Stopping.save_for_lost_node``'s bound (the stall timeout, or
+  ``lifecycle.save_timeout_s`` if shorter: 1,800 s at the defaults) before it ends from the last
+  checkpoint. No engine left to finish the rollout: no save, it ends as END. Interruptions during
+  the wait are not drawn (as during a stall's wait);
 - each segment spends ``bringup_s`` (held) before its first rollout and waits ``queue_s`` (not
   held) in the queue before it starts; at the walltime lead it saves on request and ends. A node
   lost during bring-up ends the segment under both policies (the job goes on without a node only
@@ -127,7 +141,7 @@ from beam_hpc.errors import InputError  # noqa: E402
 from beam_hpc.lifecycle import stall  # noqa: E402
 from beam_hpc.lifecycle.decide import Action, Outcome, decide  # noqa: E402
 from beam_hpc.observe.ettr import ettr  # noqa: E402
-from beam_hpc.plan.node_loss import survives_node_loss  # noqa: E402
+from beam_hpc.plan.node_loss import NodeLossAction, on_node_loss, survives_node_loss  # noqa: E402
 from beam_hpc.plan.plan import GroupPlan, Plan  # noqa: E402
 from beam_hpc.run import ledger  # noqa: E402
 from beam_hpc.run.ledger import Reason  # noqa: E402
@@ -255,10 +269,15 @@ SOURCES = {
     "per-GPU interruption rate, robustrl": f"{ROBUSTRL_PER_GPU_HOUR:.3g} per GPU-hour: RobustRL's '10% failure injection "
                                           "frequency' (arXiv 2512.22492, 256 GPUs) read as each 8-GPU node lost with "
                                           "probability 10% a day (assumption: the abstract gives no unit)",
-    "lost node: goes on, replaced": "the product's rule: beam_hpc.plan.node_loss.survives_node_loss(plan, group), then "
-                                    "beam_hpc.elastic.replace.on_node_lost(survives, others_up, replacements, "
-                                    "cap=lifecycle.max_replacements) on the plan made by plan_for; full restart: "
-                                    "the same on the recipe with lifecycle.rollout_node_loss=restart",
+    "lost node: goes on, saves then ends, or ends": "the product's rule: beam_hpc.plan.node_loss.on_node_loss(plan, "
+                                                    "group), then beam_hpc.elastic.replace.on_node_lost(survives=GO_ON, "
+                                                    "others_up, replacements, cap=lifecycle.max_replacements) on the "
+                                                    "plan made by plan_for; full restart: the same on the recipe with "
+                                                    "lifecycle.rollout_node_loss=restart",
+    "save, then end (Miles)": "the rollout in flight finishes on the engines left and one save keeps it; too late "
+                              "(the loss within detect_s of the step's boundary, detect_s / step_s): the step trained, "
+                              "no save, ends after min(stall timeout, lifecycle.save_timeout_s) from the last checkpoint "
+                              "(Stopping.save_for_lost_node)",
     "after a segment": "the product's rule book: beam_hpc.lifecycle.decide.decide",
     "topology": "recipes/dedicated.yaml: 8 trainer + 4 rollout nodes, 16-GPU engines; 88 + 40 and 680 + 344 nodes at "
                 "scale (whole 64-GPU expert blocks), batch.prompts 32 / 352 / 2,720 (64 samples a data-parallel rank)",
@@ -314,11 +333,14 @@ class ProcessFault:
 class Reaction:
     """End the segment (the chain goes on as decide() says), or go on and get a replacement
     ``replace_after_s`` later (None: no replacement), or (``restart``) have the dead engine started
-    again in place before the next weight update."""
+    again in place before the next weight update. ``save_first`` with ``end_segment``: the job
+    outlives the lost node and the segment asks for a save at the next rollout boundary before it
+    ends (``NodeLossAction.SAVE_THEN_END``), so the rollout in flight is kept."""
 
     end_segment: bool
     replace_after_s: float | None = None
     restart: bool = False
+    save_first: bool = False
 
 
 class Policy(Protocol):
@@ -382,11 +404,18 @@ class ProductRule:
     name: str = "product"
 
     def on_node_lost(self, lost: NodeLost) -> Reaction:
+        """The job's two calls when a node step ends (``beam_hpc.job.runner``): the plan's answer
+        (``on_node_loss``), then the replacement rule on whether it goes on. A ``SAVE_THEN_END``
+        answer ends the segment after a save on request, unless ``lifecycle.save_on_request`` is
+        false (``Stopping.save_for_lost_node`` then saves nothing, and the loss costs what a
+        revoked job's does)."""
         plan = self.config.plan
-        react = on_node_lost(survives=survives_node_loss(plan, plan.group(lost.group)), others_up=lost.others_up,
+        action = on_node_loss(plan, plan.group(lost.group))
+        react = on_node_lost(survives=action is NodeLossAction.GO_ON, others_up=lost.others_up,
                              replacements=lost.replacements, cap=plan.recipe.lifecycle.max_replacements)
         return Reaction(end_segment=not react.goes_on,
-                        replace_after_s=self.config.replace_s if react.replace else None)
+                        replace_after_s=self.config.replace_s if react.replace else None,
+                        save_first=action is NodeLossAction.SAVE_THEN_END and plan.recipe.lifecycle.save_on_request)
 
     def on_process_fault(self, fault: ProcessFault) -> Reaction:
         """A process died on a live node: the trainer's (or a colocated group's) fails the driver;
@@ -411,6 +440,8 @@ class RunResult:
     segments: int
     node_losses: int
     restarts: int  # segments ended by a node failure
+    saved_first: int  # of those, a Miles rollout node's loss whose segment saved the rollout in flight first
+    save_too_late: int  # of those, a loss that came too late for that save (the wait ran to its bound)
     process_faults: int  # processes that died on a live node
     fault_ends: int  # segments a process fault ended (error): a trainer's, a failed weight update, no worker left
     engine_restarts: int  # Miles engines restarted in place, the segment going on
@@ -452,6 +483,56 @@ class _Capacity:
             self.down.pop(self.back.pop(0)[1], None)
 
 
+@dataclass(frozen=True)
+class LostNodeEnd:
+    """How a segment that a lost node ends, ends: when, and what becomes of the step in flight."""
+
+    at: float  # the end line's time
+    trained: bool  # the step in flight was trained (a rollout step run, in the ledger's rollouts_run)
+    step_s: float  # its seconds, when trained
+    kept: bool  # and its rollout is in the checkpoint the next segment resumes from
+    too_late: bool  # a save was asked for, but came too late (or could not come)
+
+
+def lost_node_end(*, at: float, step_start: float, step_s: float, step_end: float, save_due: bool,
+                  save_first: bool, costs: Costs, wait_s: float, walltime_end: float) -> LostNodeEnd:
+    """The end of a segment that a node lost at ``at`` ends, during the step that started at
+    ``step_start`` and was to take ``step_s`` (and a periodic save after it if ``save_due``).
+
+    Without ``save_first`` (``NodeLossAction.END``: Slurm revokes the job) the segment ends
+    ``detect_s`` later, the step in flight untrained, and the next one resumes from the last
+    checkpoint.
+
+    With it (``SAVE_THEN_END``) the segment asks for a save once it notices the loss, ``detect_s``
+    later. Miles looks for the save sentinel at the step's boundary, after its training and before
+    its weight update. A request in time: the step runs to its end on the engines left
+    (``step_end``, reduced capacity from the loss on), one save (``save_s``, the periodic one when
+    it was due anyway) takes the rollout in flight, and the segment ends. A request after the
+    boundary (the loss within ``detect_s`` of it, or during the step's save or engine restart):
+    the step is trained on schedule (and saved, if its periodic save was due), then Miles waits in
+    its weight update for an engine that has no node to start on; no save comes, and
+    ``Stopping.save_for_lost_node`` gives up after ``wait_s`` (the stall timeout, or
+    ``lifecycle.save_timeout_s`` if shorter). For a loss uniform over a step without a save that is
+    a chance of ``detect_s / step_s`` (60 / 600 = 10% at the default costs); the step's boundary is
+    taken where it stood before the loss. Either way the end comes by the walltime at the latest."""
+    if not save_first:
+        return LostNodeEnd(at + costs.detect_s, trained=False, step_s=0.0, kept=False, too_late=False)
+    boundary = step_start + step_s
+    if at + costs.detect_s < boundary:
+        end = step_end + costs.save_s
+        return LostNodeEnd(min(end, walltime_end), trained=True, step_s=step_end - step_start,
+                           kept=end <= walltime_end, too_late=False)
+    end = min(at + costs.detect_s + wait_s, walltime_end)
+    periodic = save_due and boundary + costs.save_s <= end
+    return LostNodeEnd(end, trained=boundary <= end, step_s=step_s, kept=periodic, too_late=True)
+
+
+def _failed(group: GroupPlan, node: int, why: str) -> dict[str, str]:
+    """A failed_nodes entry of the end line: the node the next segment excludes (by its group and
+    index here; a real end line names the Slurm host)."""
+    return {"node": f"{group.name}-{node}" if node >= 0 else group.name, "why": f"node {why}"}
+
+
 def _gap(rng: random.Random, rate: float) -> float:
     """Held seconds to the next node loss (never, at rate 0)."""
     return rng.expovariate(rate) if rate > 0 else float("inf")
@@ -463,6 +544,9 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
     interval, walltime_s, lead_s = config.recipe.checkpoint.interval, float(plan.walltime_s), float(plan.lead_s)
     stall_s = stall.timeouts(lc.stall_timeout_s, lc.startup_timeout_s, slowest_step_s=costs.step_s,
                              last_save_s=costs.save_s).stall_s
+    # a save asked for a lost node is waited for up to the stall timeout, or lifecycle.save_timeout_s
+    # if shorter (beam_hpc.lifecycle.stopping.Stopping.save_for_lost_node)
+    save_wait_s = float(min(lc.save_timeout_s, stall_s) if stall_s > 0 else lc.save_timeout_s)
     groups = plan.groups
     node_rate_s = plan.total_gpus * costs.per_gpu_hour / 3600.0  # interruptions (both kinds) per held second
     window_s, drops = update_window_s(plan), drops_dead_workers(plan)
@@ -471,7 +555,7 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
     history: list[dict[str, Any]] = []  # decide()'s: the segments since the chain (re)started
     now, saved, job = 0.0, 0, 0
     n = dict(losses=0, restarts=0, stalls=0, went_on=0, replacements=0, stops=0, no_progress=0, too_many=0,
-             faults=0, fault_ends=0, engine_restarts=0, dropped=0)
+             faults=0, fault_ends=0, engine_restarts=0, dropped=0, saved_first=0, too_late=0)
     replacement_gpu_s = 0.0
     give_up = costs.horizon * num_rollout * costs.step_s
     next_loss = now + _gap(rng, node_rate_s)
@@ -509,10 +593,12 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
         reason: Reason | None = None
         t = t0 + config.bringup_s
         joined: list[float] = []  # when each replacement job of this segment started holding its node
+        failed: list[dict[str, str]] = []  # the end line's failed_nodes: the node lost, excluded next time
         if next_loss < t:  # before the driver runs (a node lost, or a process that fails its start): it ends
             process = is_process_fault()
             n["faults" if process else "losses"] += 1
-            draw(cap, process)
+            g, node = draw(cap, process)
+            failed = [] if process else [_failed(g, node, "lost during bring-up")]
             t, reason = next_loss + costs.detect_s, Reason.ERROR if process else Reason.NODE_FAILURE
             n["fault_ends"] += process
             next_loss += _gap(rng, node_rate_s)
@@ -568,7 +654,23 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
                 n["losses"] += 1
                 r = policy.on_node_lost(NodeLost(g.name, own_up[g.name] - 1, n["replacements"]))
                 if r.end_segment:
-                    t, reason = at + costs.detect_s, Reason.NODE_FAILURE
+                    before = cap.whole()
+                    if g is rollout:
+                        cap.down[node] = 1
+                    after = cap.whole()  # 0: no engine left to finish the rollout in flight, so no save
+                    step_end = at + max(0.0, t + step - at) * before / after if after else float("inf")
+                    end = lost_node_end(at=at, step_start=t, step_s=step, step_end=step_end, save_due=save > 0,
+                                        save_first=r.save_first and after > 0, costs=costs, wait_s=save_wait_s,
+                                        walltime_end=t0 + walltime_s)
+                    if end.trained:
+                        step_time, steps, done = step_time + end.step_s, steps + 1, done + 1
+                    saved = done if end.kept else saved
+                    in_time = r.save_first and after > 0 and not end.too_late
+                    n["saved_first"] += in_time
+                    n["too_late"] += r.save_first and not in_time
+                    what = ("lost; the rollout in flight saved first" if in_time else
+                            "lost; no save came (too late for the rollout in flight)" if r.save_first else "lost")
+                    t, reason, failed = end.at, Reason.NODE_FAILURE, [_failed(g, node, what)]
                     break
                 n["went_on"] += 1
                 own_up[g.name] -= 1
@@ -605,7 +707,7 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
         end = ledger.end_record(job_id=str(job), restart=0, rollouts_at_end=saved, reason=reason, detail="",
                                 next_action="none", next_job_id=None,
                                 rollout_s=step_time / steps if steps else None, save_s=costs.save_s,
-                                ready_s=config.bringup_s, rollouts_run=steps, now=t)
+                                ready_s=config.bringup_s, rollouts_run=steps, failed_nodes=failed or None, now=t)
         outcome = Outcome(reason=reason, rollouts_at_start=at_start, rollouts_at_end=saved, num_rollout=num_rollout,
                           rollouts_run=steps)
         decision = decide(outcome, history=history, max_segments=lc.max_segments, cancelled=False,
@@ -627,7 +729,8 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
     full_speed = e.rollouts_kept * costs.step_s
     return RunResult(ettr=e.ratio or 0.0, ettr_full_speed=full_speed / e.held_s if e.held_s else 0.0,
                      span_ettr=e.span_ratio or 0.0, segments=len(lines), node_losses=n["losses"],
-                     restarts=n["restarts"], process_faults=n["faults"], fault_ends=n["fault_ends"],
+                     restarts=n["restarts"], saved_first=n["saved_first"], save_too_late=n["too_late"],
+                     process_faults=n["faults"], fault_ends=n["fault_ends"],
                      engine_restarts=n["engine_restarts"], workers_dropped=n["dropped"],
                      stalls=n["stalls"], went_on=n["went_on"], replacements=n["replacements"],
                      chain_stops=n["stops"], stops_no_progress=n["no_progress"], stops_max_segments=n["too_many"],
@@ -670,6 +773,7 @@ def project(runs: int, seed: int, days: float, costs: Costs = Costs(), overrides
                 "rollout_nodes": rollout.nodes if rollout else 0, "engines": config.engines, "policy": label,
                 "backend": config.recipe.backend,
                 "survives": {g.name: survives_node_loss(config.plan, g) for g in config.plan.groups},
+                "on_node_loss": {g.name: on_node_loss(config.plan, g).name for g in config.plan.groups},
                 "max_replacements": config.recipe.lifecycle.max_replacements,
                 "interval": config.recipe.checkpoint.interval,
                 "per_gpu_hour": costs.per_gpu_hour, "process_share": costs.process_share,
@@ -684,7 +788,8 @@ def project(runs: int, seed: int, days: float, costs: Costs = Costs(), overrides
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| run | GPUs (trainer + rollout nodes; engines) | node losses + process faults / day | policy | "
-            "ETTR mean (p10-p90) | ETTR at full speed | ETTR over wall span | segments | restarts | went on | "
+            "ETTR mean (p10-p90) | ETTR at full speed | ETTR over wall span | segments | "
+            "restarts (saved first / too late) | went on | "
             "process faults: ended / engine restarted / worker dropped | replacements | "
             "chain stops (no progress / max segments) | replacement GPU-h | unfinished | days |")
     out = [head, "|" + "---|" * 16]
@@ -692,7 +797,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         out.append(f"| {r['scale']} | {r['gpus']} ({r['trainer_nodes']} + {r['rollout_nodes']}; {r['engines']}) | "
                    f"{r['node_losses_per_day']:.2f} + {r['process_faults_per_day']:.2f} | {r['policy']} | "
                    f"{r['ettr_mean']:.3f} ({r['ettr_p10']:.3f}-{r['ettr_p90']:.3f}) | {r['ettr_full_speed_mean']:.3f} | "
-                   f"{r['span_ettr_mean']:.3f} | {r['segments_mean']:.1f} | {r['restarts_mean']:.1f} | "
+                   f"{r['span_ettr_mean']:.3f} | {r['segments_mean']:.1f} | {r['restarts_mean']:.1f} "
+                   f"({r['saved_first_mean']:.2f} / {r['save_too_late_mean']:.2f}) | "
                    f"{r['went_on_mean']:.1f} | {r['fault_ends_mean']:.2f} / {r['engine_restarts_mean']:.2f} / "
                    f"{r['workers_dropped_mean']:.2f} | {r['replacements_mean']:.1f} | "
                    f"{r['chain_stops_mean']:.2f} ({r['stops_no_progress_mean']:.2f} / {r['stops_max_segments_mean']:.2f}) | "

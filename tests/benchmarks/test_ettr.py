@@ -1,7 +1,8 @@
 """benchmarks/ettr.py's simulator: a failure-free chain whose ETTR is known by hand, and scripted node
-losses that show the product's own rules at work: the plan's survives_node_loss and
-elastic.replace.on_node_lost decide whether a segment goes on and whether a replacement is asked
-for (a Miles recipe, or a rollout group of one node, projects exactly as a full restart), and
+losses that show the product's own rules at work: the plan's on_node_loss and
+elastic.replace.on_node_lost decide whether a segment goes on, saves before it ends, or ends, and
+whether a replacement is asked for (a rollout group that keeps no whole engine projects exactly as
+a full restart; the seed's Miles recipe saves the rollout in flight first), and
 lifecycle.decide.decide what follows a segment. Scripted process faults on live nodes show what
 each driver does: Miles restarts a dead engine in place (or fails the weight update it missed),
 the reference driver drops a dead worker for the rest of the segment, a trainer's fault ends it."""
@@ -82,50 +83,146 @@ def test_without_failures_the_ettr_is_the_one_worked_out_by_hand() -> None:
 
 
 def test_the_simulator_asks_the_products_rule_with_the_real_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The in-place policy is the product's survives_node_loss on the plan plan_for made, and
-    elastic.replace.on_node_lost with the segment's own nodes left and the recipe's cap."""
-    cfg = config()
+    """The rule is the product's on_node_loss on the plan plan_for made, then
+    elastic.replace.on_node_lost with the segment's own nodes left and the recipe's cap: the
+    reference run goes on, the seed's Miles run (4 rollout nodes, engines of 2) saves, then ends."""
     seen: list[tuple[Any, ...]] = []
-    real_survives, real_on_lost = sim.survives_node_loss, sim.on_node_lost
+    real_on_loss, real_on_lost = sim.on_node_loss, sim.on_node_lost
 
-    def survives(plan: Any, group: Any) -> bool:
-        seen.append(("survives", plan, group.name))
-        return real_survives(plan, group)
+    def on_loss(plan: Any, group: Any) -> Any:
+        action = real_on_loss(plan, group)
+        seen.append(("on_node_loss", plan, group.name, action))
+        return action
 
     def on_lost(**kw: Any) -> Any:
         seen.append(("on_node_lost", kw))
         return real_on_lost(**kw)
 
-    monkeypatch.setattr(sim, "survives_node_loss", survives)
+    monkeypatch.setattr(sim, "on_node_loss", on_loss)
     monkeypatch.setattr(sim, "on_node_lost", on_lost)
-    run(cfg, Scripted([300], ["rollout"]))
-    assert seen == [("survives", cfg.plan, "rollout"),
-                    ("on_node_lost", {"survives": True, "others_up": 3, "replacements": 0, "cap": 2})]
-    assert cfg.plan.recipe.backend == "reference" and cfg.plan.group("rollout").nodes == 4
+    for cfg, action, survives in ((config(), sim.NodeLossAction.GO_ON, True),
+                                  (config("miles"), sim.NodeLossAction.SAVE_THEN_END, False)):
+        seen.clear()
+        run(cfg, Scripted([300], ["rollout"]))
+        assert seen == [("on_node_loss", cfg.plan, "rollout", action),
+                        ("on_node_lost", {"survives": survives, "others_up": 3, "replacements": 0, "cap": 2})]
+        assert cfg.plan.group("rollout").nodes == 4
 
 
 def test_where_the_product_ends_the_segment_the_projection_is_the_full_restarts() -> None:
-    """A rollout node lost 300 s in. The seed's Miles recipe, a reference recipe whose rollout group
-    is one node, and one with lifecycle.rollout_node_loss: restart: the product's rule says the group
-    does not survive, so each projects exactly as the full restart for the same draws (here and over
-    random draws at a high rate). The reference recipe with 4 rollout nodes goes on: no restart, a
-    slower run, a replacement."""
+    """A rollout node lost 300 s in. A Miles recipe whose rollout group keeps no whole engine
+    without the node (2 rollout nodes, one engine of 2), a reference recipe whose rollout group is
+    one node, and one with lifecycle.rollout_node_loss: restart: the product's answer is END, so
+    each projects exactly as the full restart of its shape for the same draws (here and over random
+    draws at a high rate). The seed's Miles recipe (4 rollout nodes) saves first, so it differs.
+    The reference recipe with 4 rollout nodes goes on: no restart, a slower run, a replacement."""
     one_node = ("topology.rollout.nodes=1", "topology.rollout.gpus_per_engine=8")
+    one_engine = ("topology.rollout.nodes=2",)
     full = restart()
     busy = replace(COSTS, per_gpu_hour=0.02)  # about a node loss every 1,900 held seconds
     lost = run(full, Scripted([300], ["rollout"]))
     many = run(full, random.Random(1), costs=busy, n=60)
     assert lost.restarts == 1 and lost.node_losses == 1 and lost.went_on == 0 and many.restarts > 3
-    for cfg, same_shape in ((config("miles"), full), (config("reference", *one_node), restart(*one_node))):
-        assert not sim.survives_node_loss(cfg.plan, cfg.plan.group("rollout"))
-        assert run(cfg, Scripted([300], ["rollout"])) == lost
+    assert lost.saved_first == 0 == lost.save_too_late
+    for cfg, same_shape in ((config("miles", *one_engine), restart(*one_engine)),
+                            (config("reference", *one_node), restart(*one_node))):
+        assert sim.on_node_loss(cfg.plan, cfg.plan.group("rollout")) is sim.NodeLossAction.END
+        lost_here = run(cfg, Scripted([300], ["rollout"]))
+        assert lost_here == run(same_shape, Scripted([300], ["rollout"])) and lost_here.restarts == 1
         assert run(cfg, random.Random(1), costs=busy, n=60) == run(same_shape, random.Random(1), costs=busy, n=60)
+    seed_miles = run(config("miles"), random.Random(1), costs=busy, n=60)
+    assert seed_miles.saved_first > 0 and seed_miles != many
     in_place = run(config(), Scripted([300], ["rollout"]))
     assert (in_place.restarts, in_place.went_on, in_place.replacements) == (0, 1, 1)
     assert in_place.ettr > lost.ettr and in_place != lost
     assert in_place.ettr_full_speed < in_place.ettr  # an engine of 2 down: steps twice as slow until it is back
     assert in_place.replacement_gpu_h > 0 == lost.replacement_gpu_h
     assert run(config(), random.Random(1), costs=busy, n=60).went_on > 0 == many.went_on
+
+
+def ledger_of(monkeypatch: pytest.MonkeyPatch) -> list[list[dict[str, Any]]]:
+    """The simulated ledgers, one per run, as the product's ETTR reader is handed them."""
+    ledgers: list[list[dict[str, Any]]] = []
+    real = sim.ettr
+
+    def reader(lines: list[dict[str, Any]], **kw: Any) -> Any:
+        ledgers.append(lines)
+        return real(lines, **kw)
+
+    monkeypatch.setattr(sim, "ettr", reader)
+    return ledgers
+
+
+def ends(lines: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Each segment's end as (reason, rollouts_at_end, rollouts_run, time, failed nodes, next action)."""
+    return [(s["end"]["reason"], s["end"]["rollouts_at_end"], s["end"]["rollouts_run"], pytest.approx(s["end"]["time"]),
+             [f["node"] for f in s["end"].get("failed_nodes") or []], s["end"]["next"]["action"]) for s in lines]
+
+
+def test_a_miles_run_saves_the_rollout_in_flight_before_a_lost_rollout_node_ends_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seed's Miles recipe (4 rollout nodes, two engines of 2), 10 rollouts. Rollout node 0 is
+    lost 300 s in, halfway through rollout 3 (250-350). on_node_loss says SAVE_THEN_END: the loss is
+    noticed at 305, before the step's boundary (350), so the save request is in time. The step's
+    other half runs on one engine of two (50 s of work in 100 s: it ends at 400), one save (10 s)
+    keeps it, and the segment ends at 410 as node-failure naming the node, with rollouts_at_end 3
+    (the rollout in flight included). decide() resubmits; the next segment (bring-up 50, rollouts
+    4-10 and two saves) holds 770 s. Nothing is trained twice: the ledger's ETTR is rollouts 1-3 at
+    segment 1's mean step ((100 + 100 + 150) / 3) and 4-10 at 100 s over 410 + 770 held: 1,050 /
+    1,180; at full speed 1,000 / 1,180. Full restart: 1,000 / (305 + 1,070). With
+    lifecycle.save_on_request false the product saves nothing: the full restart's figures."""
+    ledgers = ledger_of(monkeypatch)
+    miles = config("miles")
+    r = run(miles, Scripted([300], ["rollout"], [0]), n=10)
+    assert ends(ledgers[-1]) == [("node-failure", 3, 3, 410, ["rollout-0"], "resubmit"),
+                                 ("completed", 10, 7, 410 + 30 + 770, [], "none")]
+    assert ledgers[-1][1]["start"]["rollouts_at_start"] == 3
+    assert (r.segments, r.restarts, r.saved_first, r.save_too_late, r.went_on, r.replacements) == (2, 1, 1, 0, 0, 0)
+    assert r.ettr == pytest.approx(1050 / 1180) and r.ettr_full_speed == pytest.approx(1000 / 1180)
+    full = run(restart(), Scripted([300], ["rollout"], [0]), n=10)
+    assert ends(ledgers[-1])[0] == ("node-failure", 0, 2, 305, ["rollout-0"], "resubmit")
+    assert full.ettr == pytest.approx(1000 / (305 + 1070)) and full.ettr < r.ettr
+    unsaved = run(config("miles", "lifecycle.save_on_request=false"), Scripted([300], ["rollout"], [0]), n=10)
+    assert unsaved == full
+
+
+def test_a_loss_too_late_for_the_rollouts_save_waits_the_stall_timeout_and_ends_from_the_last_checkpoint(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same run, rollout node 0 lost at 346, within detect_s (5 s) of rollout 3's boundary at
+    350: the save request (351) comes after Miles looked for it. Rollout 3 is trained, then Miles
+    waits in its weight update for the lost engine and no save comes: the segment waits the stall
+    timeout (4 x (100 + 10) s, raised to the 20-minute floor: 1,200 s, below the 1,800 s of
+    lifecycle.save_timeout_s) and ends at 1,551 from the last periodic checkpoint (none: 0). ETTR
+    1,000 / (1,551 + 1,070). Lost at 546 instead, within 5 s of rollout 5's boundary (550), its
+    periodic save (550-560) still lands: the segment ends at 1,751 from rollout 5, and the next
+    holds 50 + 500 + 10. The wait follows the recipe: lifecycle.stall_timeout_s 1,500 (1,500 s) and
+    lifecycle.save_timeout_s 600 (600 s)."""
+    ledgers = ledger_of(monkeypatch)
+    miles = config("miles")
+    late = run(miles, Scripted([346], ["rollout"], [0]), n=10)
+    assert ends(ledgers[-1]) == [("node-failure", 0, 3, 1551, ["rollout-0"], "resubmit"),
+                                 ("completed", 10, 10, 1551 + 30 + 1070, [], "none")]
+    assert (late.restarts, late.saved_first, late.save_too_late) == (1, 0, 1)
+    assert late.ettr == pytest.approx(1000 / (1551 + 1070))
+    periodic = run(miles, Scripted([546], ["rollout"], [0]), n=10)
+    assert ends(ledgers[-1])[0] == ("node-failure", 5, 5, 1751, ["rollout-0"], "resubmit")
+    assert periodic.ettr == pytest.approx(1000 / (1751 + 560)) and periodic.save_too_late == 1
+    in_time = run(miles, Scripted([344], ["rollout"], [0]), n=10)  # noticed at 349: saved at 350 + 6 + 10
+    assert ends(ledgers[-1])[0] == ("node-failure", 3, 3, 366, ["rollout-0"], "resubmit") and in_time.saved_first == 1
+    for override, wait in (("lifecycle.stall_timeout_s=1500", 1500), ("lifecycle.save_timeout_s=600", 600)):
+        run(config("miles", override), Scripted([346], ["rollout"], [0]), n=10)
+        assert ends(ledgers[-1])[0] == ("node-failure", 0, 3, 351 + wait, ["rollout-0"], "resubmit")
+
+
+def test_no_save_without_an_engine_left_to_finish_the_rollout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seed's Miles run with one engine's process dead (restarted in place only at the next
+    weight update): a rollout node of the other engine lost 10 s later leaves no engine to finish
+    the rollout in flight, so no save can come and the segment ends as the revoked job's would,
+    detect_s after the loss, from the last checkpoint."""
+    ledgers = ledger_of(monkeypatch)
+    r = run(config("miles"), Scripted([300, 10], ["rollout", "rollout"], [0, 2], kinds=["process", "node"]),
+            costs=FAULTS, n=10)
+    assert ends(ledgers[-1])[0] == ("node-failure", 0, 2, 315, ["rollout-2"], "resubmit")
+    assert (r.saved_first, r.save_too_late, r.engine_restarts) == (0, 1, 1)
 
 
 def test_the_cap_on_replacements_is_the_recipes() -> None:
@@ -151,9 +248,12 @@ def test_with_no_whole_engine_left_the_stall_watchdog_ends_the_segment() -> None
     assert r.unfinished == 0 and r.ettr < run(restart(), Scripted([300], ["rollout"])).ettr
 
 
-def test_a_lost_trainer_node_restarts_under_both_policies() -> None:
-    runs = [run(cfg, Scripted([300], ["trainer"])) for cfg in (restart(), config())]
-    assert [r.restarts for r in runs] == [1, 1] and runs[0] == runs[1]
+def test_a_lost_trainer_node_restarts_under_every_policy() -> None:
+    """A lost trainer node ends the segment from the last checkpoint whatever the backend: no save
+    first for Miles either (on_node_loss says END for the trainer group)."""
+    runs = [run(cfg, Scripted([300], ["trainer"])) for cfg in (restart(), config(), config("miles"))]
+    assert [r.restarts for r in runs] == [1, 1, 1] and runs[0] == runs[1] == runs[2]
+    assert runs[2].saved_first == 0 == runs[2].save_too_late
 
 
 def test_the_product_rule_book_stops_a_chain_that_fails_twice_without_progress() -> None:
@@ -177,13 +277,15 @@ def test_the_projection_runs_every_policy_on_every_size() -> None:
                 "(b) product, reference, no cap"]
     assert [(r["scale"], r["policy"]) for r in rows] == [(s.name, p) for s in shapes for p in policies]
     by = {(r["gpus"], r["policy"]): r for r in rows}
-    assert by[(1024, policies[1])]["ettr_mean"] == by[(1024, policies[0])]["ettr_mean"]
     assert by[(1024, policies[0])]["survives"] == by[(1024, policies[1])]["survives"] == {
         "trainer": False, "rollout": False}
     assert by[(1024, policies[2])]["survives"] == {"trainer": False, "rollout": True}
+    assert by[(1024, policies[0])]["on_node_loss"] == {"trainer": "END", "rollout": "END"}
+    assert by[(1024, policies[1])]["on_node_loss"] == {"trainer": "END", "rollout": "SAVE_THEN_END"}
+    assert by[(1024, policies[2])]["on_node_loss"] == {"trainer": "END", "rollout": "GO_ON"}
     assert by[(1024, policies[3])]["max_replacements"] == sim.NO_CAP
     assert all(0 < r["ettr_mean"] <= 1 for r in rows)
-    assert "| 1,024 | 1024 (88 + 40; 20) |" in sim.table(rows)
+    assert "| 1,024 | 1024 (88 + 40; 20) |" in sim.table(rows) and "restarts (saved first / too late)" in sim.table(rows)
     assert sim.main(["--runs", "0"]) == 2 and sim.main(["--interval", "0"]) == 2 and sim.main(["--rate", "0"]) == 2
     assert sim.main(["--process-share", "1.5"]) == 2
 
