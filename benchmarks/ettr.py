@@ -36,28 +36,40 @@ decision code, not by a model of it:
   a trainer process's fault fails the driver (``error``, no node excluded); on the rollout group a
   Miles run's driver restarts the dead engine in place (:func:`restarts_dead_engines`: the plan's
   driver argv carries ``--use-fault-tolerance``, which ``beam_hpc.backends.miles.args._outputs``
-  puts on every Miles run), and a reference run's driver drops the dead worker and goes on with the
-  others (:func:`drops_dead_workers`, below).
+  puts on every Miles run), and a reference run's driver starts a new worker in the dead one's
+  slot and goes on with the others meanwhile (:func:`restarts_dead_workers`, below).
 
 What the reference backend does when a rollout worker's process dies on a node that stays up, read
 from the code: the driver's unit feeder gets ``RayActorError`` for the unit in flight and calls
 ``beam_hpc.backends.reference.rollouts.unit_service.UnitService._worker_lost``, which puts the
-worker's units back in the queue and goes on with the workers left (the same path as a lost node's
-worker: it cannot tell the two apart). Nothing starts the worker again: the driver makes its actors
-with no ``max_restarts`` (``beam_hpc.backends.reference.loop.driver.Loop.start``), and the job asks
-for a replacement only when a node step ends (``beam_hpc.job.runner.JobRunner._goes_on_without``),
-which a dead process on a live node does not do. So the segment goes on without that worker until
-it ends; the next segment starts its workers again. It ends the segment only with
-``backend_options.weight_sync: nccl`` or when no own worker and no outside worker is left. That
-path does not read ``lifecycle.rollout_node_loss``, so the full-restart row goes on too.
+worker's units back at the head of the queue (the workers left, and outside ones, serve them) and
+calls ``UnitService._restart_in_place``: where the worker's Ray node is still alive, a new worker
+actor is started in its slot (``beam_hpc.backends.reference.loop.driver.Loop.new_worker``, the
+rollout group's resource the dead one freed). The feeder swaps it in once it has loaded the model
+(``UnitService._joined``: its ``where`` answered), hands it the weights of the versions a unit may
+still ask for directly (``RolloutWorker.hold_weights``), and the queue leases to it again. While it
+starts, the segment goes on with the other workers, and it does not end even when the dead worker
+was the last one: ``UnitService._check_capacity`` raises only when no own worker is alive, none is
+starting and no outside worker is registered, i.e. only when the restart itself fails (the new
+worker dies while starting, or has not loaded within ``RESTART_WAIT_S``, 600 s). Modelled here: the
+worker is out ``worker_restart_s`` from its death and then serves again (:class:`_Capacity`); with
+no worker left the step waits for it. The restart always succeeds in the model, and
+``MAX_RESTARTS`` (3 a worker a segment, after which the worker stays lost) is not modelled: a worker
+faulting 3 times within one segment is far above any rate modelled here (about one process fault
+per 8 rollout-node-days at 8,192 GPUs at Llama 3's rate). A lost node's worker is not restarted (it
+is dropped and a replacement asked for, the node-loss rule), and ``backend_options.weight_sync:
+nccl`` still ends the segment (the dead worker was a rank of the trainer's broadcast group, which
+takes no new rank). That path does not read ``lifecycle.rollout_node_loss``, so the full-restart
+row restarts the worker too.
 
 ``full restart`` is the product too: the same reference recipe with ``lifecycle.rollout_node_loss:
 restart``, under which on_node_loss says END for every group, so any lost node ends the segment
 and decide() resubmits from the last checkpoint (the product before issue 42). A rollout worker's
-process fault does not end its segment (the reference driver drops the worker whatever
+process fault does not end its segment (the reference driver restarts the worker in place whatever
 ``rollout_node_loss`` says), so this row is "full restart" for node losses only. The seed's Miles
 recipe differs from it twice: a lost rollout node is saved first (SAVE_THEN_END), and a rollout
-process fault restarts the engine in place, against a worker gone until the segment ends.
+process fault restarts the engine before the next weight update, which waits for it, against a
+worker restarted beside the others while they serve.
 
 The model of a run (each value is printed with its source):
 
@@ -79,8 +91,11 @@ The model of a run (each value is printed with its source):
   training and its save, if one was due: Miles trains, saves, then updates) and the segment ends
   as ``error``. A death that leaves no engine serving ends it too (Miles's 60 retries fail the
   rollout);
-- a reference worker whose process died leaves its node's engine not whole until the segment
-  ends: no restart, no replacement (above);
+- a reference worker whose process died leaves its node's engine not whole for
+  ``worker_restart_s`` (its new worker loading the model; no replacement job), then it serves
+  again, counted from the first step that starts after that (as a replacement's is); the segment
+  goes on meanwhile. With no whole engine left the step waits for the worker (it starts over when
+  the worker is back: the units done before its death are charged again, at most one step);
 - a step (one rollout generated and trained on) takes ``step_s`` at full capacity. The seed's
   configurations are asynchronous with pools sized to balance generation and training, so a step
   is the slower of the two: with ``w`` of ``E`` engines whole it takes ``step_s * E / w``. An
@@ -261,6 +276,11 @@ class Costs:
     # in bf16, ~500 GB a node) and captures its CUDA graphs; at a few GB/s a node from shared
     # storage that is 3-5 minutes, then the update carries the current weights to it.
     engine_restart_s: float = 300.0
+    # A reference rollout worker started again in the slot of one whose process died (unit_service
+    # _restart_in_place): the same estimate, as it loads the same model at the seed's scale (a new
+    # actor, model from shared storage, then the recent versions' weights handed over directly).
+    # Its death is seen at once (the unit in flight fails with RayActorError), so no detect_s.
+    worker_restart_s: float = 300.0
 
 
 SOURCES = {
@@ -300,10 +320,14 @@ SOURCES = {
                                              "is split, not raised; the same share at RobustRL's rate (assumption)",
     "process fault: goes on or ends": "the product's drivers: a trainer process's fault fails the driver (error, no "
                                       "node excluded); Miles (--use-fault-tolerance in the plan's argv) restarts a "
-                                      "dead engine before the next weight update; reference drops a dead worker "
-                                      "(unit_service.UnitService._worker_lost) until the segment ends, every row",
+                                      "dead engine before the next weight update; reference starts a new worker in "
+                                      "the dead one's slot while the others serve (unit_service.UnitService."
+                                      "_restart_in_place, _joined), every row; with weight_sync nccl it ends",
     "engine restart 300 s": "estimate: a 16-GPU SGLang engine of the 501B model loads ~500 GB a node and captures "
                             "CUDA graphs; the weight update waits for it (Miles's ServerGroup.recover)",
+    "worker restart 300 s": "estimate, as the engine restart: a new reference worker loads the same model, then "
+                            "gets the recent versions' weights directly (RolloutWorker.hold_weights); the others "
+                            "serve meanwhile; MAX_RESTARTS (3 a worker a segment) not modelled",
     "weight update fails: death within 30 s of it": "Miles's health check every 30 s "
                                                     "(--rollout-health-check-interval): a death after the last check "
                                                     "before the update (within one interval of it) is not seen, the "
@@ -374,12 +398,15 @@ def restarts_dead_engines(plan: Plan) -> bool:
     return plan.recipe.backend == "miles" and "--use-fault-tolerance" in plan.driver_argv
 
 
-def drops_dead_workers(plan: Plan) -> bool:
-    """Whether the run's driver drops a rollout worker whose process died and goes on with the rest:
-    the reference driver's ``UnitService._worker_lost`` (beam_hpc.backends.reference.rollouts.unit_service),
-    except with ``backend_options.weight_sync: nccl`` (the worker was a rank of the trainer's
-    broadcast group), read through the driver's own ``LoopOptions``. It does not read
-    ``lifecycle.rollout_node_loss``: the full-restart recipe drops the worker too."""
+def restarts_dead_workers(plan: Plan) -> bool:
+    """Whether the run's driver starts a new rollout worker in the slot of one whose process died on
+    a live node, and goes on with the rest meanwhile: the reference driver's
+    ``UnitService._worker_lost`` -> ``_restart_in_place`` (a new actor from ``Loop.new_worker``),
+    swapped in by ``_joined`` once it has loaded the model (beam_hpc.backends.reference.rollouts.unit_service).
+    Not with ``backend_options.weight_sync: nccl`` (the worker was a rank of the trainer's broadcast
+    group, which takes no new rank: the segment ends), read through the driver's own
+    ``LoopOptions``. It does not read ``lifecycle.rollout_node_loss``: the full-restart recipe
+    restarts the worker too. ``MAX_RESTARTS`` (3 a worker a segment) is not modelled."""
     return plan.recipe.backend == "reference" and LoopOptions.of(plan.recipe).weight_sync != "nccl"
 
 
@@ -419,15 +446,17 @@ class ProductRule:
 
     def on_process_fault(self, fault: ProcessFault) -> Reaction:
         """A process died on a live node: the trainer's (or a colocated group's) fails the driver;
-        a rollout engine's is restarted in place (Miles) or dropped (reference, unless it was the
-        last worker serving: ``_worker_lost`` raises then); any other driver fails."""
+        a rollout engine's is restarted in place before the next weight update (Miles, ``restart``),
+        or a new worker is started in its slot while the others serve (reference: the segment goes
+        on even if it was the last worker, as the restart counts as capacity coming,
+        ``UnitService._check_capacity``; the simulator models the restart); any other driver fails."""
         plan = self.config.plan
         if plan.group(fault.group).roles != ("rollout",):
             return Reaction(end_segment=True)
         if restarts_dead_engines(plan):
             return Reaction(end_segment=False, restart=True)
-        if drops_dead_workers(plan):
-            return Reaction(end_segment=fault.workers_left == 0)
+        if restarts_dead_workers(plan):
+            return Reaction(end_segment=False)
         return Reaction(end_segment=True)
 
 
@@ -445,7 +474,7 @@ class RunResult:
     process_faults: int  # processes that died on a live node
     fault_ends: int  # segments a process fault ended (error): a trainer's, a failed weight update, no worker left
     engine_restarts: int  # Miles engines restarted in place, the segment going on
-    workers_dropped: int  # reference workers dropped, the segment going on without them to its end
+    workers_restarted: int  # reference workers started again in place, the segment going on
     stalls: int  # segments that went on without whole engines and were stopped by the stall watchdog
     went_on: int  # node losses the segment went on without
     replacements: int
@@ -462,10 +491,10 @@ class _Capacity:
     """The segment's rollout engines: how many of each engine's nodes are down."""
 
     config: Config
-    down: dict[int, int] = field(default_factory=dict)  # rollout node -> 1 while down (lost, or its worker dropped)
+    down: dict[int, int] = field(default_factory=dict)  # rollout node -> 1 while down (lost, or its worker restarting)
     back: list[tuple[float, int]] = field(default_factory=list)  # (when its replacement serves, node)
     dead: set[int] = field(default_factory=set)  # Miles engines whose process died, until the next weight update
-    dropped: set[int] = field(default_factory=set)  # rollout nodes (up) whose reference worker died
+    restarting: dict[int, float] = field(default_factory=dict)  # rollout node (up) whose reference worker died -> when its new one serves
     serving_from: list[float] = field(default_factory=list)  # when each replacement of the segment serves
 
     def whole(self) -> int:
@@ -475,12 +504,22 @@ class _Capacity:
     def workers(self, own_up: int, t: float) -> int:
         """Rollout workers serving at ``t``: the segment's own on nodes up whose worker lives, and
         the replacements that have joined (outside workers to the driver's unit service)."""
-        return own_up - len(self.dropped) + sum(1 for at in self.serving_from if at <= t)
+        return own_up - sum(1 for at in self.restarting.values() if at > t) + sum(1 for at in self.serving_from if at <= t)
+
+    def next_back(self) -> float | None:
+        """When capacity next comes back: the first replacement or restarted worker (None: none coming)."""
+        times = [b for b, _ in self.back] + list(self.restarting.values())
+        return min(times) if times else None
 
     def arrive(self, t: float) -> None:
+        """Replacements and restarted workers that serve by ``t`` make their engines whole again."""
         self.back.sort()
         while self.back and self.back[0][0] <= t:
             self.down.pop(self.back.pop(0)[1], None)
+        for node, at in list(self.restarting.items()):
+            if at <= t:
+                del self.restarting[node]
+                self.down.pop(node, None)
 
 
 @dataclass(frozen=True)
@@ -549,13 +588,13 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
     save_wait_s = float(min(lc.save_timeout_s, stall_s) if stall_s > 0 else lc.save_timeout_s)
     groups = plan.groups
     node_rate_s = plan.total_gpus * costs.per_gpu_hour / 3600.0  # interruptions (both kinds) per held second
-    window_s, drops = update_window_s(plan), drops_dead_workers(plan)
+    window_s, worker_restarts = update_window_s(plan), restarts_dead_workers(plan)
     rollout = config.rollout
     lines: list[dict[str, Any]] = []
     history: list[dict[str, Any]] = []  # decide()'s: the segments since the chain (re)started
     now, saved, job = 0.0, 0, 0
     n = dict(losses=0, restarts=0, stalls=0, went_on=0, replacements=0, stops=0, no_progress=0, too_many=0,
-             faults=0, fault_ends=0, engine_restarts=0, dropped=0, saved_first=0, too_late=0)
+             faults=0, fault_ends=0, engine_restarts=0, worker_restarts=0, saved_first=0, too_late=0)
     replacement_gpu_s = 0.0
     give_up = costs.horizon * num_rollout * costs.step_s
     next_loss = now + _gap(rng, node_rate_s)
@@ -574,7 +613,7 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
             if pick < g.nodes:
                 break
             pick -= g.nodes
-        gone = set(cap.down) if process else set(cap.down) - cap.dropped
+        gone = set(cap.down) if process else set(cap.down) - set(cap.restarting)
         up = [i for i in range(g.nodes) if i not in gone] if g is rollout else []
         return g, (rng.choice(up) if up else -1)
 
@@ -606,8 +645,9 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
             cap.arrive(t)
             whole = cap.whole()
             if config.engines and whole == 0:  # the product went on, but no engine can serve
-                if cap.back:  # the rollouts wait for the first replacement
-                    t = max(t, min(b for b, _ in cap.back))
+                back = cap.next_back()
+                if back is not None:  # the rollouts wait for the first replacement or restarted worker
+                    t = max(t, back)
                     continue
                 t, reason = t + stall_s, Reason.STALLED  # the stall watchdog stops the segment
                 break
@@ -645,10 +685,10 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
                         n["engine_restarts"] += 1
                         if cap.whole() == 0:  # no engine serves: Miles's retries fail the rollout
                             t, reason = at + costs.detect_s, Reason.ERROR
-                    else:  # the reference driver drops the worker; its units go back to the queue
+                    else:  # reference: its units go back to the queue, a new worker starts in its slot
                         cap.down[node] = 1
-                        cap.dropped.add(node)
-                        n["dropped"] += 1
+                        cap.restarting[node] = at + costs.worker_restart_s
+                        n["worker_restarts"] += 1
                     n["fault_ends"] += reason == Reason.ERROR
                     continue
                 n["losses"] += 1
@@ -676,15 +716,16 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
                 own_up[g.name] -= 1
                 if g is rollout:  # the step in flight goes on, slower: its units go back to the queue
                     cap.down[node] = 1
-                    cap.dropped.discard(node)  # a node whose worker had died is now lost itself
+                    cap.restarting.pop(node, None)  # a node whose worker was restarting is now lost itself
                 if r.replace_after_s is not None:
                     n["replacements"] += 1
                     cap.back.append((at + r.replace_after_s, node))
                     cap.serving_from.append(at + r.replace_after_s)
                     joined.append(at + config.queue_s)
-                if drops and g is rollout and cap.workers(own_up[g.name], at) == 0:
-                    # the lost node's worker was the last one serving (the others' processes had
-                    # died): the driver's _worker_lost ends the segment
+                if (worker_restarts and g is rollout and cap.workers(own_up[g.name], at) == 0
+                        and not any(b > at for b in cap.restarting.values())):
+                    # the lost node's worker was the last one serving and none is starting: the
+                    # driver's _check_capacity ends the segment
                     t, reason = at + costs.detect_s, Reason.ERROR
                     n["fault_ends"] += 1
                 continue
@@ -731,7 +772,7 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
                      span_ettr=e.span_ratio or 0.0, segments=len(lines), node_losses=n["losses"],
                      restarts=n["restarts"], saved_first=n["saved_first"], save_too_late=n["too_late"],
                      process_faults=n["faults"], fault_ends=n["fault_ends"],
-                     engine_restarts=n["engine_restarts"], workers_dropped=n["dropped"],
+                     engine_restarts=n["engine_restarts"], workers_restarted=n["worker_restarts"],
                      stalls=n["stalls"], went_on=n["went_on"], replacements=n["replacements"],
                      chain_stops=n["stops"], stops_no_progress=n["no_progress"], stops_max_segments=n["too_many"],
                      replacement_gpu_h=replacement_gpu_s / 3600.0, unfinished=int(saved < num_rollout),
@@ -790,7 +831,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = ("| run | GPUs (trainer + rollout nodes; engines) | node losses + process faults / day | policy | "
             "ETTR mean (p10-p90) | ETTR at full speed | ETTR over wall span | segments | "
             "restarts (saved first / too late) | went on | "
-            "process faults: ended / engine restarted / worker dropped | replacements | "
+            "process faults: ended / engine restarted / worker restarted | replacements | "
             "chain stops (no progress / max segments) | replacement GPU-h | unfinished | days |")
     out = [head, "|" + "---|" * 16]
     for r in rows:
@@ -800,7 +841,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                    f"{r['span_ettr_mean']:.3f} | {r['segments_mean']:.1f} | {r['restarts_mean']:.1f} "
                    f"({r['saved_first_mean']:.2f} / {r['save_too_late_mean']:.2f}) | "
                    f"{r['went_on_mean']:.1f} | {r['fault_ends_mean']:.2f} / {r['engine_restarts_mean']:.2f} / "
-                   f"{r['workers_dropped_mean']:.2f} | {r['replacements_mean']:.1f} | "
+                   f"{r['workers_restarted_mean']:.2f} | {r['replacements_mean']:.1f} | "
                    f"{r['chain_stops_mean']:.2f} ({r['stops_no_progress_mean']:.2f} / {r['stops_max_segments_mean']:.2f}) | "
                    f"{r['replacement_gpu_h_mean']:.0f} | {r['unfinished_mean']:.2f} | {r['days_mean']:.1f} |")
     return "\n".join(out)

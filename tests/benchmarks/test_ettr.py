@@ -5,7 +5,8 @@ whether a replacement is asked for (a rollout group that keeps no whole engine p
 a full restart; the seed's Miles recipe saves the rollout in flight first), and
 lifecycle.decide.decide what follows a segment. Scripted process faults on live nodes show what
 each driver does: Miles restarts a dead engine in place (or fails the weight update it missed),
-the reference driver drops a dead worker for the rest of the segment, a trainer's fault ends it."""
+the reference driver starts a new worker in the dead one's slot while the others serve (the
+segment goes on even when it was the last worker), a trainer's fault ends it."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ SMALL = sim.Shape("small", trainer_nodes=8, rollout_nodes=4, prompts=32, bringup
 RECIPE = ("lifecycle.walltime=00:33:20", "lifecycle.lead_s=100", "checkpoint.interval=5")
 # Node losses only (process_share 0: no kind is drawn) unless a test says otherwise.
 COSTS = sim.Costs(step_s=100, save_s=10, detect_s=5, operator_s=600, per_gpu_hour=0.0, process_share=0.0,
-                  engine_restart_s=120)
+                  engine_restart_s=120, worker_restart_s=150)
 LOSSES = replace(COSTS, per_gpu_hour=1.0)  # for the scripted losses below (their times are the script's)
 FAULTS = replace(LOSSES, process_share=0.5)  # both kinds drawn: the script says which each is
 
@@ -303,7 +304,7 @@ def test_a_miles_engine_that_dies_is_restarted_in_place_and_the_segment_goes_on(
     the run goes on whole. Nothing is trained twice: one segment, ledger ETTR 1,100 / 1,290 (the slow
     step counts as training) and 1,000 / 1,290 at full speed, against 1,000 / 1,070 without the fault."""
     miles = config("miles")
-    assert sim.restarts_dead_engines(miles.plan) and not sim.drops_dead_workers(miles.plan)
+    assert sim.restarts_dead_engines(miles.plan) and not sim.restarts_dead_workers(miles.plan)
     clean = run(miles, random.Random(0), costs=COSTS, n=10)
     r = run(miles, process("rollout"), costs=FAULTS, n=10)
     assert (clean.segments, clean.ettr) == (1, pytest.approx(1000 / 1070))
@@ -358,26 +359,58 @@ def test_a_trainer_process_fault_ends_the_segment_as_an_error_and_excludes_no_no
         assert lost.ettr == r.ettr
 
 
-def test_a_reference_worker_that_dies_is_dropped_until_the_segment_ends_under_both_policies() -> None:
-    """The reference driver drops a rollout worker whose process died (unit_service._worker_lost)
-    and goes on; nothing starts it again and no replacement is asked for (the node is up), and
+def test_a_reference_worker_that_dies_is_restarted_in_place_while_the_others_serve_under_both_policies() -> None:
+    """The reference driver starts a new worker in the slot of one whose process died on a live node
+    (unit_service._restart_in_place; _joined swaps it in once its model has loaded) and goes on
+    with the others meanwhile; no replacement is asked for (the node is up), and
     lifecycle.rollout_node_loss is not read, so the full-restart recipe does the same. Node 0's
-    worker dies 300 s in: its engine is not whole for the rest of the segment, each step takes 200 s
-    from rollout 3 on: one segment, ends at 1,870; ETTR 1,800 / 1,870, at full speed 1,000 / 1,870
-    (Miles: 1,000 / 1,290). The segment ends instead when the worker was the last one (a rollout
-    group of one node) or when weights travel by nccl."""
+    worker dies 300 s in (rollout 3, from 250): its engine is not whole until its new worker serves,
+    150 s later (worker_restart_s), so rollout 3 takes 200 s (250-450); the worker is back at 450,
+    from rollout 4 on the run is whole again: one segment, ends at 1,170; ETTR 1,100 / 1,170, at full
+    speed 1,000 / 1,170 (Miles, whose update waits 120 s for its engine: 1,100 / 1,290; the worker
+    dropped until the segment's end, as before the restart: 1,800 / 1,870)."""
     runs = [run(cfg, process("rollout"), costs=FAULTS, n=10) for cfg in (config(), restart())]
     assert runs[0] == runs[1]
     r = runs[0]
-    assert (r.segments, r.workers_dropped, r.fault_ends, r.replacements, r.went_on, r.restarts) == (1, 1, 0, 0, 0, 0)
-    assert r.ettr == pytest.approx(1800 / 1870) and r.ettr_full_speed == pytest.approx(1000 / 1870)
+    assert (r.segments, r.workers_restarted, r.fault_ends, r.replacements, r.went_on, r.restarts) == (1, 1, 0, 0, 0, 0)
+    assert r.ettr == pytest.approx(1100 / 1170) and r.ettr_full_speed == pytest.approx(1000 / 1170)
+    assert r.replacement_gpu_h == 0 and r.unfinished == 0
+    # back only after rollout 4 has started (180 s): rollouts 3 and 4 both on one engine, 200 s each
+    slow = run(config(), process("rollout"), costs=replace(FAULTS, worker_restart_s=180), n=10)
+    assert (slow.segments, slow.workers_restarted) == (1, 1)
+    assert slow.ettr == pytest.approx(1200 / 1270) and slow.ettr_full_speed == pytest.approx(1000 / 1270)
+
+
+def test_the_last_reference_worker_that_dies_does_not_end_the_segment_the_step_waits_for_it() -> None:
+    """A rollout group of one node (one worker) whose worker dies 300 s in, during rollout 3
+    (250-350): the segment goes on (a worker is starting, unit_service._check_capacity), nothing
+    serves until the new worker does at 450, and rollout 3 runs again from there (the units done
+    before the death charged again): 450-550, the run ends at 1,270 in one segment, ETTR 1,000 /
+    1,270 (no zero-capacity division: the step waits). With nccl weights the segment still ends
+    (the worker was a rank of the broadcast group): decide() resubmits, 1,000 / (305 + 1,070)."""
     one_node = config("reference", "topology.rollout.nodes=1", "topology.rollout.gpus_per_engine=8")
     nccl = config("reference", "backend_options.weight_sync=nccl")
-    assert not sim.drops_dead_workers(nccl.plan) and sim.drops_dead_workers(one_node.plan)
-    for cfg in (one_node, nccl):
-        ended = run(cfg, process("rollout"), costs=FAULTS, n=10)
-        assert (ended.segments, ended.fault_ends, ended.workers_dropped) == (2, 1, 0)
-        assert ended.ettr == pytest.approx(1000 / (305 + 1070))
+    assert not sim.restarts_dead_workers(nccl.plan) and sim.restarts_dead_workers(one_node.plan)
+    assert sim.ProductRule(one_node).on_process_fault(sim.ProcessFault("rollout", 0)).end_segment is False
+    last = run(one_node, process("rollout"), costs=FAULTS, n=10)
+    assert (last.segments, last.fault_ends, last.workers_restarted, last.stalls, last.restarts) == (1, 0, 1, 0, 0)
+    assert last.ettr == pytest.approx(1000 / 1270) and last.ettr_full_speed == pytest.approx(1000 / 1270)
+    ended = run(nccl, process("rollout"), costs=FAULTS, n=10)
+    assert (ended.segments, ended.fault_ends, ended.workers_restarted) == (2, 1, 0)
+    assert ended.ettr == pytest.approx(1000 / (305 + 1070))
+
+
+def test_a_lost_node_ends_the_segment_only_when_no_worker_serves_and_none_is_starting() -> None:
+    """A rollout group of two one-node engines (reference, in place). Node 0's worker dies 300 s in
+    (back at 450), then node 1 is lost 10 s later: no worker serves, but node 0's is starting, so
+    the segment goes on (unit_service._check_capacity) and waits for it; node 1 is dropped and a
+    replacement asked for: rollout 3 waits for the restarted worker (450), then runs on its one
+    engine until the replacement serves."""
+    two = config("reference", "topology.rollout.nodes=2", "topology.rollout.gpus_per_engine=8")
+    assert two.engines == 2
+    r = run(two, Scripted([300, 10], ["rollout", "rollout"], [0, 1], kinds=["process", "node"]), costs=FAULTS, n=10)
+    assert (r.segments, r.workers_restarted, r.went_on, r.fault_ends, r.restarts) == (1, 1, 1, 0, 0)
+    assert r.unfinished == 0
 
 
 class Counted(random.Random):
