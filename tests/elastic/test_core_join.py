@@ -27,7 +27,7 @@ from polling import poll_until
 from reference_harness import SMALL, assert_bitwise_equal, load_checkpoint, metrics, run_backend
 
 from beam_hpc.backends.reference.rollouts import policy_store, unit_service
-from beam_hpc.fault_hooks import SLOW_UNITS_VAR
+from beam_hpc.fault_hooks import SLOW_ROLLOUT_VAR, SLOW_UNITS_VAR
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.e2e]
 
@@ -296,3 +296,44 @@ def test_negative_control_a_worker_serving_one_version_behind_changes_the_final_
         assert {s["policy_version"] for s in _samples(j.run_dir, k)} == {k}  # the labels cannot tell
     with pytest.raises(AssertionError, match="differs"):
         assert_bitwise_equal(_checkpoint(alone), _checkpoint(j.run_dir), "final")
+
+
+def test_an_own_worker_whose_process_dies_on_a_live_node_is_started_again_and_changes_no_bit(  # type: ignore[no-untyped-def]
+        tmp_path, tiny_assets, reference_ray, async_alone) -> None:
+    """The segment's only rollout worker is SIGKILLed mid-run, its node (this machine's Ray node)
+    left up: an out-of-memory kill or a crash, not a lost node. The driver starts a new worker in
+    its place (unit_service._restart_in_place), which loads the model and the weights of every
+    version a unit may still ask for before it is fed a unit; the unit the dead worker held is
+    served again, once, and the run ends bitwise equal to the run without the fault. (Before the
+    restart, this run ended at the loss: no rollout capacity left.) Each rollout is slowed by a
+    second in the driver (BEAM_TEST_SLOW_ROLLOUT_S), so the kill lands with rollouts to go."""
+    run_dir = tmp_path / "restarted"
+    plan = _plan(run_dir, tiny_assets, ASYNC_BASE)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", SLOW_ROLLOUT_VAR: "1.0"}
+    backend = subprocess.Popen([sys.executable, "-m", "beam_hpc.backends.reference", "--plan", str(plan),
+                                "--ray-address", reference_ray], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=env)
+    out: list[str] = []
+    threading.Thread(target=lambda: out.extend(backend.stdout), daemon=True).start()
+    try:
+        assert poll_until(lambda: _rollouts_done(run_dir) >= 2 or backend.poll() is not None, 600, 0.1)
+        assert backend.poll() is None, "".join(out)[-4000:]
+        (worker,) = json.loads((run_dir / "placement.json").read_text())["rollout"]
+        killed_after = _rollouts_done(run_dir)
+        os.kill(worker["pid"], signal.SIGKILL)
+        assert backend.wait(900) == 0, "".join(out)[-4000:]
+    finally:
+        if backend.poll() is None:
+            backend.kill()
+            backend.wait()
+    log = "".join(out)
+    assert killed_after < ASYNC_N, killed_after
+    assert "rollout worker segment:0 lost" in log and "starting a new worker in its place (restart 1)" in log, log[-4000:]
+    assert "rollout worker segment:0 started again on node" in log, log[-4000:]
+    last = f"iter_{ASYNC_N - 1:07d}"
+    assert assert_bitwise_equal(load_checkpoint(async_alone / "checkpoints" / last),
+                                load_checkpoint(run_dir / "checkpoints" / last), last) > 50
+    rows = metrics(run_dir, "rollout")
+    assert [m[unit_service.UNITS] for m in rows] == [4.0] * ASYNC_N  # every unit once, none counted twice
+    assert rows[-1][unit_service.WORKERS_RESTARTED] == 1.0 and rows[-1][unit_service.WORKERS_LOST] == 0.0
+    assert {s["served_by"] for k in range(ASYNC_N) for s in _samples(run_dir, k)} == {"segment:0"}

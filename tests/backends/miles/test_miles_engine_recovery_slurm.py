@@ -47,9 +47,9 @@ N = 8
 # generate to the next weight update) and every --rollout-health-check-interval: an engine that dies
 # after the last check before a weight update fails that update (Miles sends it the weights; the
 # driver exits 1 and the segment retries: seen here with 0.6 s). The test strikes just after a weight
-# update, so the 3 s of training before the next one hold several checks, and leave the segment time
+# update, so the 6 s of training before the next one hold several checks, and leave the segment time
 # to see the node's loss and ask for the save before that rollout's boundary.
-ROLLOUT_S = "3.0"
+ROLLOUT_S = "6.0"
 TIMEOUT_S = 300  # a shared 2-core machine; about a minute when it is quiet
 HEALTH = ["--rollout-health-check-interval", "0.5", "--rollout-health-check-timeout", "5"]
 

@@ -198,13 +198,22 @@ class Loop:
         trainer_cls = ray.remote(Trainer).options(resources={f"{GROUP_RESOURCE_PREFIX}trainer": 1}, num_cpus=0)
         worker_cls = ray.remote(RolloutWorker).options(resources={f"{GROUP_RESOURCE_PREFIX}rollout": 1}, num_cpus=0)
         self.trainer = trainer_cls.remote(rd, self.model_path)
-        self.workers = [worker_cls.remote(rd, i, self.model_path) for i in range(self.options.n_workers)]
+        self._new_worker = lambda i: worker_cls.remote(rd, i, self.model_path)  # also for a restart (unit_service)
+        self.workers = [self._new_worker(i) for i in range(self.options.n_workers)]
         placement = record_placement(self.trainer, self.workers, self.paths.placement)
         self.connect_weights(placement["trainer"]["node_ip"], ray_address)
         wb = tracking.settings_for(r, self.plan.site)
         sink = mlog.WandbSink(wb, self.plan.output_dir, rd) if wb is not None else None
         self.metrics = mlog.MetricsLog(self.paths.tensorboard, self.paths.dumps, sink)
         self.elastic = UnitService(self, ray_address).start()
+
+    def new_worker(self, index: int) -> Any:
+        """A new rollout worker actor in slot ``index`` (the rollout group's resource, as at the start),
+        its weight receiver made: the unit service restarts a worker whose process died with it
+        (object store weights only: an nccl group cannot take a new rank)."""
+        actor = self._new_worker(index)
+        actor.connect_weights.remote(self.options.weight_sync, None, index + 1, True)
+        return actor
 
     def connect_weights(self, trainer_ip: str, ray_address: str) -> None:
         """Give the trainer its sender and every worker its receiver. For nccl they join one group
@@ -281,9 +290,7 @@ class Loop:
         the same weights as the current ones, kept for publishing to outside workers."""
         assert self.elastic is not None
         delivery = self.trainer.send_weights.remote(version, state)
-        for w in self.elastic.live_workers():  # a lost worker's node is gone (unit_service)
-            w.receive_weights.remote(delivery)
-        self.elastic.pushed(version, state if state is not None else ref)
+        self.elastic.deliver(version, delivery, state if state is not None else ref)  # not to lost workers
         self.version_now = version
 
     # -- the loop -------------------------------------------------------------------------------

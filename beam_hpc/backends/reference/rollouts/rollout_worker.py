@@ -150,11 +150,12 @@ class RolloutWorker:
     def where(self) -> dict[str, Any]:
         return where_am_i("rollout", self.index)
 
-    def connect_weights(self, kind: str, rendezvous: Any, rank: int) -> None:
-        """Make the receiver; with a rendezvous (nccl) join the weight group as ``rank``."""
+    def connect_weights(self, kind: str, rendezvous: Any, rank: int, late: bool = False) -> None:
+        """Make the receiver; with a rendezvous (nccl) join the weight group as ``rank``. ``late``:
+        this worker replaces a dead one, after the run's first push (see :meth:`hold_weights`)."""
         from beam_hpc.backends.reference.rollouts.weight_sync import make_receiver
 
-        self.receiver = make_receiver(kind, rendezvous=rendezvous, rank=rank, device=self.device)
+        self.receiver = make_receiver(kind, rendezvous=rendezvous, rank=rank, device=self.device, late=late)
         if rendezvous is not None:
             self.receiver.connect()
 
@@ -162,10 +163,21 @@ class RolloutWorker:
         """Take one push (every push, in order) and keep it: a copy, as the receiver's tensors may
         be views of buffers that the next push overwrites."""
         state, version = self.receiver.recv(delivery)
+        self._keep(version, state)
+        return version
+
+    def hold_weights(self, version: int, state: dict[str, Any]) -> int:
+        """Keep ``version``'s weights handed over directly (not pushed): what a worker started in
+        place of a dead one gets of the versions pushed before it joined. Not through the trainer's
+        sender, whose every push each live worker must receive in order. These are the bits a push
+        carries: the trainer's object-store sender casts nothing (it is made without a dtype)."""
+        self._keep(version, {n: t.to(self.device) for n, t in state.items()})
+        return version
+
+    def _keep(self, version: int, state: dict[str, Any]) -> None:
         self.states[version] = {n: t.clone() for n, t in state.items()}
         for old in sorted(self.states)[: -self.KEEP_VERSIONS]:
             del self.states[old]
-        return version
 
     def use_version(self, version: int) -> None:
         if version != self.version:

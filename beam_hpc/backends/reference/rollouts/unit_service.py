@@ -12,13 +12,18 @@ An outside worker's result is checked against its unit before the queue takes it
 the texts and rewards recomputed here from the tokens, so a worker cannot make the trainer train on
 misaligned samples or on a reward it made up. A result that fails is refused and its unit served again.
 
-A segment's own worker whose actor dies (its node lost: the raylet or the node step gone, the node
-DOWN) is dropped, not fatal: its leased unit goes back to the head of the queue and the workers
-left (and outside ones) serve it, so the rollout comes out bit for bit as it would have (a unit's
-samples are a function of the run's seed, the unit and its version, never of who computes it), and
-nothing is trained twice. Two cases still end the segment: the ``nccl`` weight transport (the lost
-worker was a rank of the trainer's broadcast group, whose next collective would wait on it for
-ever) and the loss of every rollout worker with no outside worker registered.
+A segment's own worker whose actor dies is not fatal: its leased unit goes back to the head of the
+queue and the workers left (and outside ones) serve it, so the rollout comes out bit for bit as it
+would have (a unit's samples are a function of the run's seed, the unit and its version, never of
+who computes it), and nothing is trained twice. Where the worker's node is still up (its process
+died: killed, out of memory, a crash), a new worker is started in its place, on the slot the dead
+one freed, and joins once it has loaded the model and the weights of every version a unit may
+still ask for; it is never fed a unit before (:meth:`UnitService._restart_in_place`). Where the node
+is gone (the raylet or the node step gone, the node DOWN), the worker is dropped, and the job asks
+for a replacement (beam_hpc.job.runner). Two cases end the segment: the ``nccl`` weight transport
+(the lost worker was a rank of the trainer's broadcast group, whose next collective would wait on
+it for ever) and the loss of every rollout worker with no outside worker registered and none
+being restarted.
 """
 
 from __future__ import annotations
@@ -50,7 +55,12 @@ UNITS_OUTSIDE = "elastic/units_outside"
 DUPLICATES = "elastic/duplicates"
 REISSUED = "elastic/reissued"
 WORKERS_LOST = "elastic/workers_lost"
+WORKERS_RESTARTED = "elastic/workers_restarted"
 OUTSIDE_WORKERS = "elastic/outside_workers"
+# A worker that dies again at every start (its model does not fit the node, say) stays lost after
+# this many restarts in a segment; one that has not loaded within the wait is given up on.
+MAX_RESTARTS = 3
+RESTART_WAIT_S = 600.0
 # How often the feeder looks again while it has nothing to wake it: while outside workers are
 # registered it polls (their heartbeats, versions to publish, units to steal back); otherwise it
 # sleeps until a unit is added or completed, or a result comes (a live driver that polled every
@@ -64,12 +74,17 @@ class Loop(Protocol):
 
     plan: Any
     recipe: Any
+    trainer: Any
     workers: list[Any]
     model_path: str
     asynchronous: bool
     lease_s: float
     version_now: int
     options: Any  # LoopOptions: weight_sync
+
+    def new_worker(self, index: int) -> Any:
+        """A new rollout worker actor in slot ``index``, its weight receiver made, no weights yet."""
+        ...
 
 
 class UnitServiceError(RuntimeFailure):
@@ -182,6 +197,11 @@ class UnitService:
         self.server: ElasticServer | None = None
         self.feeder = threading.Thread(target=self._feed, name="unit-feeder", daemon=True)
         self.lost: dict[str, dict[str, Any]] = {}  # own workers whose actor died: name -> what is known
+        # a push and a restart's swap of a worker are one step each: a restarted worker misses no version
+        self.lock = threading.Lock()
+        self.starting: dict[Any, tuple[int, Any, float]] = {}  # ready ref of a restarted worker -> (slot, actor, deadline)
+        self.restarts: dict[str, int] = {}  # own worker -> restarts tried this segment (MAX_RESTARTS)
+        self.restarted = 0  # restarted workers that joined this segment (the rollouts' metric)
 
     def start(self) -> UnitService:
         for i in range(len(self.loop.workers)):
@@ -225,18 +245,89 @@ class UnitService:
             raise UnitServiceError(f"rollout worker {name} lost on node {where.get('node_ip', '?')} and "
                                    "backend_options.weight_sync is nccl: the worker was a rank of the trainer's "
                                    "broadcast group, which cannot go on without it; the segment ends here")
-        if not self.live_workers() and not self.queue.outside_workers():
-            raise UnitServiceError(f"every rollout worker is lost (last: {name} on node {where.get('node_ip', '?')}) "
+        self._restart_in_place(index, name, where)
+        self._check_capacity(name)
+
+    def _check_capacity(self, name: str) -> None:
+        """Raise when no rollout capacity is left or coming: no own worker alive or starting, and no
+        outside worker registered (``name``: the worker lost last)."""
+        if not self.live_workers() and not self.queue.outside_workers() and not self.starting:
+            node = self.lost.get(name, {}).get("node_ip") or "?"
+            raise UnitServiceError(f"every rollout worker is lost (last: {name} on node {node}) "
                                    "and no outside worker is registered: no rollout capacity left")
+
+    def _restart_in_place(self, index: int, name: str, where: dict[str, Any]) -> None:
+        """Start a new worker in the slot of ``name``, whose actor died while its node is up (so its
+        process, not the node, is gone). Its ``where`` is awaited by the feeder (:meth:`_joined`),
+        which swaps it in; a lost node's worker, or one restarted ``MAX_RESTARTS`` times, stays lost."""
+        import ray
+
+        node_id = where.get("node_id")
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        if node_id is None or node_id not in alive:
+            return
+        if self.restarts.get(name, 0) >= MAX_RESTARTS:
+            log.warning("rollout worker %s died %d times in this segment: not started again", name, MAX_RESTARTS)
+            return
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        actor = self.loop.new_worker(index)
+        self.starting[actor.where.remote()] = (index, actor, time.monotonic() + RESTART_WAIT_S)
+        log.warning("rollout worker %s: its node %s is up; starting a new worker in its place (restart %d)",
+                    name, where.get("node_ip", "?"), self.restarts[name])
+
+    def _joined(self) -> None:
+        """Swap in each restarted worker whose model has loaded (its ``where`` answered): it gets the
+        weights of every version a unit may still ask for, after which the queue may lease to it. A
+        worker that died while starting, or did not answer in time, stays lost."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        if not self.starting:
+            return
+        ready, _ = ray.wait(list(self.starting), num_returns=len(self.starting), timeout=0)
+        for ref in list(self.starting):
+            index, actor, deadline = self.starting[ref]
+            name = own_name(index)
+            if ref not in ready:
+                if time.monotonic() > deadline:
+                    del self.starting[ref]
+                    ray.kill(actor)
+                    log.warning("rollout worker %s: the new worker did not start within %.0f s; it stays lost",
+                                name, RESTART_WAIT_S)
+                    self._check_capacity(name)
+                continue
+            del self.starting[ref]
+            try:
+                where = ray.get(ref)
+            except RayActorError as err:
+                log.warning("rollout worker %s: the new worker died while starting: %s", name, err)
+                self._check_capacity(name)
+                continue
+            with self.lock:  # no push between its weights and the swap
+                # the versions pushes keep reachable (any a unit may want), held before it may be fed
+                # a unit; handed over directly, as the trainer's pushes are counted by every receiver
+                ray.get([actor.hold_weights.remote(v, self.refs[v]) for v in sorted(self.refs)])
+                self.loop.workers[index] = actor
+                del self.lost[name]
+                self.restarted += 1
+            self.queue.register(name, outside=False)
+            log.warning("rollout worker %s started again on node %s (versions %s)", name, where.get("node_ip", "?"),
+                        sorted(self.refs))
 
     def _accept(self, unit: Unit) -> bool:
         return unit.version in self.published and within_staleness(unit.version, self.loop.version_now, self.max_staleness)
 
-    def pushed(self, version: int, ref: Any) -> None:
-        if ref is not None:
-            self.refs[version] = ref
-        for old in sorted(self.refs)[:-KEEP_REFS]:
-            del self.refs[old]
+    def deliver(self, version: int, delivery: Any, ref: Any) -> None:
+        """Hand version ``version``'s weights (the trainer's ``delivery``) to every own worker alive,
+        each call queued behind the actor's earlier ones, and keep ``ref`` (the same weights) for
+        publishing to outside workers and for a restarted worker."""
+        with self.lock:
+            for w in self.live_workers():
+                w.receive_weights.remote(delivery)
+            if ref is not None:
+                self.refs[version] = ref
+            for old in sorted(self.refs)[:-KEEP_REFS]:
+                del self.refs[old]
 
     def collect(self, keys: list[str]) -> list[dict[str, Any]]:
         while not self.queue.wait(keys, 0.5):
@@ -287,7 +378,7 @@ class UnitService:
                 if inflight:
                     # every own worker busy: nothing to lease until one of them returns
                     all_busy = len(busy) == len(self.loop.workers) - len(self.lost)
-                    timeout = IDLE_WAIT_S if all_busy and not polling else POLL_S
+                    timeout = IDLE_WAIT_S if all_busy and not polling and not self.starting else POLL_S
                     ready, _ = ray.wait(list(inflight), num_returns=1, timeout=timeout)
                     for ref in ready:
                         name, key = inflight.pop(ref)
@@ -299,7 +390,8 @@ class UnitService:
                             continue
                         self.queue.complete(name, key, result)
                 else:
-                    self.queue.wait_for_change(seen, POLL_S if polling else IDLE_WAIT_S)
+                    self.queue.wait_for_change(seen, POLL_S if polling or self.starting else IDLE_WAIT_S)
+                self._joined()
                 if time.monotonic() - last_expire > 1.0:
                     last_expire = time.monotonic()
                     for gone in self.queue.expire():
@@ -315,6 +407,7 @@ class UnitService:
         served = roll.get("unit_served_by", [])
         return {UNITS: float(len(served)), UNITS_OUTSIDE: float(sum(1 for s in served if not s.startswith(OWN_PREFIX))),
                 DUPLICATES: float(st["duplicates"]), REISSUED: float(st["reissued"]), WORKERS_LOST: float(len(self.lost)),
+                WORKERS_RESTARTED: float(self.restarted),
                 OUTSIDE_WORKERS: float(len(self.queue.outside_workers()))}
 
     def close(self) -> None:
@@ -325,3 +418,9 @@ class UnitService:
         if self.server is not None:
             self.server.close()
         self.feeder.join(timeout=10)
+        if self.starting:  # restarted workers that never joined
+            import ray
+
+            for _, actor, _ in self.starting.values():
+                ray.kill(actor)
+            self.starting.clear()

@@ -164,13 +164,17 @@ class ObjectStoreSender:
 
 @dataclass
 class ObjectStoreReceiver:
+    """``seq`` None: a receiver made after the run's first push (a rollout worker started again in
+    place of a dead one, beam_hpc.backends.reference.rollouts.unit_service): its first delivery sets
+    where the count starts, and every later one must follow it in order."""
+
     device: str = "cpu"
-    seq: int = 0
+    seq: int | None = 0
 
     def recv(self, delivery: Delivery) -> tuple[dict[str, torch.Tensor], int]:
         import ray
 
-        _check_order(delivery, "object_store", self.seq)
+        _check_order(delivery, "object_store", delivery.seq - 1 if self.seq is None else self.seq)
         self.seq = delivery.seq
         host = ray.get(delivery.payload)
         return {n: t.to(self.device) for n, t in host.items()}, delivery.version
@@ -385,12 +389,15 @@ def make_sender(
 
 
 def make_receiver(
-    kind: str, *, rendezvous: Rendezvous | None = None, rank: int = 1, device: str = "cpu"
+    kind: str, *, rendezvous: Rendezvous | None = None, rank: int = 1, device: str = "cpu", late: bool = False
 ) -> ObjectStoreReceiver | CollectiveReceiver:
     """A rollout worker's end; tensors come back on ``device``. A collective receiver still needs
-    ``connect()``, called while the sender connects."""
+    ``connect()``, called while the sender connects. ``late``: made after the run's first push (the
+    object store only: a collective group takes no new rank)."""
+    if late and kind != "object_store":
+        raise WeightSyncError(f"a {kind!r} weight sync takes no receiver after its first push")
     if kind == "object_store":
-        return ObjectStoreReceiver(device=device)
+        return ObjectStoreReceiver(device=device, seq=None if late else 0)
     if kind == "nccl":
         if rendezvous is None:
             raise WeightSyncError("make_receiver('nccl') needs rendezvous= (trainer node IP, port, world size)")
