@@ -74,7 +74,6 @@ class Loop(Protocol):
 
     plan: Any
     recipe: Any
-    trainer: Any
     workers: list[Any]
     model_path: str
     asynchronous: bool
