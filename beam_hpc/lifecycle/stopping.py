@@ -159,17 +159,22 @@ class Stopping:
             log.warning("%s: lifecycle.save_on_request is false, so no save before the segment ends; the next "
                         "segment resumes from the last periodic checkpoint", what)
             return
-        driver = job.driver
         wait_s = float(self.lifecycle.save_timeout_s)
         stall_s = self.stall_watch.timeouts().stall_s if self.stall_watch is not None else 0
         if stall_s > 0:
             wait_s = min(wait_s, stall_s)
+        self._save(job.driver, deadline=time.time() + wait_s, reason="node-lost",
+                   interrupted=lambda: self.interrupt is not None or self.over)
+
+    def _save(self, driver: subprocess.Popen | None, *, deadline: float, reason: str,
+              interrupted: Callable[[], bool]) -> None:
+        """The save on request itself, for an interrupt or a lost node: SAVING while it waits
+        (a signal then starts no second save), STOPPING after it, and ``saved`` says what it did."""
         self.state = State.SAVING
         try:
             self.saved = save.save_and_wait(
-                self.paths, deadline=time.time() + wait_s,
-                driver_running=lambda: driver.poll() is None, reason="node-lost",
-                interrupted=lambda: self.interrupt is not None or self.over)
+                self.paths, deadline=deadline, driver_running=lambda: driver is not None and driver.poll() is None,
+                reason=reason, interrupted=interrupted)
         finally:
             if self.state is State.SAVING:
                 self.state = State.STOPPING
@@ -197,15 +202,7 @@ class Stopping:
                                          "no time left to save; relying on the last checkpoint")
             log.warning("%s", self.saved.detail)
             return
-        self.state = State.SAVING
-        try:
-            self.saved = save.save_and_wait(
-                self.paths, deadline=deadline, driver_running=lambda: driver is not None and driver.poll() is None,
-                reason=intr.kind, interrupted=more_urgent)
-        finally:
-            if self.state is State.SAVING:
-                self.state = State.STOPPING
-        (log.info if self.saved.saved else log.warning)("%s (%.1f s)", self.saved.detail, self.saved.seconds)
+        self._save(driver, deadline=deadline, reason=intr.kind, interrupted=more_urgent)
 
     def _check_stall(self, job: RunningJob | None) -> None:
         """The stall watchdog: when the backend has finished no rollout for the timeout, dump every
