@@ -21,7 +21,7 @@ decision code, not by a model of it:
   ``lifecycle.max_replacements``; the same calls the job makes (``beam_hpc.job.runner`` and
   ``beam_hpc.elastic.replace.replace_lost``). So a reference run's rollout group of 2+ nodes goes
   on (GO_ON); a Miles run's rollout group that keeps a whole engine without the node (the seed's:
-  4 nodes, engines of 2) saves, then ends (SAVE_THEN_END, :func:`lost_node_end`): the rollout in
+  4 nodes, engines of 2) saves, then ends (SAVE_FIRST, :func:`lost_node_end`): the rollout in
   flight finishes on the engines left and one save keeps it, and the segment ends as
   ``node-failure`` naming the node, unless the loss came too late for that rollout's save (then
   it ends from the last periodic checkpoint after the stall timeout); every other group, a
@@ -67,7 +67,7 @@ restart``, under which on_node_loss says END for every group, so any lost node e
 and decide() resubmits from the last checkpoint (the product before issue 42). A rollout worker's
 process fault does not end its segment (the reference driver restarts the worker in place whatever
 ``rollout_node_loss`` says), so this row is "full restart" for node losses only. The seed's Miles
-recipe differs from it twice: a lost rollout node is saved first (SAVE_THEN_END), and a rollout
+recipe differs from it twice: a lost rollout node is saved first (SAVE_FIRST), and a rollout
 process fault restarts the engine before the next weight update, which waits for it, against a
 worker restarted beside the others while they serve.
 
@@ -103,7 +103,7 @@ The model of a run (each value is printed with its source):
   all of them are up;
 - a checkpoint every ``checkpoint.interval`` rollouts costs ``save_s`` (held, not training); a
   failure loses the rollouts since the last one; a failure is noticed ``detect_s`` after it happens;
-- a Miles rollout node lost with a whole engine left (SAVE_THEN_END): the segment asks for a save
+- a Miles rollout node lost with a whole engine left (SAVE_FIRST): the segment asks for a save
   when it notices the loss; Miles looks for it at the step's boundary, after the training and
   before the weight update. In time, the step's remaining work runs on the engines left (slower by
   the engines lost) and one ``save_s`` keeps it; the segment then ends. A loss within ``detect_s``
@@ -359,7 +359,7 @@ class Reaction:
     ``replace_after_s`` later (None: no replacement), or (``restart``) have the dead engine started
     again in place before the next weight update. ``save_first`` with ``end_segment``: the job
     outlives the lost node and the segment asks for a save at the next rollout boundary before it
-    ends (``NodeLossAction.SAVE_THEN_END``), so the rollout in flight is kept."""
+    ends (``NodeLossAction.SAVE_FIRST``), so the rollout in flight is kept."""
 
     end_segment: bool
     replace_after_s: float | None = None
@@ -432,7 +432,7 @@ class ProductRule:
 
     def on_node_lost(self, lost: NodeLost) -> Reaction:
         """The job's two calls when a node step ends (``beam_hpc.job.runner``): the plan's answer
-        (``on_node_loss``), then the replacement rule on whether it goes on. A ``SAVE_THEN_END``
+        (``on_node_loss``), then the replacement rule on whether it goes on. A ``SAVE_FIRST``
         answer ends the segment after a save on request, unless ``lifecycle.save_on_request`` is
         false (``Stopping.save_for_lost_node`` then saves nothing, and the loss costs what a
         revoked job's does)."""
@@ -442,7 +442,7 @@ class ProductRule:
                              replacements=lost.replacements, cap=plan.recipe.lifecycle.max_replacements)
         return Reaction(end_segment=not react.goes_on,
                         replace_after_s=self.config.replace_s if react.replace else None,
-                        save_first=action is NodeLossAction.SAVE_THEN_END and plan.recipe.lifecycle.save_on_request)
+                        save_first=action is NodeLossAction.SAVE_FIRST and plan.recipe.lifecycle.save_on_request)
 
     def on_process_fault(self, fault: ProcessFault) -> Reaction:
         """A process died on a live node: the trainer's (or a colocated group's) fails the driver;
@@ -542,7 +542,7 @@ def lost_node_end(*, at: float, step_start: float, step_s: float, step_end: floa
     ``detect_s`` later, the step in flight untrained, and the next one resumes from the last
     checkpoint.
 
-    With it (``SAVE_THEN_END``) the segment asks for a save once it notices the loss, ``detect_s``
+    With it (``SAVE_FIRST``) the segment asks for a save once it notices the loss, ``detect_s``
     later. Miles looks for the save sentinel at the step's boundary, after its training and before
     its weight update. A request in time: the step runs to its end on the engines left
     (``step_end``, reduced capacity from the loss on), one save (``save_s``, the periodic one when

@@ -5,7 +5,9 @@ Registered by beam_hpc/cli/app.py (PLUGIN_MODULES). ``add`` checks everything (t
 count, the time, the partition's shape asked of Slurm, the model's reach) before it writes the script
 under ``RUN/elastic/`` and submits it; ``--dry-run`` prints it and writes nothing. A Miles run is
 refused first, with the Miles code line that stops it (Miles starts no engines it did not launch on
-any run an extra job could serve). ``remove`` asks a
+any run an extra job could serve), unless ``--replaces NODE`` names a rollout node its running
+segment lost: the job then joins that segment's Ray cluster in the node's place (the segment asks
+for this itself, beam_hpc.elastic.ray_replacement). ``remove`` asks a
 running job's nodes to leave (``USR2`` to its tasks: they drain, deregister, and the job ends) and
 cancels a pending one. Exit codes: 0 done; 2 bad input, one line per problem; 1 Slurm refused.
 """
@@ -30,6 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     a.add_argument("--site", default=None, help="site profile for the job (default: the run's own)")
     a.add_argument("--exclude", action="append", default=[], metavar="NODE",
                    help="a node to leave out (repeatable), beside the run's excluded nodes and the site's quarantine")
+    a.add_argument("--replaces", default=None, metavar="NODE",
+                   help="(a Miles run) join the running segment's Ray cluster in the place of NODE, a rollout node "
+                        "it lost; the segment asks for this itself")
     a.add_argument("--dry-run", action="store_true", help="print the script and the sbatch line; submit nothing")
     a.set_defaults(func=cmd_add)
     ls = sub.add_parser("list", help="the run's extra jobs: state, rollouts and versions served")
@@ -89,16 +94,24 @@ def cmd_add(args: argparse.Namespace) -> int:
     from beam_hpc.submission.submit import build_site
 
     plan = _run(args.run_dir)
-    engines_refused = _engines_refused(plan)
-    if engines_refused is not None:  # before Slurm is asked anything, before anything is written
-        raise InputError(engines_refused)
+    if args.replaces is not None:
+        from beam_hpc.elastic import ray_replacement
+
+        refused = ray_replacement.request_problems(plan, args.replaces, nodes=args.nodes)
+        if refused:
+            raise InputError("\n".join(refused))
+    else:
+        engines_refused = _engines_refused(plan)
+        if engines_refused is not None:  # before Slurm is asked anything, before anything is written
+            raise InputError(engines_refused)
     over = _run_over(plan)
     if over is not None:
         raise InputError(f"RUN: {shorten(args.run_dir)}: the run is over ({over}); an extra job would leave "
                          "as it starts; resubmit the run (beam-hpc submit ... --resume) first, then add capacity")
     site = build_site(args.site) if args.site else plan.site
     req, problems = rollout_job.make_request(plan, site, nodes=args.nodes, partition=args.partition, time=args.time,
-                                           exclude=tuple(dict.fromkeys([*_excluded(plan, site), *args.exclude])))
+                                           exclude=tuple(dict.fromkeys([*_excluded(plan, site), *args.exclude])),
+                                           replaces=args.replaces)
     if req is None:
         raise InputError("\n".join(problems))
     problems = rollout_job.problems(req)

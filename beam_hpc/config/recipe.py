@@ -269,11 +269,18 @@ class LifecycleSpec(_Strict):
     # (beam_hpc.elastic.replace): at most this many over the whole run, so a flapping cluster
     # cannot make the run submit without end. 0: never replace (the run goes on with the nodes left).
     max_replacements: int = Field(2, ge=0)
+    # A Miles run's segment that lost a rollout node (beam_hpc.plan.node_loss SAVE_FIRST) saves, asks
+    # for a replacement node to join its Ray cluster, and waits this long for it, its GPUs idle but
+    # nothing unsaved, before it ends as a node failure (a full restart costs the whole job's queue
+    # wait and start-up instead). 0: no wait, the segment ends once the save is in. Left out of
+    # plan.json at its default, as rollout_node_loss below.
+    replacement_wait_s: int = Field(600, ge=0, exclude_if=lambda v: v == 600)
     # What a lost rollout node does to the segment (beam_hpc.plan.node_loss). in_place: a dedicated
     # rollout group of 2+ nodes asks Slurm for --no-kill, one step per node; a reference run's
     # segment goes on without the node (its units served by the nodes left, a replacement asked
-    # for), a Miles run's saves at the next rollout boundary and then ends, the node excluded
-    # (when a whole engine is left on the other nodes). restart: no --no-kill; Slurm revokes the
+    # for), a Miles run's saves at the next rollout boundary, then goes on once a replacement node
+    # has joined its Ray cluster, or ends with the node excluded (when a whole engine is left on
+    # the other nodes). restart: no --no-kill; Slurm revokes the
     # job, which is requeued or resubmitted from the last checkpoint, as any other node failure
     # (what benchmarks/faults.py --node-loss compares).
     # Left out of plan.json and the script's digests at its default, so plans and scripts written

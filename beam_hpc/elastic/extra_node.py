@@ -1,5 +1,8 @@
 """What an extra rollout job runs: on its batch host, one srun of a node program per node; on each node,
 the run's worker (or, for a Miles run, the node's SGLang engines) until Slurm or the user takes it back.
+A Miles run's replacement of a lost rollout node (``--replaces NODE``) runs the segment's own node
+step in the lost node's place instead, so that its Ray node joins the segment's cluster
+(:mod:`beam_hpc.elastic.ray_replacement`); it leaves when that segment ends.
 
 The node program (``--node``) waits for the run (no rendezvous yet is fine: the job may start before
 the run's segment or outlive it), serves through :func:`beam_hpc.backends.reference.rollouts.outside_worker.serve` across the
@@ -51,6 +54,7 @@ LIMIT_SLACK_S = 30.0  # a SIGTERM this close to the time limit is the limit's
 RUN_END_POLL_S = 5.0  # how often a node reads the run's ledger for the end of its chain
 QUEUE_ASK_S = 30.0  # at most this often, once the ledger says so, it asks Slurm for a job of the run
 RUN_ENDED = registry.LeftReason.RUN_ENDED  # a node's and the job's ``left`` reason when the run is over
+STEP_STOP_S = 15.0  # SIGTERM to SIGKILL for a replacement's node step (it stops its Ray in 3 s and sweeps)
 Reason = registry.LeftReason
 
 
@@ -139,8 +143,9 @@ class NodeProgram:
     """One node of an extra job: serve the run until stopped, then leave cleanly."""
 
     def __init__(self, plan: Plan, *, job_id: str, restart: int, node: str, index: int,
-                 stopper: Stopper | None = None) -> None:
+                 stopper: Stopper | None = None, replaces: str | None = None) -> None:
         self.plan, self.job_id, self.restart, self.node, self.index = plan, job_id, restart, node, index
+        self.replaces = replaces  # a Miles run's lost rollout node whose place this node takes
         self.run_dir = Path(plan.output_dir)
         self.stopper = stopper or Stopper()
         self.reason: Reason | None = None
@@ -174,7 +179,9 @@ class NodeProgram:
         rc = 0
         try:
             fault_hooks.check_bad_node(self.node)  # the tests' dying node (inert unless its variable is set)
-            if self.plan.recipe.backend == "miles":
+            if self.replaces is not None:
+                self.serve_in_segment(self.replaces)
+            elif self.plan.recipe.backend == "miles":
                 self.serve_engines()
             else:
                 self.serve_worker()
@@ -192,7 +199,7 @@ class NodeProgram:
                 log.info("node %s: stopped %d leftover processes by PID: %s", self.node, len(left), left)
             shutil.rmtree(local, ignore_errors=True)
         if not self.left:  # a worker that returned without its own left event
-            self.reason = stop_reason(self.stopper.signal, self.job_id)
+            self.reason = self.reason or stop_reason(self.stopper.signal, self.job_id)
             self.record({"event": "left", "reason": self.reason})
         return rc
 
@@ -223,6 +230,47 @@ class NodeProgram:
                        on_event=self.on_event)
         log.info("node %s: served %d units (%d samples) of rollouts %s", self.node, report.units_served,
                  report.samples, sorted(set(report.rollouts)))
+
+    def serve_in_segment(self, lost: str) -> None:
+        """A Miles run's replacement: the segment's node step in ``lost``'s place, until the
+        segment ends (``segment-ended``), the run ends, or a signal stops this node. Its Ray node's
+        join is recorded (``joined``) once the step's report says Ray started."""
+        from beam_hpc.elastic import ray_replacement
+        from beam_hpc.node import container
+
+        order = ray_replacement.read_order(self.run_dir, lost)
+        if order is None:
+            raise RuntimeError(f"no order to replace node {lost} ({ray_replacement.order_path(self.run_dir, lost)}): "
+                               "only a segment that lost the node writes one")
+        if ray_replacement.segment_over(self.plan, order.segment):
+            log.info("node %s: segment %s, which lost %s, has ended; nothing to join", self.node, order.segment, lost)
+            self.reason = Reason.SEGMENT_ENDED
+            return
+        argv = ray_replacement.step_argv(order, self.plan, self.job_id, container.node_step_python(self.plan.site))
+        log.info("node %s: taking %s's place in segment %s: %s", self.node, lost, order.segment, " ".join(argv))
+        step = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        said_joined = False
+        try:
+            while not self.stopper.event.wait(1.0):
+                if not said_joined and ray_replacement.joined(order) is not None:
+                    said_joined = True
+                    self.record({"event": "joined", "replaces": lost, "segment": order.segment})
+                over = ray_replacement.segment_over(self.plan, order.segment)
+                if over:
+                    log.info("node %s: segment %s ended; leaving", self.node, order.segment)
+                    self.reason = Reason.SEGMENT_ENDED
+                    return
+                rc = step.poll()
+                if rc is not None:
+                    raise RuntimeError(f"the node step in {lost}'s place exited {rc}")
+        finally:
+            if step.poll() is None:
+                step.terminate()
+                try:
+                    step.wait(timeout=STEP_STOP_S)
+                except subprocess.TimeoutExpired:
+                    step.kill()
+                    step.wait()
 
     def serve_engines(self) -> None:
         """A Miles run: this node's SGLang engines, from the image, registered for the run; they stop
@@ -267,12 +315,27 @@ class NodeProgram:
 
 
 # -- the batch side ---------------------------------------------------------------------------------
-def node_argv(plan: Plan, job_id: str) -> list[str]:
+def node_argv(plan: Plan, job_id: str, replaces: str | None = None) -> list[str]:
     """srun's command for the node programs: inside the site's image (pyxis through srun's own
-    options, Apptainer around the command), with the run directory bound."""
+    options, Apptainer around the command), with the run directory bound. A replacement's node
+    program (``replaces``) runs where the segment's node steps run: on the host, or (pyxis) in the
+    job's container with the run directory and the segment's Ray token mounted; the node step puts
+    its `ray start` in the image itself."""
     from beam_hpc.node import container
 
     site = plan.site
+    if replaces is not None:
+        from beam_hpc.elastic import ray_replacement
+        from beam_hpc.node.ray_node import ClusterRuntime
+
+        argv = [container.node_step_python(site), "-m", "beam_hpc.elastic.extra_node", "--run-dir", plan.output_dir,
+                "--node", "--replaces", replaces]
+        order = ray_replacement.read_order(plan.output_dir, replaces)
+        if site.container.runtime != "pyxis" or order is None:
+            return argv
+        token_dir = str(Path(ClusterRuntime.load(order.runtime).token_path).parent)
+        return [*container.srun_options(site, job_id=job_id, binds=[plan.output_dir, token_dir],
+                                        workdir=plan.output_dir), *argv]
     argv = [site.node_python, "-m", "beam_hpc.elastic.extra_node", "--run-dir", plan.output_dir, "--node"]
     if site.container.runtime == "pyxis":
         return [*container.srun_options(site, job_id=job_id, binds=[plan.output_dir], workdir=plan.output_dir), *argv]
@@ -301,7 +364,7 @@ def _reason(text: object) -> Reason:
 
 
 # The job's reason when its nodes left for different ones: the first of these that any node gave.
-REASON_ORDER = (Reason.PREEMPTED, Reason.WALLTIME, Reason.REMOVED, Reason.RUN_ENDED)
+REASON_ORDER = (Reason.PREEMPTED, Reason.WALLTIME, Reason.REMOVED, Reason.RUN_ENDED, Reason.SEGMENT_ENDED)
 
 
 def job_reason(outcomes: dict[str, Reason | None]) -> Reason:
@@ -339,7 +402,7 @@ def _noted(signum: int, _frame: FrameType | None) -> None:
     log.info("the batch side got signal %d; waiting for the nodes to leave", signum)
 
 
-def supervise(run_dir: Path) -> int:
+def supervise(run_dir: Path, replaces: str | None = None) -> int:
     """The batch shell's program: one node program per node, then :func:`finish`."""
     from beam_hpc.slurm import client
 
@@ -358,7 +421,7 @@ def supervise(run_dir: Path) -> int:
     n = len(nodes) or env.job_num_nodes
     cmd = ["srun", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--mpi=none",
            f"--job-name={plan.job_name}-rollout-node", f"--output={logs / f'node-{job_id}-{restart}-%t.log'}",
-           *node_argv(plan, job_id)]
+           *node_argv(plan, job_id, replaces)]
     # Slurm signals the nodes' tasks itself (the job's --signal, scancel, preemption); this process
     # only waits for them and then records how they left, so a signal to it changes nothing (caught,
     # not ignored: srun starts with the default actions).
@@ -380,10 +443,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m beam_hpc.elastic.extra_node", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--node", action="store_true", help="run as one node's program (srun starts these)")
+    parser.add_argument("--replaces", default=None, metavar="NODE",
+                        help="a Miles run's lost rollout node whose place in the running segment this job takes")
     args = parser.parse_args(argv)
     log_to_stream()
     if not args.node:
-        return supervise(args.run_dir)
+        return supervise(args.run_dir, args.replaces)
     env = SlurmEnvironment.current()
     stopper = Stopper()
     stopper.install()
@@ -393,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan.load(args.run_dir)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     program = NodeProgram(plan, job_id=env.job_id, restart=env.restart_count, node=node,
-                          index=env.node_id or 0, stopper=stopper)
+                          index=env.node_id or 0, stopper=stopper, replaces=args.replaces)
     return program.run()
 
 

@@ -33,6 +33,7 @@ class LeftReason(StrEnum):
     PREEMPTED = "preempted"  # Slurm's preemption (its grace signal, then TERM)
     WALLTIME = "walltime"  # the job's own time limit (the USR1 lead, or TERM at the limit)
     RUN_ENDED = "run-ended"  # the run is over: its chain stopped and Slurm holds no job of it
+    SEGMENT_ENDED = "segment-ended"  # a Miles run's replacement node: the segment whose Ray cluster it joined ended
     FAILED = "failed"  # the node program failed, or ended without leaving cleanly
 
 

@@ -72,10 +72,24 @@ def replacements(run_dir: str | Path) -> list[dict]:
 
 def add_command(plan: Plan, node: str, partition: str | None = None) -> list[str]:
     """``beam-hpc rollout add`` for one node of the rollout group's shape, ``node`` left out, in
-    ``partition`` (None: the rollout group's own, which ``rollout add`` picks)."""
+    ``partition`` (None: the rollout group's own, which ``rollout add`` picks). A Miles run's
+    replacement takes ``node``'s place in the running segment's Ray cluster (``--replaces``,
+    beam_hpc.elastic.ray_replacement)."""
     where = ["--partition", partition] if partition else []
+    takes_place = ["--replaces", node] if plan.recipe.backend == "miles" else []
     return [sys.executable, "-m", "beam_hpc.cli.app", "rollout", "add", plan.output_dir, "--nodes", "1",
-            *where, "--exclude", node]
+            *where, "--exclude", node, *takes_place]
+
+
+def may_replace(plan: Plan) -> bool:
+    """Whether the run may ask for one more replacement (``lifecycle.max_replacements``)."""
+    cap = plan.recipe.lifecycle.max_replacements
+    return on_node_lost(survives=True, others_up=1, replacements=len(replacements(plan.output_dir)), cap=cap).replace
+
+
+def asked_for(plan: Plan, node: str, segment: str) -> list[str]:
+    """The job ids of the replacements this segment asked for in ``node``'s place."""
+    return [r["job_id"] for r in replacements(plan.output_dir) if r.get("replaces") == node and r.get("segment") == segment]
 
 
 def partitions_to_try(plan: Plan) -> list[str | None]:

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from beam_hpc.backends.miles.external_engines import attach as attach_engines
-from beam_hpc.elastic.replace import on_node_lost
+from beam_hpc.elastic import ray_replacement
+from beam_hpc.elastic.replace import may_replace, on_node_lost
 from beam_hpc.files import write_json_atomic
 from beam_hpc.job.context import (  # noqa: F401 (re-exported: the runner's public names)
     STATUSES,
@@ -56,6 +57,7 @@ from beam_hpc.node.ray_node import ClusterRuntime, clean_env, driver_job_env, ra
 from beam_hpc.plan.node_loss import NodeLossAction, on_node_loss, survives_node_loss
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import Plan, fill
+from beam_hpc.slurm.client import slurm_env_free
 
 log = module_logger(__name__)
 
@@ -69,6 +71,16 @@ KILLED_WAIT_S = 10.0  # after SIGKILL: a process stuck in the kernel (state D) m
 
 
 # -- the outcome ------------------------------------------------------------------------------------
+@dataclass
+class AwaitedReplacement:
+    """A Miles run's lost rollout node, saved for, whose replacement the segment waits for."""
+
+    order: ray_replacement.Order
+    failure: NodeStepFailed  # what ends the segment if none joins by the deadline
+    lost: dict[str, Any]  # its entry in the runner's lost_nodes
+    deadline: float
+
+
 @dataclass
 class JobOutcome:
     """How the segment ended. Written to ``<segment dir>/outcome.json``; lifecycle code reads it."""
@@ -134,7 +146,11 @@ class JobRunner:
         # called with a lost node that ends the segment once the rollout in flight is saved (a Miles
         # run's rollout node, beam_hpc.plan.node_loss): the segment's save on request, which returns
         # once the checkpoint is in or will not come
-        self.save_before_node_failure: Callable[[NodeStepFailed], object] | None = None
+        self.save_before_node_failure: Callable[[NodeStepFailed], bool] | None = None
+        # called with the time from which the stall watch counts (beam_hpc.lifecycle.stall): while a
+        # Miles run waits for a lost node's replacement, and again once the replacement has joined
+        self.count_stall_from: Callable[[float], object] | None = None
+        self.awaited: AwaitedReplacement | None = None  # a Miles run's replacement, not joined yet
 
     # -- shared ------------------------------------------------------------------------------
     @property
@@ -219,8 +235,10 @@ class JobRunner:
             if h.proc.poll() is not None:
                 failure = node_failure(self.launcher, self.rt, h)
                 if not self._goes_on_without(h, failure):
-                    self._save_before_ending(h, failure)
-                    raise failure
+                    if not (self._save_before_ending(h, failure) and self._waits_for_replacement(h, failure)):
+                        raise failure
+        if self.awaited is not None:
+            self._check_replacement(self.awaited)
 
     def _goes_on_without(self, h: StepHandle, failure: NodeStepFailed) -> bool:
         """A node step that ended is a lost rollout node the segment goes on without when the
@@ -249,23 +267,90 @@ class JobRunner:
                     log.exception("asking for a replacement of %s failed", lost["node"])
         return True
 
-    def _save_before_ending(self, h: StepHandle, failure: NodeStepFailed) -> None:
+    def _save_before_ending(self, h: StepHandle, failure: NodeStepFailed) -> bool:
         """A lost node whose group saves before the segment ends (a Miles run's rollout node, while
         a whole engine is left: :class:`~beam_hpc.plan.node_loss.NodeLossAction`): while the driver
         runs, the segment asks it to save at its next rollout boundary and waits for the checkpoint,
         so that the next segment, without the node, loses at most the rollout in flight. The wait
-        ends early when the driver exits or a signal ends the segment; the failure is raised after
-        it either way."""
+        ends early when the driver exits or a signal ends the segment. True when the checkpoint is
+        in (the segment may then wait for a replacement); the failure ends the segment otherwise."""
         hook = self.save_before_node_failure
         if (hook is None or self.driver is None or self.driver.poll() is not None or self.stop_reason
-                or h.local_index is None or on_node_loss(self.plan, h.group) is not NodeLossAction.SAVE_THEN_END):
-            return
-        log.warning("%s: a rollout node of a run that cannot go on without it; saving before the segment ends",
-                    failure)
+                or h.local_index is None or on_node_loss(self.plan, h.group) is not NodeLossAction.SAVE_FIRST):
+            return False
+        log.warning("%s: a rollout node of a run that cannot train on without it; saving first", failure)
         try:
-            hook(failure)
+            return bool(hook(failure))
         except Exception:  # noqa: BLE001 - the save is a bonus: the node failure ends the segment regardless
-            log.exception("the save before ending for the lost node failed")
+            log.exception("the save for the lost node failed")
+            return False
+
+    def _waits_for_replacement(self, h: StepHandle, failure: NodeStepFailed) -> bool:
+        """After the save: ask for a node to take the lost one's place in this segment's Ray cluster
+        (beam_hpc.elastic.ray_replacement) and go on while it comes, for at most
+        ``lifecycle.replacement_wait_s``. Miles waits meanwhile in its next weight update, for the
+        restart of the lost engine on its placement-group bundle, which Ray places on the
+        replacement once it joins; the stall watch is held until the wait is over. False (the
+        segment ends as the node failure) with no replacement to ask for: the driver ended or a
+        stop came during the save, no way to submit (not in Slurm), ``replacement_wait_s: 0``, or
+        ``lifecycle.max_replacements`` reached."""
+        lc = self.plan.recipe.lifecycle
+        if (self.on_rollout_node_lost is None or self.rt is None or h.local_index is None or lc.replacement_wait_s <= 0
+                or self.stop_reason or self.driver is None or self.driver.poll() is not None):
+            return False
+        if not may_replace(self.plan):
+            log.warning("%s: no replacement, the run has asked for lifecycle.max_replacements=%d already; the "
+                        "segment ends", failure, lc.max_replacements)
+            return False
+        node = failure.failed_nodes[0]["node"] if failure.failed_nodes else self.rt.node_name(h.group.name, h.local_index)
+        now = time.time()
+        order = ray_replacement.Order(node=node, group=h.group.name, local_index=h.local_index, runtime=str(self.rt.path),
+                                      nonce=self.rt.nonce, segment=f"{self.ctx.job_id}-{self.ctx.restart}", asked_at=now)
+        ray_replacement.write_order(self.plan.output_dir, order)
+        self.steps.remove(h)
+        lost = {"node": node, "why": f"rollout node lost mid-segment (saved; a replacement asked for): {failure}",
+                "lost_at": round(now, 3)}
+        self.lost_nodes.append(lost)
+        self.awaited = AwaitedReplacement(order=order, failure=failure, lost=lost, deadline=now + lc.replacement_wait_s)
+        if self.count_stall_from is not None:
+            self.count_stall_from(self.awaited.deadline)
+        log.warning("%s: saved; the segment waits up to %d s (lifecycle.replacement_wait_s) for a node to take its "
+                    "place in the Ray cluster", failure, lc.replacement_wait_s)
+        try:
+            self.on_rollout_node_lost(lost)
+        except Exception:  # noqa: BLE001 - then nothing joins, and the wait's end ends the segment
+            log.exception("asking for a replacement of %s failed", node)
+        return True
+
+    def _check_replacement(self, awaited: AwaitedReplacement) -> None:
+        """The replacement has joined (the segment trains on, the stall watch counts from now), or
+        the wait is over: the replacement asked for is cancelled and the lost node ends the segment."""
+        report = ray_replacement.joined(awaited.order)
+        if report is not None:
+            self.awaited = None
+            awaited.lost.update(replaced_by=str(report.get("slurm_job_id")), replaced_on=str(report.get("hostname")))
+            log.warning("rollout node %s replaced: job %s's node %s joined the Ray cluster in its place after %.0f s; "
+                        "the segment trains on", awaited.order.node, report.get("slurm_job_id"), report.get("hostname"),
+                        time.time() - awaited.order.asked_at)
+            if self.count_stall_from is not None:
+                self.count_stall_from(time.time())
+            return
+        if time.time() <= awaited.deadline:
+            return
+        self._end_wait(awaited, f"no replacement joined within lifecycle.replacement_wait_s="
+                                f"{self.plan.recipe.lifecycle.replacement_wait_s}")
+
+    def _end_wait(self, awaited: AwaitedReplacement, why: str) -> None:
+        """End the segment as the lost node's failure (it saved first), the replacement cancelled."""
+        from beam_hpc.elastic.replace import asked_for
+
+        self.awaited = None
+        self.lost_nodes.remove(awaited.lost)  # the failure names it: the end line's failed node
+        jobs = asked_for(self.plan, awaited.order.node, awaited.order.segment)
+        if jobs and self.ctx.in_slurm:
+            subprocess.run(["scancel", *jobs], env=slurm_env_free(), capture_output=True, timeout=30, check=False)
+        raise NodeStepFailed(f"{awaited.failure} ({why})", node=awaited.order.node, log_path=awaited.failure.log_path,
+                             failed_nodes=awaited.failure.failed_nodes)
 
     def _placeholder_values(self) -> dict[str, str]:
         """What the plan's placeholders stand for in this job (see plan.PLACEHOLDERS)."""
@@ -296,6 +381,8 @@ class JobRunner:
                     while time.monotonic() < deadline:
                         self.check()
                         time.sleep(POLL_S)
+                    if self.awaited is not None:  # Miles's restart of the lost engine failed: the loss explains it
+                        self._end_wait(self.awaited, f"the driver exited {rc} while the replacement was awaited")
                     self._raise_if_slurm_took_a_node()
                 return rc
             self.check()

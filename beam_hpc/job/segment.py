@@ -197,6 +197,7 @@ class Segment:
             if self.job_id is not None:  # in Slurm: a lost rollout node's capacity comes back by itself
                 self.runner.on_rollout_node_lost = self._replace_lost
             self.runner.save_before_node_failure = lambda failure: self.stopping.save_for_lost_node(str(failure))
+            self.runner.count_stall_from = self.stopping.count_stall_from
             self.stopping.attach(self.runner, stall_watch)  # after a signal during the checks above
             outcome = runtime.run_job(self.runner, on_tick=self.stopping.tick)
         stacks.drop_empty(str(self.runner.segment_dir))  # files of processes that were never asked

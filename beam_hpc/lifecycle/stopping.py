@@ -141,30 +141,42 @@ class Stopping:
                 # rollouts that nobody will keep (the runtime's stop is idempotent)
                 job.stop()
 
-    def save_for_lost_node(self, what: str) -> None:
+    def save_for_lost_node(self, what: str) -> bool:
         """Called by the runtime when a node was lost that the run cannot train on without but can
-        save before the segment ends (beam_hpc.plan.node_loss.NodeLossAction.SAVE_THEN_END): save
+        save before the segment ends (beam_hpc.plan.node_loss.NodeLossAction.SAVE_FIRST): save
         at the next rollout boundary (the sentinel, as for the walltime lead) and return once the
         checkpoint is in, or will not come: the driver exited, a signal ended the segment, or the
         stall timeout passed (``lifecycle.save_timeout_s`` if shorter). A save the loss came too
         late for never comes: Miles then waits in its weight update for the lost engine, which
         has no node to start on, and finishes no rollout, so the stall timeout is the wait's bound.
-        The runtime then ends the segment as the node failure; the end line's detail says what the
-        save did. Only while RUNNING: an interrupt or a stall already being handled stops the
-        segment anyway."""
+        True when the checkpoint is in: the runtime may then wait for a replacement node
+        (:meth:`count_stall_from` puts the segment back to RUNNING); otherwise, or when none joins,
+        it ends the segment as the node failure, and the end line's detail says what the save did.
+        Only while RUNNING: an interrupt or a stall already being handled stops the segment anyway."""
         job = self.job
         if self.state is not State.RUNNING or job is None or job.driver is None or job.driver.poll() is not None:
-            return
+            return False
         if not self.lifecycle.save_on_request:
             log.warning("%s: lifecycle.save_on_request is false, so no save before the segment ends; the next "
                         "segment resumes from the last periodic checkpoint", what)
-            return
+            return False
         wait_s = float(self.lifecycle.save_timeout_s)
         stall_s = self.stall_watch.timeouts().stall_s if self.stall_watch is not None else 0
         if stall_s > 0:
             wait_s = min(wait_s, stall_s)
         self._save(job.driver, deadline=time.time() + wait_s, reason="node-lost",
                    interrupted=lambda: self.interrupt is not None or self.over)
+        return self.saved is not None and self.saved.saved and self.interrupt is None and not self.over
+
+    def count_stall_from(self, at: float) -> None:
+        """The stall watch counts from ``at`` (epoch seconds): held while a Miles run waits for a lost
+        node's replacement (``at`` the wait's end), and restarted once it has joined, so that the
+        lost engine's restart and the next rollout get a whole stall timeout. After the save for the
+        lost node the segment runs on: RUNNING again, so that a walltime lead or a preemption saves."""
+        if self.state is State.STOPPING and self.interrupt is None and self.stall is None and not self.over:
+            self.state = State.RUNNING
+        if self.stall_watch is not None:
+            self.stall_watch.start(at)
 
     def _save(self, driver: subprocess.Popen | None, *, deadline: float, reason: str,
               interrupted: Callable[[], bool]) -> None:

@@ -95,7 +95,8 @@ class Stop(Exception):
 
 class NodeStep:
     def __init__(self, plan: Plan, group: GroupPlan, rt: ClusterRuntime, *, local_index: int,
-                 ip: str | None = None, gpus: int | None = None, cpus: int | None = None) -> None:
+                 ip: str | None = None, gpus: int | None = None, cpus: int | None = None,
+                 report_path: Path | None = None) -> None:
         self.plan, self.group, self.rt = plan, group, rt
         self.site: Site = plan.site
         self.local_index = local_index
@@ -106,7 +107,9 @@ class NodeStep:
         self.jit_env: dict[str, str] = {}
         self.child: subprocess.Popen | None = None
         self._stacks_answered: str | None = stacks.pending_request(rt.segment_dir, None)  # an old one is not for us
-        self.report_path = rt.node_report(group.name, local_index)
+        # report_path: a replacement node of a Miles run (beam_hpc.elastic.ray_replacement) takes a lost
+        # node's place and reports beside it, leaving the lost node's report as it was
+        self.report_path = report_path or rt.node_report(group.name, local_index)
         self.report: dict = {
             "group": group.name, "local_index": local_index, "index": self.index,
             "hostname": self.hostname, "pid": os.getpid(),
@@ -402,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-ip", default=None, help="address to bind (default: from the site's network)")
     parser.add_argument("--gpus", type=int, default=None, help="GPUs of this node (default: from Slurm)")
     parser.add_argument("--cpus", type=int, default=None, help="CPUs of this node (default: from Slurm)")
+    parser.add_argument("--report", type=Path, default=None,
+                        help="where to write this node's report (default: the segment's, by group and index)")
     args = parser.parse_args(argv)
     log_to_stream()
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
@@ -423,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         step = NodeStep(plan, group, rt, local_index=_local_index(args.node_index), ip=args.node_ip,
-                        gpus=args.gpus, cpus=args.cpus)
+                        gpus=args.gpus, cpus=args.cpus, report_path=args.report)
     except NodeStepError as err:
         log.error("node %s: %s", host, err)
         return 1

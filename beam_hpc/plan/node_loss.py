@@ -15,7 +15,9 @@ class NodeLossAction(Enum):
     """The three answers, from the cheapest loss to the dearest."""
 
     GO_ON = "go on"  # the segment trains on with the nodes left, and asks for a replacement
-    SAVE_THEN_END = "save, then end"  # the segment saves at the next rollout boundary, then ends as a node failure
+    # the segment saves at the next rollout boundary, then goes on once a replacement node has joined
+    # its Ray cluster, or ends as a node failure when none can be asked for or it does not come in time
+    SAVE_FIRST = "save first"
     END = "end"  # Slurm revokes the job; the next segment resumes from the last checkpoint
 
 
@@ -25,16 +27,21 @@ def on_node_loss(plan: Plan, group: GroupPlan) -> NodeLossAction:
     - ``GO_ON``: the dedicated rollout group of a reference run, with more than one node. Its driver
       drops the lost node's worker and serves its units with the workers left
       (beam_hpc.backends.reference.rollouts.unit_service).
-    - ``SAVE_THEN_END``: the dedicated rollout group of a Miles run, where a whole engine is left
-      on the other nodes. Miles cannot train on without the lost engine: its health monitor stops
-      it, and the restart it then asks for before the next weight update waits for the engine's
-      own placement-group bundle, which no node of the allocation can hold again. But the
-      rollout in flight still finishes on the engines left (the router sends the retried requests
-      there), and Miles's loop looks for the save sentinel after each rollout's training and
-      before that weight update (radixark/miles@31f1ca961 train.py and train_async.py). So the
-      job keeps running, the segment asks for a save, and it ends as a node failure once the
-      checkpoint is in: the next segment, without the node, loses at most the rollout in flight,
-      where a revoked job loses everything since the last periodic checkpoint.
+    - ``SAVE_FIRST``: the dedicated rollout group of a Miles run, where a whole engine is left
+      on the other nodes. Miles cannot train on with the engines left: its health monitor stops
+      the lost engine, and the restart it then asks for before the next weight update waits for
+      the engine's own placement-group bundle, which Ray places again only on a node that joins
+      the segment's Ray cluster. But the rollout in flight still finishes on the engines left
+      (the router sends the retried requests there), and Miles's loop looks for the save sentinel
+      after each rollout's training and before that weight update (radixark/miles@31f1ca961
+      train.py and train_async.py). So the job keeps running and the segment asks for a save;
+      once the checkpoint is in, it asks for a replacement node that joins its Ray cluster in the
+      lost node's place (beam_hpc.elastic.ray_replacement), and goes on when it has joined:
+      Ray places the bundle there and Miles's restart returns. With no replacement to ask for
+      (``lifecycle.max_replacements`` reached or 0, ``lifecycle.replacement_wait_s: 0``) or none
+      joined within ``replacement_wait_s``, the segment ends as a node failure: the next segment,
+      without the node, loses at most the rollout in flight, where a revoked job loses everything
+      since the last periodic checkpoint.
     - ``END``: every other group (a trainer group, a colocated group, a one-node rollout group, a
       rollout group whose every engine spans the lost node), and any group under the recipe's
       ``lifecycle.rollout_node_loss: restart`` (the full-restart policy, kept so that the two can be
@@ -46,7 +53,7 @@ def on_node_loss(plan: Plan, group: GroupPlan) -> NodeLossAction:
     if recipe.backend == "reference":
         return NodeLossAction.GO_ON
     if recipe.backend == "miles" and group.nodes > _nodes_per_engine(plan, group):
-        return NodeLossAction.SAVE_THEN_END
+        return NodeLossAction.SAVE_FIRST
     return NodeLossAction.END
 
 

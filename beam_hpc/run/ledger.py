@@ -151,7 +151,9 @@ def end_record(
         "last_save_at": last_save_at,
         # lost_at: a rollout node the segment went on without (beam_hpc.job.runner), and when
         "failed_nodes": [{"node": str(f["node"]), "why": str(f.get("why", "")),
-                          **({"lost_at": float(f["lost_at"])} if f.get("lost_at") is not None else {})}
+                          **({"lost_at": float(f["lost_at"])} if f.get("lost_at") is not None else {}),
+                          # a Miles run's lost node whose place a replacement took in the segment (runner)
+                          **{k: str(f[k]) for k in ("replaced_by", "replaced_on") if f.get(k)}}
                          for f in failed_nodes or []],
         **({"stall": stall} if stall is not None else {}),
         # Slurm could not be reached until the job's end: {"command": what to run, "why"}

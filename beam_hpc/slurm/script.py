@@ -122,7 +122,8 @@ def no_kill_notes(plan: Plan) -> tuple[str, ...]:
         out = ("--no-kill: a lost rollout node does not end the job; the segment goes on and asks for a replacement.",)
     else:
         out = ("--no-kill: a lost rollout node does not end the job at once; the segment saves at the next rollout "
-               "boundary, then ends and is resubmitted without the node.",)
+               "boundary and trains on once a replacement node has joined in its place, or ends and is resubmitted "
+               "without the node.",)
     if single:
         out += (f"Slurm 22.05 still ends it on any node's failure while a component has one node ({', '.join(single)}).",)
     return out

@@ -102,7 +102,7 @@ def test_the_simulator_asks_the_products_rule_with_the_real_plan(monkeypatch: py
     monkeypatch.setattr(sim, "on_node_loss", on_loss)
     monkeypatch.setattr(sim, "on_node_lost", on_lost)
     for cfg, action, survives in ((config(), sim.NodeLossAction.GO_ON, True),
-                                  (config("miles"), sim.NodeLossAction.SAVE_THEN_END, False)):
+                                  (config("miles"), sim.NodeLossAction.SAVE_FIRST, False)):
         seen.clear()
         run(cfg, Scripted([300], ["rollout"]))
         assert seen == [("on_node_loss", cfg.plan, "rollout", action),
@@ -162,7 +162,7 @@ def ends(lines: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 
 def test_a_miles_run_saves_the_rollout_in_flight_before_a_lost_rollout_node_ends_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """The seed's Miles recipe (4 rollout nodes, two engines of 2), 10 rollouts. Rollout node 0 is
-    lost 300 s in, halfway through rollout 3 (250-350). on_node_loss says SAVE_THEN_END: the loss is
+    lost 300 s in, halfway through rollout 3 (250-350). on_node_loss says SAVE_FIRST: the loss is
     noticed at 305, before the step's boundary (350), so the save request is in time. The step's
     other half runs on one engine of two (50 s of work in 100 s: it ends at 400), one save (10 s)
     keeps it, and the segment ends at 410 as node-failure naming the node, with rollouts_at_end 3
@@ -282,7 +282,7 @@ def test_the_projection_runs_every_policy_on_every_size() -> None:
         "trainer": False, "rollout": False}
     assert by[(1024, policies[2])]["survives"] == {"trainer": False, "rollout": True}
     assert by[(1024, policies[0])]["on_node_loss"] == {"trainer": "END", "rollout": "END"}
-    assert by[(1024, policies[1])]["on_node_loss"] == {"trainer": "END", "rollout": "SAVE_THEN_END"}
+    assert by[(1024, policies[1])]["on_node_loss"] == {"trainer": "END", "rollout": "SAVE_FIRST"}
     assert by[(1024, policies[2])]["on_node_loss"] == {"trainer": "END", "rollout": "GO_ON"}
     assert by[(1024, policies[3])]["max_replacements"] == sim.NO_CAP
     assert all(0 < r["ettr_mean"] <= 1 for r in rows)

@@ -152,22 +152,44 @@ def test_a_failed_end_leaves_the_state_it_found(rig: Rig) -> None:
     assert st.state is State.RUNNING and not st.over
 
 
-def test_a_lost_node_the_run_cannot_train_on_without_is_saved_for_before_the_segment_ends(rig: Rig) -> None:
-    """A Miles run's lost rollout node (beam_hpc.plan.node_loss: save, then end): the save at the
-    next boundary, as for the walltime lead, and the runtime ends the segment after it (the end is
-    the node failure's, not an interrupt's: nothing is recorded here)."""
+def test_a_lost_node_the_run_cannot_train_on_without_is_saved_for_first(rig: Rig) -> None:
+    """A Miles run's lost rollout node (beam_hpc.plan.node_loss: save first): the save at the next
+    boundary, as for the walltime lead; the runtime then either ends the segment (the end is the
+    node failure's, not an interrupt's: nothing is recorded here) or waits for a replacement."""
     st, job = rig.st, rig.job
     st.attach(job, StallWatch(st.paths, 0.0, stall_timeout_s=0, startup_timeout_s=0, measured=None,
                               rollouts_at_start=5))
     seen: list[State] = []
     backend = _save_at_the_next_boundary(st, 7, seen)
-    st.save_for_lost_node("node step on n4 failed")
+    assert st.save_for_lost_node("node step on n4 failed") is True
     backend.join()
     assert seen == [State.SAVING] and st.state is State.STOPPING
     assert st.saved.saved and st.saved.iteration == 7 and "saved on request" in st.saved.detail
     assert st.interrupt is None and rig.ended == [] and job.asked == []
-    st.save_for_lost_node("a second node")  # only from RUNNING: one save a segment
+    assert st.save_for_lost_node("a second node") is False  # only from RUNNING: no second save meanwhile
     assert st.saved.iteration == 7
+
+
+def test_after_the_save_a_replacement_wait_runs_the_segment_again_with_the_stall_clock_held(rig: Rig) -> None:
+    """The runtime waits for a lost node's replacement: the segment is RUNNING again (a walltime
+    lead then saves as ever), and the stall watch counts from the wait's end, then from the join."""
+    st, job = rig.st, rig.job
+    watch = StallWatch(st.paths, 0.0, stall_timeout_s=30, startup_timeout_s=30, measured=None, rollouts_at_start=5)
+    st.attach(job, watch)
+    watch.start(time.time() - 100)  # the driver started long ago: the stall timeout has passed
+    backend = _save_at_the_next_boundary(st, 7, [])
+    assert st.save_for_lost_node("node step on n4 failed") is True
+    backend.join()
+    wait_end = time.time() + 60
+    st.count_stall_from(wait_end)
+    assert st.state is State.RUNNING and watch.started_at == wait_end and watch.check() is None
+    st.count_stall_from(time.time())  # joined: the next rollout has a whole stall timeout
+    assert watch.check() is None
+    backend = _save_at_the_next_boundary(st, 8, [])
+    _deliver(signal.SIGUSR1)  # the walltime lead, later in the same segment
+    st.tick(job)
+    backend.join()
+    assert st.interrupt.kind is InterruptKind.WALLTIME and st.saved.saved and st.saved.iteration == 8
 
 
 def test_a_save_for_a_lost_node_that_never_comes_gives_up_at_the_stall_timeout(rig: Rig) -> None:
@@ -178,7 +200,7 @@ def test_a_save_for_a_lost_node_that_never_comes_gives_up_at_the_stall_timeout(r
     st.attach(job, StallWatch(st.paths, 0.0, stall_timeout_s=1, startup_timeout_s=1, measured=None,
                               rollouts_at_start=5))
     t0 = time.monotonic()
-    st.save_for_lost_node("node step on n4 failed")
+    assert st.save_for_lost_node("node step on n4 failed") is False
     assert 0.9 < time.monotonic() - t0 < 5
     assert not st.saved.saved and st.saved.iteration == 4 and "no checkpoint within the save deadline" in st.saved.detail
     assert st.state is State.STOPPING and job.driver.poll() is None  # the runtime stops it, not this

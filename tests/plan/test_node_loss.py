@@ -83,12 +83,12 @@ def test_the_seeds_dedicated_miles_run_saves_before_ending_on_a_lost_rollout_nod
 
     plan = _seed_plan("dedicated")
     assert plan.recipe.backend == "miles"
-    assert on_node_loss(plan, plan.group("rollout")) is NodeLossAction.SAVE_THEN_END
+    assert on_node_loss(plan, plan.group("rollout")) is NodeLossAction.SAVE_FIRST
     assert not survives_node_loss(plan, plan.group("rollout"))  # it does not train on without it
     assert keeps_the_job(plan, plan.group("rollout"))
     assert on_node_loss(plan, plan.group("trainer")) is NodeLossAction.END
     script = render_script(plan)
-    assert script.count("#SBATCH --no-kill") == 2 and "saves at the next rollout boundary" in script
+    assert script.count("#SBATCH --no-kill") == 2 and "trains on once a replacement node has joined" in script
     restart = _seed_plan("dedicated", "lifecycle.rollout_node_loss=restart")
     assert on_node_loss(restart, restart.group("rollout")) is NodeLossAction.END
     assert "--no-kill" not in render_script(restart)

@@ -13,13 +13,14 @@ and serving the new weights again. Miles's health-check period
 (30 s by default) is shortened with its own flags through ``backend_options.extra_args``, which
 also shows that Miles's parser flags pass the recipe checks.
 
-When an engine's node is gone (the second fault, later in the same chain), Miles's relaunch would
-wait for a bundle that no node of the allocation can hold (the double's docstring gives the lines),
-so Miles cannot train on without it. But the rollout in flight finishes on the engine left, and
-Miles looks for the save sentinel after each rollout's training, before the weight update that would
-wait: so a Miles run whose rollout group keeps a whole engine keeps its job (``--no-kill``,
-``beam_hpc.plan.node_loss``: save, then end), saves at the next rollout boundary, and ends as a node
-failure; the resubmission leaves the node out, and the chain loses at most the rollout in flight.
+When an engine's node is gone (the second fault, later in the same chain), Miles's restart waits
+for the engine's bundle, which Ray places again only on a node that joins the segment's Ray
+cluster (the double's docstring gives the lines). The rollout in flight finishes on the engine left,
+and Miles looks for the save sentinel after each rollout's training, before the weight update that
+would wait: so a Miles run whose rollout group keeps a whole engine keeps its job (``--no-kill``,
+``beam_hpc.plan.node_loss``: save first), saves at the next rollout boundary, and asks for a node
+to take the lost one's place in its Ray cluster (``beam_hpc.elastic.ray_replacement``). It joins,
+Ray places the bundle there, Miles's restart returns, and the segment trains on to the end.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -141,7 +142,7 @@ def _strike_node(slurm_cluster, step: dict) -> str:  # type: ignore[no-untyped-d
     return node
 
 
-def test_a_killed_engine_is_restarted_in_place_and_a_lost_engine_node_is_saved_for_then_left_out(
+def test_a_killed_engine_is_restarted_in_place_and_a_lost_engine_node_is_saved_for_then_replaced(
         slurm_cluster, run_dir: Path) -> None:
     """One chain, two faults (one segment's bring-up for both claims).
 
@@ -152,19 +153,18 @@ def test_a_killed_engine_is_restarted_in_place_and_a_lost_engine_node_is_saved_f
     Then that engine's node itself is lost, as Slurm sees a node failure (DOWN, every process of its
     node step gone: the raylet, the engine's actor and server). The job keeps running (--no-kill):
     the rollout in flight finishes on the other node's engine, the segment asks for a save, Miles
-    saves at that rollout's boundary, and the segment ends as a node failure naming the node. The
-    resubmitted job leaves the node out and resumes from that checkpoint: of what segment 1 trained,
-    at most the rollout in flight is trained again, where a revoked job would start this run over
-    (its only periodic checkpoint is at rollout 1000).
+    saves at that rollout's boundary, and the segment asks for a replacement: a one-node job (the
+    lost node excluded) whose node step joins the segment's Ray cluster in the lost node's place.
+    Ray places the lost engine's bundle there, Miles's restart of the engine returns, and the same
+    segment trains every rollout once to the end, both engines serving again.
 
     Holding the node out as a real site would: there a lost node's slurmd does not answer, so it stays
     DOWN (NOT_RESPONDING). This cluster's slurmd still answers, and with its ReturnToService=2 any
     answer puts a DOWN node back in service: measured on a private cluster, the node was IDLE again
     20 ms after `scontrol update state=down`. So the test first marks the node FAIL (what a site's
     health check sets on a failing node), which Slurm keeps when the node returns, with its reason;
-    then DOWN. Once segment 1 has ended the node is resumed, so that only the resubmission's
-    --exclude keeps the next segment off it. (The same loss under --no-requeue, with the node's
-    slurmd really gone: tests/lifecycle/test_watchdog_slurm.py.)"""
+    then DOWN, and resumes it at the end. (The same loss under --no-requeue, with the node's slurmd
+    really gone: tests/lifecycle/test_watchdog_slurm.py.)"""
     run = run_dir
     job = _submit(run, N)
 
@@ -184,13 +184,19 @@ def test_a_killed_engine_is_restarted_in_place_and_a_lost_engine_node_is_saved_f
     os.kill(victim["pid"], signal.SIGKILL)  # the engine's SGLang server; its node, actor and Ray stay
     killed_at = len(before["rollouts"])
 
-    def served_by_both_after_the_recovery() -> bool:
-        r = _record(run)
-        back = [e for e in r.get("engine_events", []) if e["event"] == "recovered"]
-        return bool(back) and any(g["rollout_id"] > back[0]["rollout_id"] and len(g["served"]) == 2
-                                  and g.get("update_s") is not None for g in r["generated"])
+    def recoveries() -> list[dict]:
+        return [e for e in _record(run).get("engine_events", []) if e["event"] == "recovered"]
 
-    run_watch.wait_for("a rollout served by both engines after the recovery", served_by_both_after_the_recovery, run,
+    def served_by_both_after(recovery: int) -> Callable[[], bool]:
+        def check() -> bool:
+            r = _record(run)
+            back = [e for e in r.get("engine_events", []) if e["event"] == "recovered"]
+            return len(back) > recovery and any(
+                g["rollout_id"] > back[recovery]["rollout_id"] and len(g["served"]) == 2
+                and g.get("update_s") is not None for g in r["generated"])
+        return check
+
+    run_watch.wait_for("a rollout served by both engines after the recovery", served_by_both_after(0), run,
                        TIMEOUT_S, poll_s=0.1)
     node = ""
     try:
@@ -198,27 +204,23 @@ def test_a_killed_engine_is_restarted_in_place_and_a_lost_engine_node_is_saved_f
         node = _strike_node(slurm_cluster, _rollout_step(run, job, victim["node"]))
         struck = _record(run)
         in_flight = len(struck["rollouts"])  # the rollout being trained (or generated) when the node went
-        # segment 1's record (standin-0.json) stays: the next segment's driver starts later and writes its own
-        run_watch.wait_for("segment 1 to end", lambda: "end" in (segments(run) or [{}])[0], run, TIMEOUT_S, poll_s=0.3)
-        one = _record(run)
-        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume")  # free to take, unless excluded
-        first_end = segments(run)[0]["end"]
-        second_job = first_end["next"].get("job_id") or ""
-        run_watch.wait_for("the resubmitted segment to start", lambda: len(segments(run)) > 1, run, TIMEOUT_S,
-                           poll_s=0.3)
-        excluded_by_job = _excluded_by_job(slurm_cluster, second_job)
+        run_watch.wait_for("a rollout served by both engines after the replacement joined", served_by_both_after(1),
+                           run, TIMEOUT_S, poll_s=0.3)
+        (replacement,) = [r["job_id"] for r in _replacements(run)]
+        excluded_by_job = _excluded_by_job(slurm_cluster, replacement)
         run_watch.wait_for("the run to complete", lambda: chain_finished(run), run, TIMEOUT_S, poll_s=0.5)
     finally:  # the local cluster's slurmd still answers: Slurm returns the node by itself; resume if not
         if node:
             subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False, capture_output=True)
     print(f"\nengine killed after {killed_at} rollouts, its node {node} lost with rollout {in_flight} in flight:\n"
           f"{_timeline(run)}")
+    record = _record(run)
 
-    # 1. the killed engine, in segment 1: the health monitor killed engine 1, the next weight update
-    # started it again where it was
-    events = [(e["event"], e["engine"]) for e in one["engine_events"]]
-    assert events[:4] == [("started", 0), ("started", 1), ("killed", 1), ("recovered", 1)], one["engine_events"]
-    killed, recovered = one["engine_events"][2], one["engine_events"][3]
+    # 1. the killed engine: the health monitor killed engine 1, the next weight update started it
+    # again where it was
+    events = [(e["event"], e["engine"]) for e in record["engine_events"]]
+    assert events[:4] == [("started", 0), ("started", 1), ("killed", 1), ("recovered", 1)], record["engine_events"]
+    killed, recovered = record["engine_events"][2], record["engine_events"][3]
     assert "health_generate" in killed["why"] or "URLError" in killed["why"], killed
     assert killed_at - 1 <= killed["rollout_id"] <= recovered["rollout_id"], (killed_at, killed, recovered)
     for key in ("bundle", "base_gpu_id", "gpus", "node"):  # in place: the same placement-group bundle
@@ -229,39 +231,65 @@ def test_a_killed_engine_is_restarted_in_place_and_a_lost_engine_node_is_saved_f
     # was connected to the weight-update group and got the update before it served)
     after = [g for g in struck["generated"] if g["rollout_id"] > recovered["rollout_id"]]  # all before the strike
     assert after and all(recovered["url"] in g["served"] and started[0]["url"] in g["served"] for g in after), after
-    done = one["rollouts"]
-    assert done == list(range(len(done))) and len(done) < N, done  # segment 1 did not finish
-    assert [g["weight_versions"] for g in one["generated"]][:len(done)] == [[str(i)] for i in range(len(done))]
-    # no request lost: the dead engine's share went to the engine left (Miles's retries) until the recovery
-    argv = one["argv"]
+
+    # 2. the lost node: saved at the in-flight rollout's boundary, replaced in the same segment
+    segs = segments(run)
+    assert len(segs) == 1, diagnostics(run)
+    (only,) = segs
+    assert only["start"]["job_id"] == job, diagnostics(run)
+    assert only["end"]["reason"] == "completed" and only["end"]["rollouts_at_end"] == N, diagnostics(run)
+    requested = [x for x in record["saves"] if "sentinel" in x["why"]]
+    assert len(requested) == 1 and requested[0]["rollout_id"] == in_flight, (in_flight, record["saves"])
+    # every rollout trained once, by one driver, and every one of them fully served
+    assert record["finished"] and record["rollouts"] == list(range(N)), record["rollouts"]
+    assert [g["weight_versions"] for g in record["generated"]] == [[str(i)] for i in range(N)]
+    argv = record["argv"]
     per_rollout = int(argv[argv.index("--rollout-batch-size") + 1]) * int(argv[argv.index("--n-samples-per-prompt") + 1])
     assert per_rollout == PROMPTS * 2  # miles_run's batch: PROMPTS prompts, 2 responses each
-    assert [sum(g["served"].values()) for g in one["generated"]][:len(done)] == [per_rollout] * len(done)
+    assert [sum(g["served"].values()) for g in record["generated"]] == [per_rollout] * N
+    # the lost engine was killed by the health monitor, then restarted on its own bundle, now on the
+    # replacement's Ray node, after the save
+    lost_kill, back = record["engine_events"][4], record["engine_events"][5]
+    assert (lost_kill["event"], lost_kill["engine"], back["event"], back["engine"]) == ("killed", 1, "recovered", 1), \
+        record["engine_events"]
+    assert back["bundle"] == victim["bundle"] and back["rollout_id"] >= in_flight and _alive(back["pid"]) is False
+    # the end line names the lost node and the job that took its place
+    (lost,) = [x for x in only["end"]["failed_nodes"] if x["node"] == node] or [None]
+    assert lost is not None and lost["replaced_by"] == replacement, only["end"]
+    # the replacement: submitted by the segment with the lost node excluded, on another node, its
+    # node step's report in the segment's directory, and gone once the run ended
+    assert node in excluded_by_job.split(","), excluded_by_job
+    reports = [json.loads(p.read_text()) for p in (run / "logs" / f"{job}-0" / "nodes").glob("rollout-*-replacement-*.json")]
+    assert len(reports) == 1 and reports[0]["slurm_job_id"] == replacement and reports[0]["hostname"] != node, reports
+    assert lost["replaced_on"] == reports[0]["hostname"]
+    events = _replacement_events(run, replacement)
+    assert [e["event"] for e in events if e["event"] in ("replacement", "joined")] == ["replacement", "joined"], events
+    run_watch.wait_for("the replacement to leave", lambda: any(
+        e["event"] == "left" and "node" not in e for e in _replacement_events(run, replacement)), run, TIMEOUT_S,
+        poll_s=0.5)
+    left = [e for e in _replacement_events(run, replacement) if e["event"] == "left" and "node" in e]
+    assert left and left[0]["reason"] in ("run-ended", "segment-ended"), left
+    # status: the loss, the node excluded, the replacement and its GPU-hours
+    from beam_hpc.observe.status import gather
+    from beam_hpc.observe.status_table import format_status
 
-    # 2. the lost node: the segment saved at the in-flight rollout's boundary, then ended
-    segs = segments(run)
-    assert len(segs) == 2, diagnostics(run)
-    first, second = segs
-    assert first["start"]["job_id"] == job, diagnostics(run)
-    assert (first["end"]["reason"], first["end"]["next"]["action"]) == ("node-failure", "resubmit"), diagnostics(run)
-    assert "saved on request" in first["end"]["detail"], first["end"]
-    (lost,) = [f for f in first["end"]["failed_nodes"] if f["node"] == node] or [None]
-    assert lost is not None, first["end"]
-    requested = [x for x in one["saves"] if "sentinel" in x["why"]]
-    assert len(requested) == 1 and requested[0]["rollout_id"] == in_flight, (in_flight, one["saves"])
-    assert first["end"]["rollouts_at_end"] == in_flight + 1, (in_flight, first["end"])
-    # at most the rollout in flight trained again: segment 1 trained nothing after the saved one
-    assert max(done) == in_flight, (done, in_flight)
-    assert second["start"]["rollouts_at_start"] == in_flight + 1, diagnostics(run)
-    assert second["end"]["reason"] == "completed" and second["end"]["rollouts_at_end"] == N, diagnostics(run)
-    # the resubmission left the node out, and the next segment ran on four other nodes
-    assert second["start"]["job_id"] == second_job != job and node in excluded_by_job.split(","), \
-        (excluded_by_job, second)
-    assert node not in _hosts(run, second["segment"]) and len(_hosts(run, second["segment"])) == 4, diagnostics(run)
-    assert not one.get("finished"), one
-    two = json.loads((run / "dumps" / "standin.json").read_text())
-    assert two["finished"] and two["rollouts"][-1] == N - 1 and two["pid"] != one["pid"]
-    assert two["loaded"]["from"] == "load" and two["loaded"]["iteration"] == in_flight, two["loaded"]
-    # the engines went with the drivers (Miles's dispose; the double's servers die with their actors)
+    s = gather(run, slurm=False)
+    (row,) = s["extra_rollout"]["jobs"]
+    assert row["job_id"] == replacement and row["replaces"] == node and row["gpu_hours"] > 0, row
+    text = format_status(s)
+    assert f"replacing lost rollout node {node}" in text and f"excluded   {node}" in text, text
+    # the engines went with the driver (Miles's dispose; the double's servers die with their actors)
     assert not _alive(recovered["pid"])
-    print("segment 1 end:", json.dumps(first["end"], indent=1))
+    print("segment end:", json.dumps(only["end"], indent=1))
+
+
+def _replacements(run: Path) -> list[dict]:
+    from beam_hpc.elastic.replace import replacements
+
+    return replacements(run)
+
+
+def _replacement_events(run: Path, job: str) -> list[dict]:
+    from beam_hpc.elastic import registry
+
+    return registry.read_events(registry.events_path(run, job))
