@@ -264,10 +264,11 @@ class LifecycleSpec(_Strict):
     # The same for a segment's first rollout, which also loads the model and (Miles) starts the
     # engines. None: the stall timeout + 30 minutes; 0 turns the first rollout's watch off.
     startup_timeout_s: int | None = Field(None, ge=0)
-    # A rollout node lost mid-segment (a reference run's dedicated rollout group of 2+ nodes) is
-    # replaced by an extra rollout job, as `beam-hpc rollout add` submits one
-    # (beam_hpc.elastic.replace): at most this many over the whole run, so a flapping cluster
-    # cannot make the run submit without end. 0: never replace (the run goes on with the nodes left).
+    # A rollout node lost mid-segment (a reference run's dedicated rollout group of 2+ nodes, or a
+    # Miles run's once the rollout in flight is saved) is replaced by an extra rollout job, as
+    # `beam-hpc rollout add` submits one (beam_hpc.elastic.replace): at most this many over the
+    # whole run, so a flapping cluster cannot make the run submit without end. 0: never replace (a
+    # reference run goes on with the nodes left, a Miles run ends the segment after its save).
     max_replacements: int = Field(2, ge=0)
     # A Miles run's segment that lost a rollout node (beam_hpc.plan.node_loss SAVE_FIRST) saves, asks
     # for a replacement node to join its Ray cluster, and waits this long for it, its GPUs idle but
