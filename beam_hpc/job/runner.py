@@ -236,6 +236,7 @@ class JobRunner:
                 failure = node_failure(self.launcher, self.rt, h)
                 if not self._goes_on_without(h, failure):
                     if not (self._save_before_ending(h, failure) and self._waits_for_replacement(h, failure)):
+                        self._cancel_replacement()  # a second node lost while one was awaited
                         raise failure
         if self.awaited is not None:
             self._check_replacement(self.awaited)
@@ -277,6 +278,8 @@ class JobRunner:
         hook = self.save_before_node_failure
         if (hook is None or self.driver is None or self.driver.poll() is not None or self.stop_reason
                 or h.local_index is None or on_node_loss(self.plan, h.group) is not NodeLossAction.SAVE_FIRST):
+            return False
+        if self.awaited is not None:  # Miles waits in its weight update for the first node's engine: no save comes
             return False
         log.warning("%s: a rollout node of a run that cannot train on without it; saving first", failure)
         try:
@@ -340,15 +343,27 @@ class JobRunner:
         self._end_wait(awaited, f"no replacement joined within lifecycle.replacement_wait_s="
                                 f"{self.plan.recipe.lifecycle.replacement_wait_s}")
 
-    def _end_wait(self, awaited: AwaitedReplacement, why: str) -> None:
-        """End the segment as the lost node's failure (it saved first), the replacement cancelled."""
+    def _cancel_replacement(self) -> None:
+        """The segment ends while a replacement is awaited: cancel it (pending or starting; one that
+        runs would leave by itself once it reads the segment's end line). The lost node stays
+        recorded (``lost_nodes``)."""
         from beam_hpc.elastic.replace import asked_for
 
-        self.awaited = None
-        self.lost_nodes.remove(awaited.lost)  # the failure names it: the end line's failed node
+        awaited, self.awaited = self.awaited, None
+        if awaited is None or not self.ctx.in_slurm:
+            return
         jobs = asked_for(self.plan, awaited.order.node, awaited.order.segment)
-        if jobs and self.ctx.in_slurm:
-            subprocess.run(["scancel", *jobs], env=slurm_env_free(), capture_output=True, timeout=30, check=False)
+        if jobs:
+            log.info("cancelling replacement job(s) %s of %s: the segment ends", ", ".join(jobs), awaited.order.node)
+            try:
+                subprocess.run(["scancel", *jobs], env=slurm_env_free(), capture_output=True, timeout=30, check=False)
+            except (OSError, subprocess.TimeoutExpired) as err:
+                log.warning("could not cancel replacement job(s) %s: %s", ", ".join(jobs), err)
+
+    def _end_wait(self, awaited: AwaitedReplacement, why: str) -> None:
+        """End the segment as the lost node's failure (it saved first), the replacement cancelled."""
+        self._cancel_replacement()
+        self.lost_nodes.remove(awaited.lost)  # the failure names it: the end line's failed node
         raise NodeStepFailed(f"{awaited.failure} ({why})", node=awaited.order.node, log_path=awaited.failure.log_path,
                              failed_nodes=awaited.failure.failed_nodes)
 
@@ -476,6 +491,7 @@ class JobRunner:
         if self._torn_down is not None:
             return 0.0
         t = time.monotonic()
+        self._cancel_replacement()
         _stop_group(self.driver, min(self.stop_grace_s, 10.0))
         if self.readiness is not None and self.readiness.poll() is None:
             self.readiness.kill()

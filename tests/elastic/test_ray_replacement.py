@@ -24,9 +24,27 @@ from beam_hpc.node.ray_node import ClusterRuntime
 from beam_hpc.run import ledger
 
 
+def _miles_plan(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
+    """The Miles double's run (tests/support/builders/miles) with two rollout nodes of one engine
+    each: a lost one is SAVE_FIRST (beam_hpc.plan.node_loss)."""
+    from miles_run import local_site, miles_recipe
+
+    from beam_hpc.backends.registry import plan_for
+    from beam_hpc.config.recipe import apply_overrides, recipe_from_dict
+    from beam_hpc.config.site import site_from_dict
+
+    d = miles_recipe(tmp_path)
+    d["topology"] = {"trainer": {"nodes": 2, "gpus_per_node": 1},
+                     "rollout": {"nodes": 2, "gpus_per_node": 1, "gpus_per_engine": 1}}
+    apply_overrides(d, list(overrides))
+    return plan_for(recipe_from_dict(d, "miles test"), site_from_dict(local_site(), "local site"))
+
+
 def _runner(tmp_path: Path, *overrides: str) -> JobRunner:
-    plan = make_test_plan(tmp_path / "run", trainer_nodes=1, rollout_nodes=2, local_run=True,
-                          overrides=list(overrides))
+    from beam_hpc.plan.node_loss import NodeLossAction, on_node_loss
+
+    plan = _miles_plan(tmp_path, *overrides)
+    assert on_node_loss(plan, plan.group("rollout")) is NodeLossAction.SAVE_FIRST
     ctx, launcher = for_job(plan, srun=False)
     runner = JobRunner(plan, launcher, ctx, stop_grace_s=1.0)
     runner.segment_dir.mkdir(parents=True, exist_ok=True)
@@ -154,3 +172,27 @@ def test_a_miles_runs_replacement_asks_to_take_the_nodes_place() -> None:
                     build_site(str(root / "env" / "example-site.yaml")))
     argv = add_command(plan, "n7", "backfill")
     assert argv[-4:] == ["--exclude", "n7", "--replaces", "n7"] and "--partition" in argv
+
+
+def test_a_second_lost_node_while_one_is_awaited_ends_the_segment_without_a_save(tmp_path: Path) -> None:
+    """Miles waits in its weight update for the first node's engine, so no save can come: the
+    second loss ends the segment at once, both nodes recorded, the wait over."""
+    runner = _runner(tmp_path)
+    runner.on_rollout_node_lost = lambda lost: None
+    saves: list[str] = []
+    runner.save_before_node_failure = lambda failure: saves.append(str(failure)) or True
+    step, failure = _lost_step(runner)
+    try:
+        assert runner._waits_for_replacement(step, failure)
+        other = StepHandle(group=runner.plan.group("rollout"), proc=subprocess.Popen(["true"]), local_index=0,
+                           output=runner.segment_dir / "node-rollout-0.log")
+        other.proc.wait()
+        assert not runner._save_before_ending(other, NodeStepFailed("n2 ended", node="n2"))
+        assert saves == [] and runner.awaited is not None
+        runner.awaited, awaited = None, runner.awaited  # the control: with no wait, the same loss is saved for
+        assert runner._save_before_ending(other, NodeStepFailed("n2 ended", node="n2")) and saves == ["n2 ended"]
+        runner.awaited = awaited
+        runner._cancel_replacement()
+        assert runner.awaited is None and [x["node"] for x in runner.lost_nodes] == ["n3"]
+    finally:
+        runner.driver.kill()
