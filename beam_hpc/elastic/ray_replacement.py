@@ -6,8 +6,10 @@ only on the engine's own placement-group bundle (radixark/miles@31f1ca961, the M
 ``miles/utils/health_monitor.py`` names the lines), and Ray places a lost node's bundle again only
 on a node of the same Ray cluster whose resources and labels fit it. So the replacement runs the
 segment's own node step (:mod:`beam_hpc.node.step`) for the lost node's place in its group: the
-same group label and resources, the same index (its ports and, on a loopback test site, its
-address), the segment's Ray token. Once its raylet has joined, Ray reschedules the bundle, the
+same group label and resources, the segment's Ray token, and a place in the job of its own
+(:attr:`Order.index`: past the job's nodes, so that on a loopback test site, where every node
+shares one host, its address, ports and temp dir are not the lost node's; on a real cluster the
+node's own address and the job's usual ports). Once its raylet has joined, Ray reschedules the bundle, the
 restart Miles waits for in its next weight update returns, and the segment trains on.
 
 The seam, one file each way, all under the shared run directory:
@@ -46,7 +48,8 @@ class Order:
 
     node: str  # the lost node's Slurm name
     group: str  # its group in the plan
-    local_index: int  # its index in the group (its Ray ports and, on a loopback site, its address)
+    local_index: int  # its index in the group
+    index: int  # the replacement's place in the job (beam_hpc.node.step's index): past the job's own nodes
     runtime: str  # the segment's runtime.json: head address, token path, nonce
     nonce: str
     segment: str  # ``<job>-<restart>``, as the ledger names it
@@ -55,6 +58,12 @@ class Order:
     @property
     def segment_dir(self) -> Path:
         return Path(self.runtime).parent
+
+
+def replacement_index(plan: Plan, asked: int) -> int:
+    """The place in the job of the segment's ``asked``-th replacement (0-based): past every node of
+    the plan's groups, so that no node of the job shares it."""
+    return sum(g.nodes for g in plan.groups) + asked
 
 
 def order_path(run_dir: str | Path, node: str) -> Path:
@@ -100,7 +109,7 @@ def step_argv(order: Order, plan: Plan, job_id: str, python: str) -> list[str]:
     """The segment's node step for the order's place, run by the replacement's node program."""
     return [python, "-m", "beam_hpc.node.step", "--plan", plan.paths.plan, "--group", order.group,
             "--runtime", order.runtime, "--nonce", order.nonce, "--node-index", str(order.local_index),
-            "--report", str(report_path(order, job_id))]
+            "--index", str(order.index), "--report", str(report_path(order, job_id))]
 
 
 def segment_over(plan: Plan, segment: str) -> bool:

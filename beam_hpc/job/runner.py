@@ -151,6 +151,7 @@ class JobRunner:
         # Miles run waits for a lost node's replacement, and again once the replacement has joined
         self.count_stall_from: Callable[[float], object] | None = None
         self.awaited: AwaitedReplacement | None = None  # a Miles run's replacement, not joined yet
+        self.replacements_asked = 0  # Miles replacements this segment asked for (each takes a place of its own)
 
     # -- shared ------------------------------------------------------------------------------
     @property
@@ -307,8 +308,11 @@ class JobRunner:
             return False
         node = failure.failed_nodes[0]["node"] if failure.failed_nodes else self.rt.node_name(h.group.name, h.local_index)
         now = time.time()
-        order = ray_replacement.Order(node=node, group=h.group.name, local_index=h.local_index, runtime=str(self.rt.path),
-                                      nonce=self.rt.nonce, segment=f"{self.ctx.job_id}-{self.ctx.restart}", asked_at=now)
+        order = ray_replacement.Order(node=node, group=h.group.name, local_index=h.local_index,
+                                      index=ray_replacement.replacement_index(self.plan, self.replacements_asked),
+                                      runtime=str(self.rt.path), nonce=self.rt.nonce,
+                                      segment=f"{self.ctx.job_id}-{self.ctx.restart}", asked_at=now)
+        self.replacements_asked += 1
         ray_replacement.write_order(self.plan.output_dir, order)
         self.steps.remove(h)
         lost = {"node": node, "why": f"rollout node lost mid-segment (saved; a replacement asked for): {failure}",

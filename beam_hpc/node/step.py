@@ -96,11 +96,14 @@ class Stop(Exception):
 class NodeStep:
     def __init__(self, plan: Plan, group: GroupPlan, rt: ClusterRuntime, *, local_index: int,
                  ip: str | None = None, gpus: int | None = None, cpus: int | None = None,
-                 report_path: Path | None = None) -> None:
+                 report_path: Path | None = None, index: int | None = None) -> None:
         self.plan, self.group, self.rt = plan, group, rt
         self.site: Site = plan.site
         self.local_index = local_index
-        self.index = sum(g.nodes for g in plan.groups if g.het_index < group.het_index) + local_index
+        # index: the node's place in the job (its ports and temp dir, and on a loopback site its
+        # address); a replacement node is given one past the job's own (beam_hpc.elastic.ray_replacement)
+        self.index = (sum(g.nodes for g in plan.groups if g.het_index < group.het_index) + local_index
+                      if index is None else index)
         self.hostname = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self._ip, self._gpus, self._cpus = ip, gpus, cpus
         self.stop_reason: str | None = None
@@ -405,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-ip", default=None, help="address to bind (default: from the site's network)")
     parser.add_argument("--gpus", type=int, default=None, help="GPUs of this node (default: from Slurm)")
     parser.add_argument("--cpus", type=int, default=None, help="CPUs of this node (default: from Slurm)")
+    parser.add_argument("--index", type=int, default=None,
+                        help="the node's place in the whole job (default: from its group and --node-index)")
     parser.add_argument("--report", type=Path, default=None,
                         help="where to write this node's report (default: the segment's, by group and index)")
     args = parser.parse_args(argv)
@@ -428,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         step = NodeStep(plan, group, rt, local_index=_local_index(args.node_index), ip=args.node_ip,
-                        gpus=args.gpus, cpus=args.cpus, report_path=args.report)
+                        gpus=args.gpus, cpus=args.cpus, report_path=args.report,
+                        index=args.index)
     except NodeStepError as err:
         log.error("node %s: %s", host, err)
         return 1

@@ -82,6 +82,7 @@ def test_the_segment_waits_for_the_replacement_and_trains_on_once_it_joined(tmp_
         assert runner._waits_for_replacement(step, failure)
         order = ray_replacement.read_order(runner.plan.output_dir, "n3")
         assert order is not None and (order.group, order.local_index, order.nonce) == ("rollout", 1, "n0nce")
+        assert order.index == 4  # past the job's 2 trainer and 2 rollout nodes: a place of its own
         assert order.runtime == str(runner.rt.path) and order.segment == f"{runner.ctx.job_id}-{runner.ctx.restart}"
         assert step not in runner.steps and [x["node"] for x in asked] == ["n3"] == [x["node"] for x in runner.lost_nodes]
         assert stall_from == [pytest.approx(t0 + 600, abs=5)]  # held to the wait's end (replacement_wait_s 600)
@@ -151,7 +152,7 @@ def test_rollout_add_replaces_only_a_node_its_running_miles_segment_lost(tmp_pat
     assert "--replaces: 'n3': only a Miles run's segment" in err and "--nodes: 2 with --replaces" in err
     assert "the run has no order to replace it" in err
     # an order whose segment has ended
-    order = ray_replacement.Order(node="n3", group="rollout", local_index=1, runtime=str(tmp_path / "runtime.json"),
+    order = ray_replacement.Order(node="n3", group="rollout", local_index=1, index=3, runtime=str(tmp_path / "runtime.json"),
                                   nonce="x", segment="5-0", asked_at=time.time())
     ray_replacement.write_order(plan.output_dir, order)
     (only,) = ray_replacement.request_problems(plan, "n3", nodes=1)  # while segment 5-0 runs: the backend's line

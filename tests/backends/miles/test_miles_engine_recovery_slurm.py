@@ -253,6 +253,9 @@ def test_a_killed_engine_is_restarted_in_place_and_a_lost_engine_node_is_saved_f
     assert (lost_kill["event"], lost_kill["engine"], back["event"], back["engine"]) == ("killed", 1, "recovered", 1), \
         record["engine_events"]
     assert back["bundle"] == victim["bundle"] and back["rollout_id"] >= in_flight and _alive(back["pid"]) is False
+    # on the replacement's own Ray node: another address than the lost node's (this loopback site gives
+    # each node of a job its own, as a real cluster's hosts have), where the engine's new server listens
+    assert back["node"] != victim["node"] and back["url"] != recovered["url"], (victim, back)
     # the end line names the lost node and the job that took its place
     (lost,) = [x for x in only["end"]["failed_nodes"] if x["node"] == node] or [None]
     assert lost is not None and lost["replaced_by"] == replacement, only["end"]
@@ -261,6 +264,7 @@ def test_a_killed_engine_is_restarted_in_place_and_a_lost_engine_node_is_saved_f
     assert node in excluded_by_job.split(","), excluded_by_job
     reports = [json.loads(p.read_text()) for p in (run / "logs" / f"{job}-0" / "nodes").glob("rollout-*-replacement-*.json")]
     assert len(reports) == 1 and reports[0]["slurm_job_id"] == replacement and reports[0]["hostname"] != node, reports
+    assert reports[0]["ip"] == back["node"] and reports[0]["index"] == 4, reports  # a place past the job's 4 nodes
     assert lost["replaced_on"] == reports[0]["hostname"]
     events = _replacement_events(run, replacement)
     assert [e["event"] for e in events if e["event"] in ("replacement", "joined")] == ["replacement", "joined"], events
