@@ -30,6 +30,7 @@ the cluster the order names; the order itself holds no secret.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from beam_hpc.plan.plan import Plan
 from beam_hpc.run import ledger
 
 ORDERS_DIR = "replacing"  # under elastic/
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a Slurm node name: also a file name under ORDERS_DIR
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,9 @@ def request_problems(plan: Plan, node: str, *, nodes: int) -> list[str]:
     order for ``node`` from a segment that is still running."""
     from beam_hpc.errors import shorten
 
+    if not NODE_NAME.fullmatch(node):
+        return [f"--replaces: {shorten(node)} is not a Slurm node name (letters, digits, '.', '_', '-'); give the "
+                "node the segment lost, as its log names it"]
     out = []
     if plan.recipe.backend != "miles":
         out.append(f"--replaces: {shorten(node)}: only a Miles run's segment takes a replacement into its Ray "

@@ -151,6 +151,8 @@ def test_rollout_add_replaces_only_a_node_its_running_miles_segment_lost(tmp_pat
     err = capsys.readouterr().err
     assert "--replaces: 'n3': only a Miles run's segment" in err and "--nodes: 2 with --replaces" in err
     assert "the run has no order to replace it" in err
+    assert cli_main(["rollout", "add", plan.output_dir, "--nodes", "1", "--replaces", "../../plan"]) == 2
+    assert "is not a Slurm node name" in capsys.readouterr().err
     # an order whose segment has ended
     order = ray_replacement.Order(node="n3", group="rollout", local_index=1, index=3, runtime=str(tmp_path / "runtime.json"),
                                   nonce="x", segment="5-0", asked_at=time.time())
