@@ -1,7 +1,7 @@
 """Projected ETTR at 96, 1,024 and 8,192 GPUs: full restart against the product's own rules for a lost node and a process fault.
 
     python benchmarks/ettr.py [--runs 40] [--seed 1] [--days 7] [--interval N] [--rate llama3|robustrl|both|X]
-                              [--process-share F] [--json out.json]
+                              [--process-share F] [--replacement-wait S] [--json out.json]
 
 ETTR (issue 42) is the time spent training on work that is kept over the wall time held. This
 script simulates a run's chain of segments under node losses and process faults on live nodes
@@ -21,10 +21,15 @@ decision code, not by a model of it:
   ``lifecycle.max_replacements``; the same calls the job makes (``beam_hpc.job.runner`` and
   ``beam_hpc.elastic.replace.replace_lost``). So a reference run's rollout group of 2+ nodes goes
   on (GO_ON); a Miles run's rollout group that keeps a whole engine without the node (the seed's:
-  4 nodes, engines of 2) saves, then ends (SAVE_FIRST, :func:`lost_node_end`): the rollout in
-  flight finishes on the engines left and one save keeps it, and the segment ends as
-  ``node-failure`` naming the node, unless the loss came too late for that rollout's save (then
-  it ends from the last periodic checkpoint after the stall timeout); every other group, a
+  4 nodes, engines of 2) saves first (SAVE_FIRST, :func:`lost_node_end`): the rollout in flight
+  finishes on the engines left and one save keeps it; then, while the run may still ask for a
+  replacement (``beam_hpc.elastic.replace.may_replace``: the same ``on_node_lost`` call with the
+  run's count and ``lifecycle.max_replacements``) and ``lifecycle.replacement_wait_s`` > 0, the
+  segment asks for a node to take the lost one's place in its Ray cluster and waits for it
+  (:func:`replacement_wait`): joined within the wait, it trains on after Miles restarts the lost
+  engine there; not, it ends as ``node-failure`` naming the node once the wait is over (at once
+  with no replacement to ask for). A loss too late for that rollout's save ends the segment from
+  the last periodic checkpoint after the stall timeout, with no wait; every other group, a
   trainer's included, ends its segment (END);
 - each segment writes the start and end lines a real segment writes (:func:`beam_hpc.run.ledger.start_record`,
   ``end_record``), and what follows it is decided by :func:`beam_hpc.lifecycle.decide.decide`, fed the
@@ -67,9 +72,9 @@ restart``, under which on_node_loss says END for every group, so any lost node e
 and decide() resubmits from the last checkpoint (the product before issue 42). A rollout worker's
 process fault does not end its segment (the reference driver restarts the worker in place whatever
 ``rollout_node_loss`` says), so this row is "full restart" for node losses only. The seed's Miles
-recipe differs from it twice: a lost rollout node is saved first (SAVE_FIRST), and a rollout
-process fault restarts the engine before the next weight update, which waits for it, against a
-worker restarted beside the others while they serve.
+recipe differs from it twice: a lost rollout node is saved first and then waited for a
+replacement (SAVE_FIRST), and a rollout process fault restarts the engine before the next weight
+update, which waits for it, against a worker restarted beside the others while they serve.
 
 The model of a run (each value is printed with its source):
 
@@ -106,13 +111,30 @@ The model of a run (each value is printed with its source):
 - a Miles rollout node lost with a whole engine left (SAVE_FIRST): the segment asks for a save
   when it notices the loss; Miles looks for it at the step's boundary, after the training and
   before the weight update. In time, the step's remaining work runs on the engines left (slower by
-  the engines lost) and one ``save_s`` keeps it; the segment then ends. A loss within ``detect_s``
+  the engines lost) and one ``save_s`` keeps it. Then the replacement wait below, or (the run's
+  ``lifecycle.max_replacements`` reached, ``lifecycle.replacement_wait_s: 0``) the segment
+  ends. A loss within ``detect_s``
   of the boundary (as it stood before the loss) is too late: ``detect_s / step_s`` of the losses
   during a step, 10% at 60 / 600 s. The step is then trained (and saved if its periodic save was
   due) and the segment waits ``Stopping.save_for_lost_node``'s bound (the stall timeout, or
   ``lifecycle.save_timeout_s`` if shorter: 1,800 s at the defaults) before it ends from the last
-  checkpoint. No engine left to finish the rollout: no save, it ends as END. Interruptions during
-  the wait are not drawn (as during a stall's wait);
+  checkpoint, with no replacement wait (the job waits only after a save that came). No engine left
+  to finish the rollout: no save, it ends as END. Interruptions during the wait are not drawn (as
+  during a stall's wait);
+- a Miles replacement (after that save, ``beam_hpc.job.runner._waits_for_replacement``): one
+  replacement is asked for when the save is in (counted against ``lifecycle.max_replacements``
+  whether or not it comes in time, as the run's registry counts it). Its one-node job starts
+  ``queue_s`` later (the queue wait a reference replacement pays) and its Ray node joins the
+  segment's cluster ``ray_join_s`` after that; the whole allocation is held idle meanwhile
+  (Miles waits in its weight update). The product's deadline bounds the join only
+  (``_check_replacement``): joined within ``lifecycle.replacement_wait_s`` of the ask, Miles then
+  starts the lost engine on the new node (``engine_restart_s``, held, nothing generated) and the
+  segment trains on whole, nothing trained again; the job holds its node from its start to the
+  segment's end. Not joined by then, the segment ends as ``node-failure`` after the whole wait
+  (the job cancelled; its node held from its start, if it started, to then), and the next segment
+  resumes from the save, as without a wait. A save in after the walltime lead, or of the run's
+  last rollout, is not followed by a wait; a wait is cut short by the walltime. Interruptions
+  during the wait and the engine restart are not drawn;
 - each segment spends ``bringup_s`` (held) before its first rollout and waits ``queue_s`` (not
   held) in the queue before it starts; at the walltime lead it saves on request and ends. A node
   lost during bring-up ends the segment under both policies (the job goes on without a node only
@@ -281,6 +303,13 @@ class Costs:
     # actor, model from shared storage, then the recent versions' weights handed over directly).
     # Its death is seen at once (the unit in flight fails with RayActorError), so no detect_s.
     worker_restart_s: float = 300.0
+    # A Miles run's replacement node (SAVE_FIRST): from its one-node job's start (queue_s after the
+    # ask, the config's) to its Ray node's join of the segment's cluster (the node step's report says
+    # ray_started, beam_hpc.elastic.ray_replacement.joined): the image's start and `ray start`. The
+    # local Slurm cluster's head saw 2-8 nodes join in 9-17 s after their containers started
+    # (benchmarks/results/miles-preflight-2026-12-03.md); 60 s at scale for the image's start too,
+    # an assumption. Miles's restart of the lost engine on it (engine_restart_s) comes after.
+    ray_join_s: float = 60.0
 
 
 SOURCES = {
@@ -289,15 +318,24 @@ SOURCES = {
     "per-GPU interruption rate, robustrl": f"{ROBUSTRL_PER_GPU_HOUR:.3g} per GPU-hour: RobustRL's '10% failure injection "
                                           "frequency' (arXiv 2512.22492, 256 GPUs) read as each 8-GPU node lost with "
                                           "probability 10% a day (assumption: the abstract gives no unit)",
-    "lost node: goes on, saves then ends, or ends": "the product's rule: beam_hpc.plan.node_loss.on_node_loss(plan, "
-                                                    "group), then beam_hpc.elastic.replace.on_node_lost(survives=GO_ON, "
-                                                    "others_up, replacements, cap=lifecycle.max_replacements) on the "
-                                                    "plan made by plan_for; full restart: the same on the recipe with "
-                                                    "lifecycle.rollout_node_loss=restart",
-    "save, then end (Miles)": "the rollout in flight finishes on the engines left and one save keeps it; too late "
-                              "(the loss within detect_s of the step's boundary, detect_s / step_s): the step trained, "
-                              "no save, ends after min(stall timeout, lifecycle.save_timeout_s) from the last checkpoint "
-                              "(Stopping.save_for_lost_node)",
+    "lost node: goes on, saves first, or ends": "the product's rule: beam_hpc.plan.node_loss.on_node_loss(plan, "
+                                                "group), then beam_hpc.elastic.replace.on_node_lost(survives=GO_ON, "
+                                                "others_up, replacements, cap=lifecycle.max_replacements) on the "
+                                                "plan made by plan_for (SAVE_FIRST: and may_replace's call, "
+                                                "on_node_lost(survives=True, others_up=1, ...)); full restart: the "
+                                                "same on the recipe with lifecycle.rollout_node_loss=restart",
+    "save first (Miles)": "the rollout in flight finishes on the engines left and one save keeps it, then the "
+                          "replacement wait; too late (the loss within detect_s of the step's boundary, detect_s / "
+                          "step_s): the step trained, no save, no wait, ends after min(stall timeout, "
+                          "lifecycle.save_timeout_s) from the last checkpoint (Stopping.save_for_lost_node)",
+    "replacement wait (Miles)": "beam_hpc.job.runner._waits_for_replacement / _check_replacement: after the save, "
+                                "within lifecycle.max_replacements (default 2 a run, the wait's ask counted) and "
+                                "with lifecycle.replacement_wait_s > 0 (default 600 s), a one-node job joins the "
+                                "segment's Ray cluster queue_s + ray_join_s after the ask (5 / 10 / 20 min + 60 s), "
+                                "the allocation idle; joined within the wait: engine_restart_s more, then the "
+                                "segment trains on; else it ends as node-failure after the whole wait",
+    "Ray join 60 s": "assumption: the replacement's image start and `ray start` (the local Slurm cluster's head saw "
+                     "2-8 nodes join in 9-17 s after their containers started, miles-preflight-2026-12-03.md)",
     "after a segment": "the product's rule book: beam_hpc.lifecycle.decide.decide",
     "topology": "recipes/dedicated.yaml: 8 trainer + 4 rollout nodes, 16-GPU engines; 88 + 40 and 680 + 344 nodes at "
                 "scale (whole 64-GPU expert blocks), batch.prompts 32 / 352 / 2,720 (64 samples a data-parallel rank)",
@@ -358,13 +396,16 @@ class Reaction:
     """End the segment (the chain goes on as decide() says), or go on and get a replacement
     ``replace_after_s`` later (None: no replacement), or (``restart``) have the dead engine started
     again in place before the next weight update. ``save_first`` with ``end_segment``: the job
-    outlives the lost node and the segment asks for a save at the next rollout boundary before it
-    ends (``NodeLossAction.SAVE_FIRST``), so the rollout in flight is kept."""
+    outlives the lost node and the segment asks for a save at the next rollout boundary
+    (``NodeLossAction.SAVE_FIRST``), so the rollout in flight is kept; then, with
+    ``replacement_wait_s`` > 0, it asks for a replacement that joins its Ray cluster and waits up to
+    that long for it (going on if it joins in time), else it ends once the save is in."""
 
     end_segment: bool
     replace_after_s: float | None = None
     restart: bool = False
     save_first: bool = False
+    replacement_wait_s: float = 0.0
 
 
 class Policy(Protocol):
@@ -433,16 +474,26 @@ class ProductRule:
     def on_node_lost(self, lost: NodeLost) -> Reaction:
         """The job's two calls when a node step ends (``beam_hpc.job.runner``): the plan's answer
         (``on_node_loss``), then the replacement rule on whether it goes on. A ``SAVE_FIRST``
-        answer ends the segment after a save on request, unless ``lifecycle.save_on_request`` is
-        false (``Stopping.save_for_lost_node`` then saves nothing, and the loss costs what a
-        revoked job's does)."""
+        answer saves on request first, unless ``lifecycle.save_on_request`` is false
+        (``Stopping.save_for_lost_node`` then saves nothing, no replacement is waited for, and the
+        loss costs what a revoked job's does). After the save the job waits for a replacement
+        (``JobRunner._waits_for_replacement``) where ``lifecycle.replacement_wait_s`` > 0 and
+        ``beam_hpc.elastic.replace.may_replace`` allows one more: its own call of ``on_node_lost``
+        with the run's replacements so far and ``lifecycle.max_replacements``, made here with the
+        simulated run's count (the same until the save is in: nothing else asks meanwhile)."""
         plan = self.config.plan
+        lc = plan.recipe.lifecycle
         action = on_node_loss(plan, plan.group(lost.group))
         react = on_node_lost(survives=action is NodeLossAction.GO_ON, others_up=lost.others_up,
-                             replacements=lost.replacements, cap=plan.recipe.lifecycle.max_replacements)
+                             replacements=lost.replacements, cap=lc.max_replacements)
+        save_first = action is NodeLossAction.SAVE_FIRST and lc.save_on_request
+        wait_s = 0.0
+        if save_first and lc.replacement_wait_s > 0 and on_node_lost(
+                survives=True, others_up=1, replacements=lost.replacements, cap=lc.max_replacements).replace:
+            wait_s = float(lc.replacement_wait_s)
         return Reaction(end_segment=not react.goes_on,
                         replace_after_s=self.config.replace_s if react.replace else None,
-                        save_first=action is NodeLossAction.SAVE_FIRST and plan.recipe.lifecycle.save_on_request)
+                        save_first=save_first, replacement_wait_s=wait_s)
 
     def on_process_fault(self, fault: ProcessFault) -> Reaction:
         """A process died on a live node: the trainer's (or a colocated group's) fails the driver;
@@ -471,6 +522,8 @@ class RunResult:
     restarts: int  # segments ended by a node failure
     saved_first: int  # of those, a Miles rollout node's loss whose segment saved the rollout in flight first
     save_too_late: int  # of those, a loss that came too late for that save (the wait ran to its bound)
+    replaced_in_segment: int  # Miles losses saved first whose replacement joined in time: the segment went on
+    waited_out: int  # Miles losses saved first whose replacement did not join within the wait (in saved_first)
     process_faults: int  # processes that died on a live node
     fault_ends: int  # segments a process fault ended (error): a trainer's, a failed weight update, no worker left
     engine_restarts: int  # Miles engines restarted in place, the segment going on
@@ -546,7 +599,8 @@ def lost_node_end(*, at: float, step_start: float, step_s: float, step_end: floa
     later. Miles looks for the save sentinel at the step's boundary, after its training and before
     its weight update. A request in time: the step runs to its end on the engines left
     (``step_end``, reduced capacity from the loss on), one save (``save_s``, the periodic one when
-    it was due anyway) takes the rollout in flight, and the segment ends. A request after the
+    it was due anyway) takes the rollout in flight, and (``at``) the save is in: then the
+    replacement wait (:func:`replacement_wait`) or the segment's end. A request after the
     boundary (the loss within ``detect_s`` of it, or during the step's save or engine restart):
     the step is trained on schedule (and saved, if its periodic save was due), then Miles waits in
     its weight update for an engine that has no node to start on; no save comes, and
@@ -564,6 +618,30 @@ def lost_node_end(*, at: float, step_start: float, step_s: float, step_end: floa
     end = min(at + costs.detect_s + wait_s, walltime_end)
     periodic = save_due and boundary + costs.save_s <= end
     return LostNodeEnd(end, trained=boundary <= end, step_s=step_s, kept=periodic, too_late=True)
+
+
+@dataclass(frozen=True)
+class ReplacementWait:
+    """What became of a Miles segment's wait for a lost node's replacement."""
+
+    joined: bool  # its Ray node joined within the wait: the segment trains on
+    at: float  # joined: when training resumes (the lost engine restarted on it); else the end line's time
+
+
+def replacement_wait(*, saved_at: float, join_s: float, wait_s: float, engine_restart_s: float,
+                     walltime_end: float) -> ReplacementWait:
+    """After a lost Miles rollout node's save (in at ``saved_at``), the replacement asked for then
+    (``beam_hpc.job.runner._waits_for_replacement``, deadline ``saved_at + wait_s``). Its Ray node
+    joins ``join_s`` after the ask; ``_check_replacement`` goes on when it has joined by the
+    deadline and ends the segment when the deadline passes first, so the deadline bounds the join
+    and not the engine's restart after it. Joined: Miles's weight update, which waited for the
+    lost engine, returns once the engine has started on the new node (``engine_restart_s``), and
+    the next step starts then. Not joined: the segment ends at the deadline. The walltime ends
+    either sooner."""
+    join_at = saved_at + join_s
+    if join_s <= wait_s and join_at < walltime_end:
+        return ReplacementWait(True, min(join_at + engine_restart_s, walltime_end))
+    return ReplacementWait(False, min(saved_at + wait_s, walltime_end))
 
 
 def _failed(group: GroupPlan, node: int, why: str) -> dict[str, str]:
@@ -594,7 +672,8 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
     history: list[dict[str, Any]] = []  # decide()'s: the segments since the chain (re)started
     now, saved, job = 0.0, 0, 0
     n = dict(losses=0, restarts=0, stalls=0, went_on=0, replacements=0, stops=0, no_progress=0, too_many=0,
-             faults=0, fault_ends=0, engine_restarts=0, worker_restarts=0, saved_first=0, too_late=0)
+             faults=0, fault_ends=0, engine_restarts=0, worker_restarts=0, saved_first=0, too_late=0,
+             replaced=0, waited_out=0)
     replacement_gpu_s = 0.0
     give_up = costs.horizon * num_rollout * costs.step_s
     next_loss = now + _gap(rng, node_rate_s)
@@ -706,11 +785,33 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
                         step_time, steps, done = step_time + end.step_s, steps + 1, done + 1
                     saved = done if end.kept else saved
                     in_time = r.save_first and after > 0 and not end.too_late
-                    n["saved_first"] += in_time
-                    n["too_late"] += r.save_first and not in_time
                     what = ("lost; the rollout in flight saved first" if in_time else
                             "lost; no save came (too late for the rollout in flight)" if r.save_first else "lost")
-                    t, reason, failed = end.at, Reason.NODE_FAILURE, [_failed(g, node, what)]
+                    t_end = end.at
+                    if (in_time and end.kept and r.replacement_wait_s > 0 and done < num_rollout
+                            and end.at <= deadline):
+                        # saved, and no stop under way (the walltime lead not come: the runner waits
+                        # only then): a replacement asked for (counted against the cap whether or not
+                        # it comes), its job holding its node from its start (queue_s) on
+                        n["replacements"] += 1
+                        joined.append(end.at + config.queue_s)
+                        wait = replacement_wait(saved_at=end.at, join_s=config.queue_s + costs.ray_join_s,
+                                                wait_s=r.replacement_wait_s, engine_restart_s=costs.engine_restart_s,
+                                                walltime_end=t0 + walltime_s)
+                        if wait.joined:  # in the lost node's place: its engine whole again, the run goes on
+                            n["replaced"] += 1
+                            cap.down.pop(node, None)
+                            cap.dead.clear()  # dead engines restarted too, before the same weight update
+                            t = wait.at
+                            if next_loss < t:  # not drawn during the wait and the engine's restart
+                                next_loss = t + _gap(rng, node_rate_s)
+                            continue
+                        n["waited_out"] += 1
+                        what += f"; no replacement joined within lifecycle.replacement_wait_s={r.replacement_wait_s:g}"
+                        t_end = wait.at
+                    n["saved_first"] += in_time
+                    n["too_late"] += r.save_first and not in_time
+                    t, reason, failed = t_end, Reason.NODE_FAILURE, [_failed(g, node, what)]
                     break
                 n["went_on"] += 1
                 own_up[g.name] -= 1
@@ -771,6 +872,7 @@ def simulate(config: Config, costs: Costs, policy: Policy, num_rollout: int, rng
     return RunResult(ettr=e.ratio or 0.0, ettr_full_speed=full_speed / e.held_s if e.held_s else 0.0,
                      span_ettr=e.span_ratio or 0.0, segments=len(lines), node_losses=n["losses"],
                      restarts=n["restarts"], saved_first=n["saved_first"], save_too_late=n["too_late"],
+                     replaced_in_segment=n["replaced"], waited_out=n["waited_out"],
                      process_faults=n["faults"], fault_ends=n["fault_ends"],
                      engine_restarts=n["engine_restarts"], workers_restarted=n["worker_restarts"],
                      stalls=n["stalls"], went_on=n["went_on"], replacements=n["replacements"],
@@ -816,6 +918,8 @@ def project(runs: int, seed: int, days: float, costs: Costs = Costs(), overrides
                 "survives": {g.name: survives_node_loss(config.plan, g) for g in config.plan.groups},
                 "on_node_loss": {g.name: on_node_loss(config.plan, g).name for g in config.plan.groups},
                 "max_replacements": config.recipe.lifecycle.max_replacements,
+                "replacement_wait_s": config.recipe.lifecycle.replacement_wait_s,
+                "replacement_join_s": config.queue_s + costs.ray_join_s,
                 "interval": config.recipe.checkpoint.interval,
                 "per_gpu_hour": costs.per_gpu_hour, "process_share": costs.process_share,
                 "interruptions_per_day": config.plan.total_gpus * costs.per_gpu_hour * 24,
@@ -830,16 +934,17 @@ def project(runs: int, seed: int, days: float, costs: Costs = Costs(), overrides
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| run | GPUs (trainer + rollout nodes; engines) | node losses + process faults / day | policy | "
             "ETTR mean (p10-p90) | ETTR at full speed | ETTR over wall span | segments | "
-            "restarts (saved first / too late) | went on | "
+            "restarts (saved first / too late) | Miles replacement waits: joined / not in time | went on | "
             "process faults: ended / engine restarted / worker restarted | replacements | "
             "chain stops (no progress / max segments) | replacement GPU-h | unfinished | days |")
-    out = [head, "|" + "---|" * 16]
+    out = [head, "|" + "---|" * 17]
     for r in rows:
         out.append(f"| {r['scale']} | {r['gpus']} ({r['trainer_nodes']} + {r['rollout_nodes']}; {r['engines']}) | "
                    f"{r['node_losses_per_day']:.2f} + {r['process_faults_per_day']:.2f} | {r['policy']} | "
                    f"{r['ettr_mean']:.3f} ({r['ettr_p10']:.3f}-{r['ettr_p90']:.3f}) | {r['ettr_full_speed_mean']:.3f} | "
                    f"{r['span_ettr_mean']:.3f} | {r['segments_mean']:.1f} | {r['restarts_mean']:.1f} "
                    f"({r['saved_first_mean']:.2f} / {r['save_too_late_mean']:.2f}) | "
+                   f"{r['replaced_in_segment_mean']:.2f} / {r['waited_out_mean']:.2f} | "
                    f"{r['went_on_mean']:.1f} | {r['fault_ends_mean']:.2f} / {r['engine_restarts_mean']:.2f} / "
                    f"{r['workers_restarted_mean']:.2f} | {r['replacements_mean']:.1f} | "
                    f"{r['chain_stops_mean']:.2f} ({r['stops_no_progress_mean']:.2f} / {r['stops_max_segments_mean']:.2f}) | "
@@ -872,11 +977,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--process-share", type=float,
                    help="of the interruptions, process faults on a live node (default: Llama 3's Table 5, "
                         f"{LLAMA3_PROCESS_SHARE:.3f}, at every rate); 0 gives the node-loss-only projection")
+    p.add_argument("--replacement-wait", type=int, metavar="S",
+                   help="lifecycle.replacement_wait_s for every recipe (default: the recipe's, 600; only a Miles "
+                        "run's lost rollout node reads it); 0 gives the save-then-end rule")
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)
     problems = [f"--{name}: {value}; give a number above 0" for name, value in
                 (("runs", args.runs), ("days", args.days), ("interval", args.interval))
                 if value is not None and value <= 0]
+    if args.replacement_wait is not None and args.replacement_wait < 0:
+        problems.append(f"--replacement-wait: {args.replacement_wait}; give seconds from 0 up")
     if args.process_share is not None and not 0 <= args.process_share <= 1:
         problems.append(f"--process-share: {args.process_share}; give a share from 0 to 1")
     rates = _rates(args.rate)
@@ -886,7 +996,8 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 2
-    overrides = () if args.interval is None else (f"checkpoint.interval={args.interval}",)
+    overrides = (() if args.interval is None else (f"checkpoint.interval={args.interval}",)) + (
+        () if args.replacement_wait is None else (f"lifecycle.replacement_wait_s={args.replacement_wait}",))
     out: dict[str, Any] = {"runs": args.runs, "seed": args.seed, "days": args.days, "overrides": list(overrides),
                            "sources": SOURCES, "shapes": [asdict(s) for s in SHAPES], "tables": {}}
     try:
@@ -898,7 +1009,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"faults on a live node; {args.runs} runs per row, "
                   f"seed {args.seed}, {args.days:g} days of training at full speed "
                   f"({int(args.days * 86400 / costs.step_s)} rollouts), a checkpoint every {rows[0]['interval']} "
-                  f"rollouts\n")
+                  f"rollouts; a Miles lost rollout node's replacement waited for up to "
+                  f"{rows[0]['replacement_wait_s']} s (its Ray node joins queue_s + {costs.ray_join_s:g} s after "
+                  f"the ask)\n")
             print(table(rows) + "\n")
             out["tables"][name] = {"costs": asdict(costs), "rows": rows}
     except InputError as err:  # a recipe the product refuses (an --interval it rejects)

@@ -1,9 +1,10 @@
 """benchmarks/ettr.py's simulator: a failure-free chain whose ETTR is known by hand, and scripted node
 losses that show the product's own rules at work: the plan's on_node_loss and
-elastic.replace.on_node_lost decide whether a segment goes on, saves before it ends, or ends, and
+elastic.replace.on_node_lost decide whether a segment goes on, saves first, or ends, and
 whether a replacement is asked for (a rollout group that keeps no whole engine projects exactly as
-a full restart; the seed's Miles recipe saves the rollout in flight first), and
-lifecycle.decide.decide what follows a segment. Scripted process faults on live nodes show what
+a full restart; the seed's Miles recipe saves the rollout in flight first, then waits up to
+lifecycle.replacement_wait_s for a node to join its Ray cluster, within lifecycle.max_replacements,
+and goes on or ends), and lifecycle.decide.decide what follows a segment. Scripted process faults on live nodes show what
 each driver does: Miles restarts a dead engine in place (or fails the weight update it missed),
 the reference driver starts a new worker in the dead one's slot while the others serve (the
 segment goes on even when it was the last worker), a trainer's fault ends it."""
@@ -86,7 +87,9 @@ def test_without_failures_the_ettr_is_the_one_worked_out_by_hand() -> None:
 def test_the_simulator_asks_the_products_rule_with_the_real_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule is the product's on_node_loss on the plan plan_for made, then
     elastic.replace.on_node_lost with the segment's own nodes left and the recipe's cap: the
-    reference run goes on, the seed's Miles run (4 rollout nodes, engines of 2) saves, then ends."""
+    reference run goes on; the seed's Miles run (4 rollout nodes, engines of 2) saves first, and
+    asks the cap rule again as may_replace does (survives, one node up, the run's count, the cap)
+    before it waits for a replacement."""
     seen: list[tuple[Any, ...]] = []
     real_on_loss, real_on_lost = sim.on_node_loss, sim.on_node_lost
 
@@ -105,8 +108,10 @@ def test_the_simulator_asks_the_products_rule_with_the_real_plan(monkeypatch: py
                                   (config("miles"), sim.NodeLossAction.SAVE_FIRST, False)):
         seen.clear()
         run(cfg, Scripted([300], ["rollout"]))
+        may_replace = [("on_node_lost", {"survives": True, "others_up": 1, "replacements": 0, "cap": 2})]
         assert seen == [("on_node_loss", cfg.plan, "rollout", action),
-                        ("on_node_lost", {"survives": survives, "others_up": 3, "replacements": 0, "cap": 2})]
+                        ("on_node_lost", {"survives": survives, "others_up": 3, "replacements": 0, "cap": 2}),
+                        *(may_replace if action is sim.NodeLossAction.SAVE_FIRST else [])]
         assert cfg.plan.group("rollout").nodes == 4
 
 
@@ -132,7 +137,7 @@ def test_where_the_product_ends_the_segment_the_projection_is_the_full_restarts(
         assert lost_here == run(same_shape, Scripted([300], ["rollout"])) and lost_here.restarts == 1
         assert run(cfg, random.Random(1), costs=busy, n=60) == run(same_shape, random.Random(1), costs=busy, n=60)
     seed_miles = run(config("miles"), random.Random(1), costs=busy, n=60)
-    assert seed_miles.saved_first > 0 and seed_miles != many
+    assert seed_miles.saved_first + seed_miles.replaced_in_segment > 0 and seed_miles != many
     in_place = run(config(), Scripted([300], ["rollout"]))
     assert (in_place.restarts, in_place.went_on, in_place.replacements) == (0, 1, 1)
     assert in_place.ettr > lost.ettr and in_place != lost
@@ -160,30 +165,123 @@ def ends(lines: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
              [f["node"] for f in s["end"].get("failed_nodes") or []], s["end"]["next"]["action"]) for s in lines]
 
 
-def test_a_miles_run_saves_the_rollout_in_flight_before_a_lost_rollout_node_ends_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The seed's Miles recipe (4 rollout nodes, two engines of 2), 10 rollouts. Rollout node 0 is
-    lost 300 s in, halfway through rollout 3 (250-350). on_node_loss says SAVE_FIRST: the loss is
-    noticed at 305, before the step's boundary (350), so the save request is in time. The step's
-    other half runs on one engine of two (50 s of work in 100 s: it ends at 400), one save (10 s)
-    keeps it, and the segment ends at 410 as node-failure naming the node, with rollouts_at_end 3
-    (the rollout in flight included). decide() resubmits; the next segment (bring-up 50, rollouts
-    4-10 and two saves) holds 770 s. Nothing is trained twice: the ledger's ETTR is rollouts 1-3 at
-    segment 1's mean step ((100 + 100 + 150) / 3) and 4-10 at 100 s over 410 + 770 held: 1,050 /
-    1,180; at full speed 1,000 / 1,180. Full restart: 1,000 / (305 + 1,070). With
-    lifecycle.save_on_request false the product saves nothing: the full restart's figures."""
+def test_a_miles_run_with_no_replacement_to_wait_for_saves_the_rollout_in_flight_and_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seed's Miles recipe (4 rollout nodes, two engines of 2), 10 rollouts, with
+    lifecycle.replacement_wait_s 0 (no wait) or lifecycle.max_replacements 0 (none may be asked
+    for): the segment ends once the save is in, with no wait. Rollout node 0 is lost 300 s in,
+    halfway through rollout 3 (250-350). on_node_loss says SAVE_FIRST: the loss is noticed at 305,
+    before the step's boundary (350), so the save request is in time. The step's other half runs on
+    one engine of two (50 s of work in 100 s: it ends at 400), one save (10 s) keeps it, and the
+    segment ends at 410 as node-failure naming the node, with rollouts_at_end 3 (the rollout in
+    flight included). decide() resubmits; the next segment (bring-up 50, rollouts 4-10 and two
+    saves) holds 770 s. Nothing is trained twice: the ledger's ETTR is rollouts 1-3 at segment 1's
+    mean step ((100 + 100 + 150) / 3) and 4-10 at 100 s over 410 + 770 held: 1,050 / 1,180; at full
+    speed 1,000 / 1,180. Full restart: 1,000 / (305 + 1,070). With lifecycle.save_on_request false
+    the product saves nothing (and so waits for nothing): the full restart's figures."""
     ledgers = ledger_of(monkeypatch)
-    miles = config("miles")
-    r = run(miles, Scripted([300], ["rollout"], [0]), n=10)
-    assert ends(ledgers[-1]) == [("node-failure", 3, 3, 410, ["rollout-0"], "resubmit"),
-                                 ("completed", 10, 7, 410 + 30 + 770, [], "none")]
-    assert ledgers[-1][1]["start"]["rollouts_at_start"] == 3
-    assert (r.segments, r.restarts, r.saved_first, r.save_too_late, r.went_on, r.replacements) == (2, 1, 1, 0, 0, 0)
-    assert r.ettr == pytest.approx(1050 / 1180) and r.ettr_full_speed == pytest.approx(1000 / 1180)
+    for override in ("lifecycle.replacement_wait_s=0", "lifecycle.max_replacements=0"):
+        miles = config("miles", override)
+        assert sim.ProductRule(miles).on_node_lost(sim.NodeLost("rollout", 3, 0)).replacement_wait_s == 0
+        r = run(miles, Scripted([300], ["rollout"], [0]), n=10)
+        assert ends(ledgers[-1]) == [("node-failure", 3, 3, 410, ["rollout-0"], "resubmit"),
+                                     ("completed", 10, 7, 410 + 30 + 770, [], "none")]
+        assert ledgers[-1][1]["start"]["rollouts_at_start"] == 3
+        assert (r.segments, r.restarts, r.saved_first, r.save_too_late, r.went_on, r.replacements) == (2, 1, 1, 0, 0, 0)
+        assert (r.replaced_in_segment, r.waited_out, r.replacement_gpu_h) == (0, 0, 0)
+        assert r.ettr == pytest.approx(1050 / 1180) and r.ettr_full_speed == pytest.approx(1000 / 1180)
     full = run(restart(), Scripted([300], ["rollout"], [0]), n=10)
     assert ends(ledgers[-1])[0] == ("node-failure", 0, 2, 305, ["rollout-0"], "resubmit")
     assert full.ettr == pytest.approx(1000 / (305 + 1070)) and full.ettr < r.ettr
     unsaved = run(config("miles", "lifecycle.save_on_request=false"), Scripted([300], ["rollout"], [0]), n=10)
     assert unsaved == full
+
+
+def test_a_miles_run_whose_replacement_joins_within_the_wait_trains_on_in_the_same_segment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same loss (rollout node 0, 300 s in) under the recipe's own wait (600 s) and cap (2): the
+    save is in at 410, as above; then the segment asks for a replacement and waits, all held. Its
+    one-node job starts queue_s (30 s) later and its Ray node joins ray_join_s (60 s) after that,
+    at 500, within the wait; Miles then starts the lost engine on it (engine_restart_s, 120 s) and
+    the weight update returns at 620. Rollouts 4-10 and two saves follow (720 s): one segment,
+    completed at 1,340, no restart, no bring-up or queue paid again, nothing trained twice. ETTR
+    1,050 / 1,340 (the wait and the engine restart held, not training; here dearer than the 50 s
+    bring-up and 30 s queue of a restart), at full speed 1,000 / 1,340. The replacement holds its
+    8 GPUs from its start (440) to the segment's end (1,340), and counts against the cap. The
+    deadline bounds the join, not the engine restart after it: a wait of 90 s (the join to the
+    second) still goes on, 89 s does not."""
+    ledgers = ledger_of(monkeypatch)
+    miles = config("miles")
+    assert miles.recipe.lifecycle.replacement_wait_s == 600 and miles.recipe.lifecycle.max_replacements == 2
+    r = run(miles, Scripted([300], ["rollout"], [0]), n=10)
+    assert ends(ledgers[-1]) == [("completed", 10, 10, 1340, [], "none")]
+    assert (r.segments, r.restarts, r.saved_first, r.save_too_late, r.replaced_in_segment, r.waited_out) == (
+        1, 0, 0, 0, 1, 0)
+    assert (r.replacements, r.went_on, r.node_losses) == (1, 0, 1)
+    assert r.ettr == pytest.approx(1050 / 1340) and r.ettr_full_speed == pytest.approx(1000 / 1340)
+    assert r.replacement_gpu_h == pytest.approx(8 * (1340 - 440) / 3600)
+    run(config("miles", "lifecycle.replacement_wait_s=90"), Scripted([300], ["rollout"], [0]), n=10)
+    assert ends(ledgers[-1]) == [("completed", 10, 10, 1340, [], "none")]
+    late = run(config("miles", "lifecycle.replacement_wait_s=89"), Scripted([300], ["rollout"], [0]), n=10)
+    assert ends(ledgers[-1])[0] == ("node-failure", 3, 3, 410 + 89, ["rollout-0"], "resubmit")
+    assert (late.waited_out, late.replaced_in_segment, late.restarts) == (1, 0, 1)
+
+
+def test_a_miles_run_whose_replacement_does_not_join_in_time_ends_after_the_whole_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same loss, with a wait of 60 s (the join needs 90 s): the segment ends at 470 (the save
+    in at 410, plus the whole wait, held), as node-failure naming the node, from the rollout in
+    flight (3); the next segment holds 770 s as after a save-then-end. ETTR 1,050 / (470 + 770):
+    the save-then-end figure with the wait added. The replacement job, cancelled at the wait's end,
+    held its node from its start (440) to then, and counts against the cap. Under the recipe's
+    600 s with a Ray join of 600 s (the join at 1,040, past the 1,010 deadline) the segment ends at
+    1,010."""
+    ledgers = ledger_of(monkeypatch)
+    short = config("miles", "lifecycle.replacement_wait_s=60")
+    r = run(short, Scripted([300], ["rollout"], [0]), n=10)
+    assert ends(ledgers[-1]) == [("node-failure", 3, 3, 470, ["rollout-0"], "resubmit"),
+                                 ("completed", 10, 7, 470 + 30 + 770, [], "none")]
+    assert "no replacement joined within lifecycle.replacement_wait_s=60" in ledgers[-1][0]["end"]["failed_nodes"][0]["why"]
+    assert (r.segments, r.restarts, r.saved_first, r.waited_out, r.replaced_in_segment, r.replacements) == (
+        2, 1, 1, 1, 0, 1)
+    assert r.ettr == pytest.approx(1050 / (470 + 770)) and r.ettr_full_speed == pytest.approx(1000 / 1240)
+    assert r.replacement_gpu_h == pytest.approx(8 * 30 / 3600)
+    slow = run(config("miles"), Scripted([300], ["rollout"], [0]), costs=replace(LOSSES, ray_join_s=600), n=10)
+    assert ends(ledgers[-1])[0] == ("node-failure", 3, 3, 1010, ["rollout-0"], "resubmit")
+    assert (slow.waited_out, slow.replaced_in_segment) == (1, 0)
+
+
+def test_a_miles_loss_past_the_replacement_cap_ends_once_saved_with_no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two rollout nodes lost in one run: node 0 at 300 s (saved at 410, replaced, training again at
+    620, as above), then node 2 at 750 s, during rollout 5 (720-820, a periodic save due). Noticed
+    at 755, in time: the step's rest on one engine of two ends at 890 and its save is in at 900.
+    Under lifecycle.max_replacements 1 the run has asked for its one replacement already, so the
+    segment ends at once, at 900, from rollout 5: no wait, no second replacement; the next segment
+    holds 50 + 500 + 10. Under the recipe's cap of 2 it waits again: the second replacement joins at
+    990, the engine restarts by 1,110, and rollouts 6-10 end the run in the same segment at 1,620."""
+    ledgers = ledger_of(monkeypatch)
+    script = (lambda: Scripted([300, 450], ["rollout", "rollout"], [0, 2]))
+    capped = run(config("miles", "lifecycle.max_replacements=1"), script(), n=10)
+    assert ends(ledgers[-1]) == [("node-failure", 5, 5, 900, ["rollout-2"], "resubmit"),
+                                 ("completed", 10, 5, 900 + 30 + 560, [], "none")]
+    assert (capped.replacements, capped.replaced_in_segment, capped.waited_out, capped.saved_first) == (1, 1, 0, 1)
+    assert sim.ProductRule(config("miles", "lifecycle.max_replacements=1")).on_node_lost(
+        sim.NodeLost("rollout", 3, 1)).replacement_wait_s == 0
+    both = run(config("miles"), script(), n=10)
+    assert ends(ledgers[-1]) == [("completed", 10, 10, 1620, [], "none")]
+    assert (both.replacements, both.replaced_in_segment, both.restarts) == (2, 2, 0)
+
+
+def test_a_miles_save_in_after_the_walltime_lead_is_not_followed_by_a_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 rollouts; the first segment's lead is at 1,900 (2,000 s walltime, 100 s lead). Rollout
+    node 0 lost at 1,840, during rollout 18 (1,780-1,880): noticed at 1,845, in time; the step's
+    rest on one engine of two ends at 1,920 and its save is in at 1,930, after the lead, when the
+    segment is being stopped: no replacement is asked for (the runner waits only with no stop under
+    way), and it ends at 1,930 from rollout 18."""
+    ledgers = ledger_of(monkeypatch)
+    r = run(config("miles"), Scripted([1840], ["rollout"], [0]), n=20)
+    assert ends(ledgers[-1])[0] == ("node-failure", 18, 18, 1930, ["rollout-0"], "resubmit")
+    assert (r.replacements, r.replaced_in_segment, r.waited_out, r.saved_first) == (0, 0, 0, 1)
 
 
 def test_a_loss_too_late_for_the_rollouts_save_waits_the_stall_timeout_and_ends_from_the_last_checkpoint(
@@ -196,7 +294,8 @@ def test_a_loss_too_late_for_the_rollouts_save_waits_the_stall_timeout_and_ends_
     1,000 / (1,551 + 1,070). Lost at 546 instead, within 5 s of rollout 5's boundary (550), its
     periodic save (550-560) still lands: the segment ends at 1,751 from rollout 5, and the next
     holds 50 + 500 + 10. The wait follows the recipe: lifecycle.stall_timeout_s 1,500 (1,500 s) and
-    lifecycle.save_timeout_s 600 (600 s)."""
+    lifecycle.save_timeout_s 600 (600 s). No save came, so no replacement is waited for (the job
+    waits only after a save that came in)."""
     ledgers = ledger_of(monkeypatch)
     miles = config("miles")
     late = run(miles, Scripted([346], ["rollout"], [0]), n=10)
@@ -207,8 +306,12 @@ def test_a_loss_too_late_for_the_rollouts_save_waits_the_stall_timeout_and_ends_
     periodic = run(miles, Scripted([546], ["rollout"], [0]), n=10)
     assert ends(ledgers[-1])[0] == ("node-failure", 5, 5, 1751, ["rollout-0"], "resubmit")
     assert periodic.ettr == pytest.approx(1000 / (1751 + 560)) and periodic.save_too_late == 1
-    in_time = run(miles, Scripted([344], ["rollout"], [0]), n=10)  # noticed at 349: saved at 350 + 6 + 10
+    assert (late.replacements, late.waited_out, late.replaced_in_segment) == (0, 0, 0)  # no save: no wait
+    # noticed at 349: saved at 350 + 6 + 10
+    in_time = run(config("miles", "lifecycle.replacement_wait_s=0"), Scripted([344], ["rollout"], [0]), n=10)
     assert ends(ledgers[-1])[0] == ("node-failure", 3, 3, 366, ["rollout-0"], "resubmit") and in_time.saved_first == 1
+    replaced = run(miles, Scripted([344], ["rollout"], [0]), n=10)  # the recipe's wait: joined at 456, back at 576
+    assert (replaced.segments, replaced.replaced_in_segment, replaced.restarts) == (1, 1, 0)
     for override, wait in (("lifecycle.stall_timeout_s=1500", 1500), ("lifecycle.save_timeout_s=600", 600)):
         run(config("miles", override), Scripted([346], ["rollout"], [0]), n=10)
         assert ends(ledgers[-1])[0] == ("node-failure", 0, 3, 351 + wait, ["rollout-0"], "resubmit")
@@ -287,7 +390,10 @@ def test_the_projection_runs_every_policy_on_every_size() -> None:
     assert by[(1024, policies[3])]["max_replacements"] == sim.NO_CAP
     assert all(0 < r["ettr_mean"] <= 1 for r in rows)
     assert "| 1,024 | 1024 (88 + 40; 20) |" in sim.table(rows) and "restarts (saved first / too late)" in sim.table(rows)
+    assert "Miles replacement waits: joined / not in time" in sim.table(rows)
+    assert all(r["replacement_wait_s"] == 600 for r in rows)
     assert sim.main(["--runs", "0"]) == 2 and sim.main(["--interval", "0"]) == 2 and sim.main(["--rate", "0"]) == 2
+    assert sim.main(["--replacement-wait", "-1"]) == 2
     assert sim.main(["--process-share", "1.5"]) == 2
 
 
