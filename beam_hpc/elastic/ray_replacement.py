@@ -96,8 +96,8 @@ def report_path(order: Order, job_id: str) -> Path:
 
 def joined(order: Order) -> dict | None:
     """The report of a replacement whose Ray node has started in the order's place, or None."""
-    for path in sorted(SegmentPaths(str(order.segment_dir)).node_reports.glob(
-            f"{order.group}-{order.local_index}-replacement-*.json")):
+    pattern = report_path(order, "*")  # every replacement job's report for this place
+    for path in sorted(pattern.parent.glob(pattern.name)):
         try:
             report = json.loads(path.read_text())
         except (OSError, ValueError):

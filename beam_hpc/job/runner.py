@@ -57,6 +57,7 @@ from beam_hpc.node.ray_node import ClusterRuntime, clean_env, driver_job_env, ra
 from beam_hpc.plan.node_loss import NodeLossAction, on_node_loss, survives_node_loss
 from beam_hpc.plan.paths import SegmentPaths
 from beam_hpc.plan.plan import Plan, fill
+from beam_hpc.slurm import client as slurm_client
 from beam_hpc.slurm.client import slurm_env_free
 
 log = module_logger(__name__)
@@ -311,7 +312,7 @@ class JobRunner:
         order = ray_replacement.Order(node=node, group=h.group.name, local_index=h.local_index,
                                       index=ray_replacement.replacement_index(self.plan, self.replacements_asked),
                                       runtime=str(self.rt.path), nonce=self.rt.nonce,
-                                      segment=f"{self.ctx.job_id}-{self.ctx.restart}", asked_at=now)
+                                      segment=self.ctx.segment, asked_at=now)
         self.replacements_asked += 1
         ray_replacement.write_order(self.plan.output_dir, order)
         self.steps.remove(h)
@@ -360,8 +361,8 @@ class JobRunner:
         if jobs:
             log.info("cancelling replacement job(s) %s of %s: the segment ends", ", ".join(jobs), awaited.order.node)
             try:
-                subprocess.run(["scancel", *jobs], env=slurm_env_free(), capture_output=True, timeout=30, check=False)
-            except (OSError, subprocess.TimeoutExpired) as err:
+                slurm_client.cancel(jobs, env=slurm_env_free(), timeout=30)
+            except slurm_client.SlurmError as err:
                 log.warning("could not cancel replacement job(s) %s: %s", ", ".join(jobs), err)
 
     def _end_wait(self, awaited: AwaitedReplacement, why: str) -> None:
