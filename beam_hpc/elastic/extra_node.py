@@ -275,7 +275,7 @@ class NodeProgram:
     def serve_engines(self) -> None:
         """A Miles run: this node's SGLang engines, from the image, registered for the run; they stop
         and deregister on leaving. No segment attaches them today (Miles starts no engine it did not
-        launch: backends.miles.external_engines), and ``rollout add`` refuses a Miles run, so only a
+        launch: backends.miles.external_engines), and ``rollout add`` refuses to add engines to a Miles run, so only a
         job submitted by an earlier beam-hpc gets here; its segments say in their logs why they
         leave the engines out."""
         from beam_hpc.backends.miles import external_engines  # the Miles seam: engines, their ports, the registry

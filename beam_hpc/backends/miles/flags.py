@@ -124,7 +124,7 @@ SOURCES: dict[str, str] = {
 # What a user who asks Miles for engines it did not launch is told: no Miles run can take them today
 # (Miles main 31f1ca96 gives them no GPUs: placement_group.py:97-99, then server_group.py:90-91).
 _NO_ATTACHED_ENGINES = ("leave it out: Miles starts no engine it did not launch itself (radixark/miles 31f1ca96 "
-                        "placement_group.py:97-99, server_group.py:90-91), and `beam-hpc rollout add` refuses Miles runs "
+                        "placement_group.py:97-99, server_group.py:90-91), and `beam-hpc rollout add` adds no engines to a Miles run "
                         "for that reason; for more rollout capacity raise topology.rollout.nodes and resubmit")
 
 

@@ -18,8 +18,9 @@ a spare):
 
 Why it matters (issue 42): a Miles run can go on without an engine's node only if its Slurm job
 survives the loss and new capacity joins the *segment's own Ray cluster* as a node. beam-hpc does
-neither for Miles today (``beam_hpc.plan.node_loss``; ``rollout add`` refuses Miles runs), so the
-segment ends (tests/backends/miles/test_miles_engine_recovery_slurm.py).
+both: the job keeps ``--no-kill`` (``beam_hpc.plan.node_loss``), and after the save a replacement
+job's node joins in the lost node's place (``beam_hpc.elastic.ray_replacement``; the whole flow on
+Slurm: tests/backends/miles/test_miles_engine_recovery_slurm.py).
 """
 
 from __future__ import annotations
